@@ -1,0 +1,202 @@
+"""The command line: `python -m causalab_ref <verb>` (or `causalab-ref <verb>`).
+
+Verbs that need no weights: vocab, data, tokens, model, validate, explain; `run`
+loads weights and is the only verb that writes files. A refusal prints one line,
+`<stage>: <path>: <message>`, on stderr and exits 2; nothing else is written.
+Status 1 is kept for the project's own failures. SPEC.md "Runs: the command line".
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from pathlib import Path
+
+from .shapes import Refusal
+
+DEFAULT_DATA_ROOT = "documents/data"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's own usage errors: one line, status 2
+        print(f"usage: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _read_document(path: str):
+    from . import validate
+    file = Path(path)
+    if not file.is_file():
+        raise Refusal(f"no document at {path}", stage="validation")
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise Refusal(f"cannot read {path}: {error}", stage="validation") from None
+    raw = validate.load_json(text, path)
+    points = validate.points(raw)
+    for _label, point in points:
+        validate.document(point)
+    return raw, points
+
+
+def _engine_for(raw, engine_name: str):
+    from . import engine
+    from .validate import _model
+    return engine.load(_model(raw["model"]), kind=engine_name)
+
+
+def _compile(args):
+    from . import compile as compiler
+    raw, _points = _read_document(args.document)
+    eng = _engine_for(raw, args.engine)
+    return raw, eng, compiler.compile_document(raw, eng, Path(args.data_root))
+
+
+def cmd_validate(args):
+    raw, points = _read_document(args.document)
+    _raw, _eng, plan = _compile(args)
+    steps = sum(len(leaf.steps) for leaf in plan.leaves())
+    text = f"ok: {args.document} is a valid plan-shaped document, {steps} step{'s' if steps != 1 else ''}"
+    return {"text": text, "ok": True, "format": "plan-shaped"}
+
+
+def cmd_explain(args):
+    _raw, _eng, plan = _compile(args)
+    return {"text": plan.text(), "steps": [leaf.label or step.name for leaf in plan.leaves() for step in leaf.steps]}
+
+
+def cmd_run(args):
+    from . import run
+    if args.batch_size is not None and args.batch_size <= 0:
+        raise Refusal(f"--batch-size {args.batch_size} is not a number of rows", stage="validation")
+    _raw, eng, plan = _compile(args)
+    written = run.execute(plan, eng, Path(args.out), batch_size=args.batch_size, replace=args.replace)
+    return {"text": "\n".join(written), "written": written}
+
+
+def cmd_vocab(args):
+    from . import address
+    lines = ["components:"]
+    for name, row in address.describe().items():
+        lines.append(f"  {name:22s} {row['vocab']}")
+    lines += [
+        "mechanisms:       swap (add_scaled, clamp, gaussian, lerp, renormalize: in the format, not implemented yet)",
+        "metric kinds:     match(expected), logit_diff(a, b), cross_entropy(target), token_logit(token), "
+        "token_prob(token)",
+        "position forms:   exactly one cut: index=int, span=tuple[int, int], last=int, all=bool",
+        "                  scope: variable=str, segment=str",
+        "                  frame: Literal['prompt', 'generated']; a bare integer is {\"index\": i}; "
+        "-1 is the last token",
+    ]
+    return {"text": "\n".join(lines), "components": address.describe()}
+
+
+def cmd_data(args):
+    from . import data
+    rows = data.rows_of(args.ref, Path(args.data_root), "ref")
+    columns = sorted({c for r in rows for c in r})
+    splits = sorted({str(r["split"]) for r in rows if "split" in r})
+    lines = [f"{args.ref}: {len(rows)} rows", f"  columns: {', '.join(columns)}"]
+    empty = {c: sum(1 for r in rows if r.get(c) in (None, "") or (isinstance(r.get(c), str) and not r[c].strip()))
+             for c in columns}
+    for c, n in empty.items():
+        if n:
+            lines.append(f"  empty:   {c} ({n} rows)")
+    lines.append(f"  splits:  {', '.join(splits)}")
+    sample = json.dumps(dict(sorted(rows[0].items())), ensure_ascii=False)
+    lines.append(f"  sample:  {sample}")
+    return {"text": "\n".join(lines), "ref": args.ref, "rows": len(rows), "columns": columns, "splits": splits,
+            "sample": rows[0]}
+
+
+def cmd_tokens(args):
+    from . import engine, locate
+    from .shapes import Model
+    eng = engine.load(Model(key=args.key, revision=args.revision, dtype="fp32"), kind="nnterp", weights=False)
+    tok = eng.tokenizer
+    lines, out = [], {}
+    ids, _mask, frame = locate.frame_of_texts(tok, list(args.texts))
+    for r, text in enumerate(args.texts):
+        content = ids[r][frame.starts[r]:frame.ends[r]]
+        pieces = [f"{frame.starts[r] + k}:{tok.decode([i])!r}" for k, i in enumerate(content)]
+        n = len(tok.encode(text, add_special_tokens=False))
+        lines.append(f"{text!r}  {n} token(s){'  <- not usable as a metric column' if n != 1 else ''}")
+        lines.append("  " + " ".join(pieces))
+        out[text] = {"tokens": n, "ids": list(ids[r]), "one_token": n == 1}
+    return {"text": "\n".join(lines), "key": args.key, "texts": out}
+
+
+def cmd_model(args):
+    from . import engine
+    from .shapes import Model
+    eng = engine.load(Model(key=args.key, revision=args.revision, dtype="fp32",
+                            attn_implementation=args.attn_implementation), kind=args.engine, weights=False)
+    return eng.describe_components()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="causalab-ref", description="A reference implementation of the intervention language.")
+    parser.add_argument("--json", action="store_true", help="print the verb's result as JSON")
+    parser.add_argument("--traceback", action="store_true", help="show a full traceback on an internal error")
+    verbs = parser.add_subparsers(dest="verb", parser_class=_Parser)
+
+    def verb(name, func, help_text):
+        p = verbs.add_parser(name, help=help_text)
+        p.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
+        p.set_defaults(func=func)
+        return p
+
+    for name, func, help_text in (("validate", cmd_validate, "check a document (compiles it, no weights)"),
+                                  ("explain", cmd_explain, "print the compiled plan (no weights)"),
+                                  ("run", cmd_run, "run a document and write its results")):
+        p = verb(name, func, help_text)
+        p.add_argument("document")
+        p.add_argument("--data-root", default=DEFAULT_DATA_ROOT)
+        p.add_argument("--engine", choices=("nnterp", "hooks"), default="nnterp")
+        if name == "run":
+            p.add_argument("--out", default="out")
+            p.add_argument("--replace", action="store_true", help="replace an existing --out folder")
+            p.add_argument("--batch-size", type=int, default=None)
+    verb("vocab", cmd_vocab, "the component table and the position forms")
+    p = verb("data", cmd_data, "a dataset's rows, columns, splits and a sample")
+    p.add_argument("ref")
+    p.add_argument("--data-root", default=DEFAULT_DATA_ROOT)
+    p = verb("tokens", cmd_tokens, "texts as the model's tokenizer splits them, with indices")
+    p.add_argument("key")
+    p.add_argument("texts", nargs="+")
+    p.add_argument("--revision", default="main")
+    p = verb("model", cmd_model, "every component at every layer of a checkpoint (no weights)")
+    p.add_argument("key")
+    p.add_argument("--revision", default="main")
+    p.add_argument("--engine", choices=("nnterp", "hooks"), default="nnterp")
+    p.add_argument("--attn-implementation", choices=("eager", "sdpa"), default=None)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.verb:
+        parser.print_usage(sys.stderr)
+        return 2
+    try:
+        result = args.func(args)
+    except Refusal as refusal:
+        where = f"{refusal.path}: " if refusal.path else ""
+        print(f"{refusal.stage}: {where}{refusal.message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; nothing was written", file=sys.stderr)
+        return 130
+    except Exception as error:  # the project's own failure, never a document's
+        if args.traceback:
+            traceback.print_exc()
+        print(f"internal error ({type(error).__name__}): {error}. This is a causalab_ref bug; "
+              "--traceback shows where", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(result, indent=1, default=str))
+    else:
+        print(result["text"])
+    return 0

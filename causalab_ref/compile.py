@@ -1,0 +1,308 @@
+"""Compile: a validated document + a weightless model + the rows on disk -> a plan.
+
+The plan is plain data (strings, integers, tuples): every site resolved to an
+address, every prompt tokenized into a left-padded batch, every metric's answer
+column tokenized to one id per row with its column eligibility, the forwards of
+each step in dependency order with their taps in forward order (writes before
+reads at one address). `explain` prints it. SPEC.md "Documents: compile".
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from . import data, locate, validate
+from .shapes import Address, Document, Refusal, Where
+
+UNITS = {
+    "match": ("fraction", "match/v1"),
+    "logit_diff": ("logit", "logit_diff/v1"),
+    "cross_entropy": ("nat", "cross_entropy/v1"),
+    "token_logit": ("logit", "token_logit/v1"),
+    "token_prob": ("probability", "token_prob/v1"),
+}
+
+
+@dataclass(frozen=True)
+class Tap:
+    kind: str  # "read" or "write"
+    name: str
+    site: str
+    address: Address
+    pos: Where
+    groups: Optional[int] = None
+    take: Optional[tuple[int, ...]] = None
+    mechanism: Optional[str] = None
+    operand: Any = None
+    anchors: Optional[tuple[Optional[str], ...]] = None
+    view: str = "raw"
+
+    def line(self) -> str:
+        where = f"at {self.address.label()} pos={self.pos.spelling()}"
+        features = ""
+        if self.groups is not None:
+            features = f" features=[{', '.join(str(t) for t in self.take)}]/{self.groups}"
+        if self.kind == "write":
+            return f"write '{self.name}' {where}{features} {self.mechanism}({self.operand}) via 'identity'"
+        tail = " as logits" if self.view == "logits" else ""
+        return f"read  '{self.name}' {where}{features} via 'identity'{tail}"
+
+
+@dataclass(frozen=True)
+class Forward:
+    model: str
+    input: str
+    ids: tuple[tuple[int, ...], ...]
+    mask: tuple[tuple[int, ...], ...]
+    taps: tuple[Tap, ...]
+    segments: Optional[tuple[dict, ...]] = None
+    sample: str = ""
+
+    def line(self) -> str:
+        return f"forward '{self.model}' on '{self.input}'  ({len(self.ids)} rows x {len(self.ids[0])} tokens)"
+
+
+@dataclass(frozen=True)
+class MetricPlan:
+    name: str
+    kind: str
+    of: str
+    answers: tuple[tuple[str, tuple[Optional[int], ...]], ...]  # column field -> per-row token id
+    eligible: tuple[bool, ...]  # the column half
+    unit: str
+    estimand_version: str
+
+
+@dataclass(frozen=True)
+class ObservePlan:
+    name: str
+    intervention: str
+    forwards: tuple[Forward, ...]
+    metrics: tuple[MetricPlan, ...]
+    saves: tuple[tuple[str, str], ...]
+    example_ids: tuple[str, ...]
+    dynamic: bool
+    decode: int = 0
+
+    def lines(self, indent: str) -> list[str]:
+        metrics = [f"{m.name}/{m.kind}" for m in self.metrics]
+        saves = [path for _, path in self.saves]
+        out = [f"{indent}{self.name}: Observe  metrics={metrics}  saves={saves}"]
+        for forward in self.forwards:
+            out.append(f"{indent}    {forward.line()}")
+            out += [f"{indent}      {tap.line()}" for tap in forward.taps]
+        return out
+
+
+@dataclass(frozen=True)
+class Plan:
+    label: str
+    digest: str
+    raw: Any
+    steps: tuple[ObservePlan, ...] = ()
+    points: tuple["Plan", ...] = ()
+
+    def lines(self, indent: str = "") -> list[str]:
+        out = [f"{indent}{self.label or '<root>'}: Plan"]
+        for point in self.points:
+            out += point.lines(indent + "  ")
+        for step in self.steps:
+            out += step.lines(indent + "  ")
+        return out
+
+    def text(self) -> str:
+        return "\n".join(self.lines())
+
+    def leaves(self) -> list["Plan"]:
+        return [self] if not self.points else [p for point in self.points for p in point.leaves()]
+
+
+# ---------------------------------------------------------------- pieces
+
+
+def answer_id(tok, text: str, metric: str, path: str) -> int:
+    """space_prefixed: strip leading whitespace, prepend one space, encode without specials; one id."""
+    surface = " " + text.lstrip()
+    ids = tok.encode(surface, add_special_tokens=False)
+    if len(ids) != 1:
+        raise Refusal(f"answer '{text}' is {len(ids)} tokens as '{surface}'; a metric column must resolve to "
+                      "exactly one token", path=path, stage="compile")
+    return ids[0]
+
+
+def _batch(tok, rows: list[dict], field: str, path: str):
+    """Tokenize one role's prompts as a left-padded batch; conversations through the chat template."""
+    values = [data.prompt_of(data.walk(r, field, path, k), field, path, k) for k, r in enumerate(rows)]
+    chats = [data.is_conversation(v) for v in values]
+    if any(chats) and not all(chats):
+        raise Refusal(f"field '{field}': some rows are conversations and some are strings; a role is one or "
+                      "the other", path=path, stage="compile")
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    if not any(chats):
+        ids, mask, _frame = locate.frame_of_texts(tok, values)
+        return ids, mask, None, ""
+    texts = [data.render_chat(tok, v, path) for v in values]
+    ids, mask, frame = locate.frame_of_texts(tok, texts)
+    segments = tuple(locate.segments_of(frame.texts[k], values[k]) for k in range(len(values)))
+    return ids, mask, segments, frame.texts[0]
+
+
+def _forward_order(intervention, needed: list[tuple[str, str]], path: str) -> list[tuple[str, str]]:
+    """Forwards in dependency order: a model's writes need the forwards their operands are read in."""
+    reads, writes, models = dict(intervention.reads), dict(intervention.writes), dict(intervention.models)
+
+    def deps(pair):
+        model, _role = pair
+        if model == "original":
+            return []
+        out = []
+        for w in models[model].writes:
+            operand = writes[w].operand
+            if isinstance(operand, str):
+                r = reads[operand]
+                out.append((r.model, r.input))
+        return out
+
+    order, seen, active = [], set(), set()
+
+    def visit(pair):
+        if pair in seen:
+            return
+        if pair in active:
+            raise Refusal(f"model '{pair[0]}' needs a value read in its own forward (a cycle of operands)",
+                          path=path, stage="compile")
+        active.add(pair)
+        for d in deps(pair):
+            visit(d)
+        active.discard(pair)
+        seen.add(pair)
+        order.append(pair)
+
+    for pair in needed:
+        visit(pair)
+    return order
+
+
+def _check_selection(address: Address, site, name: str) -> None:
+    """Heads and units against the real counts at this address (SPEC.md "Locations: heads and units")."""
+    path = f"sites.{name}"
+    for h in site.heads or ():
+        if h >= address.heads:
+            raise Refusal(f"site '{name}': head {h} of a {address.heads}-head tensor", path=f"{path}.heads",
+                          stage="compile")
+    if site.units is not None:
+        if address.width is None:
+            raise Refusal(f"the width of '{address.component}' is not a fact about the model: it depends on the "
+                          "batch (the attention pattern's key axis) or is not a tensor's", path=f"{path}.units",
+                          stage="compile")
+        for u in site.units:
+            if u >= address.width:
+                raise Refusal(f"site '{name}': unit {u} of a {address.width}-wide tensor", path=f"{path}.units",
+                              stage="compile")
+
+
+def _tap_sort_key(tap: Tap):
+    return (tap.address.rank, 0 if tap.kind == "write" else 1)
+
+
+# ---------------------------------------------------------------- the compiler
+
+
+def compile_point(raw: Any, label: str, engine, data_root: Path) -> Plan:
+    doc: Document = validate.document(raw)
+    tok = engine.tokenizer
+    sites = dict(doc.sites)
+    roles = dict(doc.roles)
+    addresses: dict[str, Address] = {}
+    for name, site in doc.sites:
+        addresses[name] = engine.locate(site.component, site.layer, site=name)
+        _check_selection(addresses[name], site, name)
+
+    steps = []
+    for step_name, step in doc.steps:
+        rows_by_role = {role: data.rows_of(ref, data_root, f"steps.{step_name}.rows.{role}") for role, ref in step.rows}
+        counts = {role: len(rows) for role, rows in rows_by_role.items()}
+        if len(set(counts.values())) > 1:
+            raise Refusal(f"step '{step_name}': roles pair rows by index and these have different counts {counts}",
+                          path=f"steps.{step_name}.rows", stage="compile")
+        base_role = "base" if "base" in rows_by_role else doc.roles[0][0]
+        base_rows = rows_by_role[base_role]
+        batches = {role: _batch(tok, rows_by_role[role], roles[role].field, f"roles.{role}.field")
+                   for role in rows_by_role}
+        for i_name in step.interventions:
+            intervention = dict(doc.interventions)[i_name]
+            ipath = f"interventions.{i_name}"
+            if intervention.decode > 0:
+                raise Refusal("decode > 0 (the generated frame) is not implemented by causalab_ref yet",
+                              path=f"{ipath}.decode", stage="compile")
+            reads, writes, models = dict(intervention.reads), dict(intervention.writes), dict(intervention.models)
+            needed = []
+            for r, read in intervention.reads:
+                if (read.model, read.input) not in needed:
+                    needed.append((read.model, read.input))
+            forwards = []
+            for model_name, role in _forward_order(intervention, needed, ipath):
+                taps = []
+                for r, read in intervention.reads:
+                    if (read.model, read.input) == (model_name, role):
+                        taps.append(_tap("read", r, read, sites, addresses, rows_by_role[role], roles[role].field,
+                                         f"{ipath}.reads.{r}"))
+                if model_name != "original":
+                    for w in models[model_name].writes:
+                        taps.append(_tap("write", w, writes[w], sites, addresses, rows_by_role[role],
+                                         roles[role].field, f"{ipath}.writes.{w}"))
+                taps.sort(key=_tap_sort_key)
+                ids, mask, segments, sample = batches[role]
+                forwards.append(Forward(model=model_name, input=role, ids=ids, mask=mask, taps=tuple(taps),
+                                        segments=segments, sample=sample))
+            metrics = []
+            for m, metric in intervention.metrics:
+                mpath = f"{ipath}.metrics.{m}"
+                columns = tuple(c for _, c in metric.columns)
+                eligible = data.answer_eligible(base_rows, columns, m, mpath)
+                answers = []
+                for field_name, column in metric.columns:
+                    per_row = tuple(answer_id(tok, row[column], m, f"{mpath}.{field_name}") if ok else None
+                                    for row, ok in zip(base_rows, eligible))
+                    answers.append((field_name, per_row))
+                unit, version = UNITS[metric.kind]
+                metrics.append(MetricPlan(name=m, kind=metric.kind, of=metric.of, answers=tuple(answers),
+                                          eligible=eligible, unit=unit, estimand_version=version))
+            dynamic = any(tap.pos.dynamic for f in forwards for tap in f.taps)
+            name = step_name if len(step.interventions) == 1 else f"{step_name}/{i_name}"
+            saves = tuple((s.value, s.file_path) for s in step.saves
+                          if s.value in dict(intervention.metrics))
+            steps.append(ObservePlan(name=name, intervention=i_name, forwards=tuple(forwards),
+                                     metrics=tuple(metrics), saves=saves, example_ids=data.example_ids(base_rows),
+                                     dynamic=dynamic, decode=intervention.decode))
+    return Plan(label=label, digest=validate.digest(raw), raw=raw, steps=tuple(steps))
+
+
+def _tap(kind, name, op, sites, addresses, rows, field, path) -> Tap:
+    site = sites[op.site]
+    address = addresses[op.site]
+    groups = take = None
+    if site.heads is not None:
+        groups, take = address.heads, site.heads
+    elif site.units is not None:
+        groups, take = address.width, site.units
+    anchors = None
+    if op.pos.scope is not None and op.pos.scope.variable is not None:
+        anchors = tuple(data.anchor_text(row, field, op.pos.scope.variable, f"{path}.pos.scope.variable", k)
+                        for k, row in enumerate(rows))
+    if kind == "write":
+        return Tap(kind="write", name=name, site=op.site, address=address, pos=op.pos, groups=groups, take=take,
+                   mechanism=op.mechanism, operand=op.operand, anchors=anchors)
+    return Tap(kind="read", name=name, site=op.site, address=address, pos=op.pos, groups=groups, take=take,
+               anchors=anchors, view=op.view)
+
+
+def compile_document(raw: Any, engine, data_root: Path) -> Plan:
+    """The root plan: one leaf per sweep point (or the document itself when unswept)."""
+    pts = validate.points(raw)
+    if len(pts) == 1 and pts[0][0] == "":
+        return compile_point(raw, "", engine, data_root)
+    leaves = tuple(compile_point(point, label, engine, data_root) for label, point in pts)
+    return Plan(label="", digest=validate.digest(raw), raw=raw, points=leaves)

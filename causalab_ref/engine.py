@@ -1,0 +1,149 @@
+"""Engine: a checkpoint loaded as an nnterp StandardizedTransformer, and one forward of a plan.
+
+`load` turns a document's model block into an engine (a `fixture:` key builds or
+reuses a seeded fixture; any other key is a hub key and revision). The compiler asks
+it for the tokenizer and for addresses (address.py) with no weights; the run asks it
+for `forward`: one nnsight trace over a left-padded batch in which every tap is
+issued in rank order, writes landing before reads at one address. SPEC.md "Runs".
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from . import access, address, fixtures
+from .shapes import Model, Refusal
+
+ENGINES = ("nnterp",)
+
+
+def _mechanism(tap, current: torch.Tensor, operand) -> torch.Tensor:
+    """The value a write lands, in the selection's gathered shape."""
+    if tap.mechanism == "swap":
+        if isinstance(operand, torch.Tensor):
+            if operand.shape != current.shape:
+                raise Refusal(f"write '{tap.name}' lands {tuple(current.shape)} values but its operand "
+                              f"'{tap.operand}' holds {tuple(operand.shape)}; the site and the operand's site "
+                              "must have the same width", path=f"writes.{tap.name}", stage="run")
+            return operand.to(current.dtype)
+        return torch.full_like(current, float(operand))
+    raise Refusal(f"mechanism '{tap.mechanism}' is not implemented", stage="run")
+
+
+class NNterpEngine:
+    """One loaded checkpoint. `weights=False` is a meta load: config, module tree, tokenizer."""
+
+    def __init__(self, spec: Model, model, path: str, recipe: Optional[str]):
+        self.spec = spec
+        self.model = model
+        self.path = path
+        self.recipe = recipe
+        self.tokenizer = model.tokenizer
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+
+    # -------------------------------------------------------------- compile-time questions
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.model.num_layers)
+
+    def locate(self, component: str, layer: Optional[int], site: str = "target"):
+        return address.locate(self.model, component, layer, site=site,
+                              attn_implementation=address.runs_attention(self.model))
+
+    def describe_components(self) -> dict:
+        """Every component at every layer: width and operation, or the reason it is not there."""
+        lines = [f"{self.spec.key} via nnterp: {self.num_layers} layers, "
+                 f"padding_side={self.tokenizer.padding_side}, {address.runs_attention(self.model)} attention"]
+        answers: dict[str, Any] = {}
+        for name, row in address.TABLE.items():
+            layers = range(self.num_layers) if row["layered"] else [None]
+            for layer in layers:
+                label = name if layer is None else f"{name}[{layer}]"
+                try:
+                    a = self.locate(name, layer)
+                except Refusal as refusal:
+                    answers[label] = {"resolves": False, "why": refusal.message}
+                    lines.append(f"  {label:24s} --   {refusal.message}")
+                    continue
+                answers[label] = {"resolves": True, "width": a.width, "op": a.op}
+                width = f"width={a.width}" if a.width is not None else "no width (no featurizer here)"
+                op = f"  op={a.op}" if a.op else ""
+                lines.append(f"  {label:24s} ok   {width}{op}")
+        return {"text": "\n".join(lines), "key": self.spec.key, "engine": "nnterp", "num_layers": self.num_layers,
+                "padding_side": self.tokenizer.padding_side, "components": answers}
+
+    # -------------------------------------------------------------- run-time
+
+    def forward(self, ids, mask, items) -> dict[str, torch.Tensor]:
+        """One trace: each (tap, selection, operand) in the order given (rank order).
+
+        Returns each read's gathered value, detached, on the CPU.
+        """
+        inputs = {"input_ids": torch.tensor(ids, dtype=torch.long),
+                  "attention_mask": torch.tensor(mask, dtype=torch.long)}
+        from . import select
+        saved: dict[str, Any] = {}
+        with torch.no_grad(), self.model.trace(inputs):
+            written: dict[Any, Any] = {}
+            for tap, selection, operand in items:
+                key = (tap.address.component, tap.address.layer)
+                current = written[key] if key in written else access.value(self.model, tap.address)
+                if tap.kind == "write":
+                    part = select.gather(current, selection)
+                    new = select.scatter(current, selection, _mechanism(tap, part, operand))
+                    access.assign(self.model, tap.address, new)
+                    written[key] = new
+                else:
+                    saved[tap.name] = select.gather(current, selection).save()
+        return {name: _unwrap(value).detach().cpu() for name, value in saved.items()}
+
+    def run_record(self, batch_size: Optional[int]) -> dict:
+        record = {
+            "engine": "NNterpEngine",
+            "remote": False,
+            "batch_size": batch_size,
+            "model": {"key": self.spec.key, "revision": self.spec.revision, "dtype": self.spec.dtype,
+                      "attn_implementation": self.spec.attn_implementation},
+            "device": "cpu",
+        }
+        if self.recipe is not None:
+            record["fixture_recipe"] = self.recipe
+        try:
+            record["served_dtype"] = str(self.model.lm_head.weight.dtype)
+        except Exception:  # a meta shell has no served dtype to report
+            pass
+        return record
+
+
+def _unwrap(value):
+    return getattr(value, "value", value) if not isinstance(value, torch.Tensor) else value
+
+
+def load(spec: Model, kind: str = "nnterp", weights: bool = True) -> NNterpEngine:
+    """The engine for a document's model block."""
+    if kind != "nnterp":
+        raise Refusal(f"engine '{kind}' is not implemented yet; use --engine nnterp", path="--engine",
+                      stage="compile")
+    recipe = None
+    if fixtures.is_fixture(spec.key):
+        path = str(fixtures.checkpoint_dir(spec.key))
+        recipe = fixtures.recipe_digest(spec.key)
+        overrides = {}
+    else:
+        path = spec.key
+        overrides = {"revision": spec.revision}
+    try:
+        model = access.load(path, attn_implementation=spec.attn_implementation, weights=weights,
+                            dtype=spec.dtype, **overrides)
+    except Refusal:
+        raise
+    except Exception as error:
+        raise Refusal(f"model '{spec.key}' at revision '{spec.revision}' could not be loaded "
+                      f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); "
+                      "a fixture is named 'fixture:tiny-llama', 'fixture:tiny-gpt2', 'fixture:tiny-gemma2' or "
+                      "'fixture:tiny-gptoss', any other key is loaded from the hub",
+                      path="model.key", stage="compile") from None
+    return NNterpEngine(spec, model, path, recipe)

@@ -1,0 +1,252 @@
+"""Run: walk a compiled plan on an engine, score the metrics, write the result files.
+
+Per observe step, each forward in dependency order: resolve every tap's positions
+against the model's tokenizer (locate.py), decide eligibility (a read may skip a
+row, a write may not, a fixed-width cut that does not fit is refused), hand the
+engine its selections and operands, keep what it read. Then each metric over the
+rows both halves admit. A run writes into a temporary folder beside --out and moves
+it into place only when every step is done. SPEC.md "Runs".
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from . import locate
+from .compile import Forward, ObservePlan, Plan, Tap
+from .shapes import Refusal, Selection
+
+FIXED_WIDTH = ("{kind} '{name}' at {spelling} has no position on row(s) {rows}. A position of a fixed width "
+               "names the same number of tokens on every row, so a row it does not fit is refused rather than "
+               "skipped; a position anchored to the row's own text may skip a row, and says why")
+NOTHING_TO_WRITE = ("write '{name}' has nothing to write on row(s) {rows}. A read may skip a row; a write may "
+                    "not — writing nothing somewhere is not an intervention, and the row would score as if one "
+                    "had happened. `alignment_ambiguous` is a value that is in the prompt more than once, and "
+                    "scoping the anchor is what makes it one")
+RAGGED_MISMATCH = ("write '{name}' covers {want} positions per row but its operand '{operand}' was read over "
+                   "{have}; rows {rows} differ. Landing a window of one width in another is a policy this slice "
+                   "does not implement — the protocol's `exact_length_buckets` and `padded_masked` — so it refuses")
+
+
+def _refuse(message: str, path: str):
+    raise Refusal(message, path=path, stage="run")
+
+
+@dataclass
+class Resolved:
+    """One tap's positions on this forward's rows."""
+
+    windows: tuple[tuple[int, ...], ...]
+    reasons: tuple[str, ...]
+    tokens: tuple[str, ...]
+
+
+def resolve_taps(engine, step: ObservePlan, forward: Forward, path: str) -> dict[str, Resolved]:
+    """Every tap's windows, with the run-time refusals of SPEC.md "Positions: eligibility"."""
+    frame = locate.frame_of_ids(engine.tokenizer, forward.ids, forward.mask, segments=forward.segments,
+                                char_map=step.dynamic)
+    out = {}
+    for tap in forward.taps:
+        windows, reasons = locate.locate(frame, tap.pos, tap.anchors)
+        tokens = tuple(locate.tokens_of(frame, w, r) if step.dynamic else "" for r, w in enumerate(windows))
+        bad = {r: reason for r, reason in enumerate(reasons) if reason}
+        where = f"{path}.{tap.kind}s.{tap.name}.pos"
+        if bad and not tap.pos.ragged:
+            _refuse(FIXED_WIDTH.format(kind=tap.kind, name=tap.name, spelling=tap.pos.spelling(), rows=bad), where)
+        if bad and tap.kind == "write":
+            _refuse(NOTHING_TO_WRITE.format(name=tap.name, rows=bad), where)
+        out[tap.name] = Resolved(windows=tuple(tuple(w) for w in windows), reasons=tuple(reasons), tokens=tokens)
+    return out
+
+
+def selection_of(tap: Tap, resolved: Resolved) -> Selection:
+    return Selection(windows=resolved.windows, seq_axis=tap.address.seq_axis, ragged=tap.pos.ragged,
+                     groups=tap.groups, take=tap.take)
+
+
+def operand_value(tap: Tap, resolved: dict[str, Resolved], values: dict[str, torch.Tensor],
+                  read_windows: dict[str, tuple], path: str):
+    """What a write lands: a read of this intervention (windows checked row by row) or a number."""
+    if not isinstance(tap.operand, str):
+        return float(tap.operand)
+    mine = resolved[tap.name].windows
+    theirs = read_windows[tap.operand]
+    if tap.pos.ragged or len(mine) != len(theirs):
+        want = [len(w) for w in mine]
+        have = [len(w) for w in theirs]
+        rows = [r for r, (a, b) in enumerate(zip(want, have)) if a != b]
+        if rows:
+            _refuse(RAGGED_MISMATCH.format(name=tap.name, want=want, operand=tap.operand, have=have, rows=rows),
+                    f"{path}.writes.{tap.name}.pos")
+    return values[tap.operand]
+
+
+def run_step(engine, step: ObservePlan) -> dict:
+    """One observe pass: forwards, then metrics. Returns the step's results (plain data + tensors)."""
+    path = f"interventions.{step.intervention}"
+    values: dict[str, torch.Tensor] = {}
+    placed: dict[str, Resolved] = {}
+    for forward in step.forwards:
+        resolved = resolve_taps(engine, step, forward, path)
+        items = []
+        for tap in forward.taps:
+            selection = selection_of(tap, resolved[tap.name])
+            operand = None
+            if tap.kind == "write":
+                operand = operand_value(tap, resolved, values, {k: v.windows for k, v in placed.items()}, path)
+            items.append((tap, selection, operand))
+        values.update(engine.forward(forward.ids, forward.mask, items))
+        placed.update({tap.name: resolved[tap.name] for tap in forward.taps})
+    positions = {name: {"rows": r.windows, "reason": r.reasons, "tokens": r.tokens} for name, r in placed.items()}
+    eligible, tables = {}, {}
+    for metric in step.metrics:
+        read = placed[metric.of]
+        both = tuple(col and not reason for col, reason in zip(metric.eligible, read.reasons))
+        if not any(both):
+            _refuse(f"metric '{metric.name}': no row is both column-eligible and placed by its read "
+                    f"'{metric.of}'; a metric of nothing has no mean", f"{path}.metrics.{metric.name}")
+        eligible[metric.name] = both
+        tables[metric.name] = score(metric, values[metric.of], read, both)
+    return {"positions": positions, "eligible": eligible, "values": values, "scores": tables}
+
+
+def _row_vectors(value: torch.Tensor, resolved: Resolved) -> list[Optional[torch.Tensor]]:
+    """Each row's one scored vector: rectangular (rows, 1, V) or flat (total, V) in resolved-row order."""
+    if value.dim() == 3:
+        return [value[r, 0] for r in range(value.shape[0])]
+    out, k = [], 0
+    for window in resolved.windows:
+        if window:
+            out.append(value[k])
+            k += len(window)
+        else:
+            out.append(None)
+    return out
+
+
+def score(metric, value: torch.Tensor, resolved: Resolved, both: tuple[bool, ...]) -> list[Optional[float]]:
+    """Per-row metric values (None where the row is not scored)."""
+    answers = dict(metric.answers)
+    out = []
+    for r, vector in enumerate(_row_vectors(value.detach().float(), resolved)):
+        if not both[r] or vector is None:
+            out.append(None)
+            continue
+        if metric.kind == "match":
+            v = 1.0 if int(vector.argmax()) == answers["expected"][r] else 0.0
+        elif metric.kind == "logit_diff":
+            v = float(vector[answers["a"][r]] - vector[answers["b"][r]])
+        elif metric.kind == "cross_entropy":
+            v = float(-torch.log_softmax(vector, -1)[answers["target"][r]])
+        elif metric.kind == "token_logit":
+            v = float(vector[answers["token"][r]])
+        else:  # token_prob
+            v = float(torch.softmax(vector, -1)[answers["token"][r]])
+        out.append(v if math.isfinite(v) else None)
+    return out
+
+
+def metric_table(step: ObservePlan, results: dict, name: str, digest: str) -> list[dict]:
+    """The saved table: every row of the step's base data, excluded rows included, in row order."""
+    metric = next(m for m in step.metrics if m.name == name)
+    where = results["positions"][metric.of]
+    rows = []
+    for r, example_id in enumerate(step.example_ids):
+        rows.append({
+            "example_id": example_id,
+            "metric": name,
+            "value": results["scores"][name][r],
+            "eligible": results["eligible"][name][r],
+            "positions": list(where["rows"][r]) if step.dynamic else None,
+            "reason": where["reason"][r] if step.dynamic else "",
+            "tokens": where["tokens"][r] if step.dynamic else "",
+            "unit": metric.unit,
+            "estimand_version": metric.estimand_version,
+            "produced_by": digest,
+        })
+    return rows
+
+
+# ---------------------------------------------------------------- files
+
+
+def _dump(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=1) + "\n", encoding="utf-8")
+
+
+def package_digest() -> str:
+    """sha256 over this package's own .py files in path order."""
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parent
+    for file in sorted(root.glob("*.py")):
+        h.update(file.name.encode())
+        h.update(file.read_bytes())
+    return h.hexdigest()
+
+
+def _versions() -> dict:
+    from importlib import metadata
+    out = {}
+    for name in ("torch", "transformers", "nnsight", "nnterp"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def _confined(out: Path, file_path: str, path: str) -> Path:
+    target = (out / file_path)
+    if Path(file_path).is_absolute() or ".." in Path(file_path).parts:
+        raise Refusal(f"a save's file_path stays inside --out; '{file_path}' does not", path=path, stage="run")
+    return target
+
+
+def execute(plan: Plan, engine, out: Path, batch_size: Optional[int] = None, replace: bool = False) -> list[str]:
+    """Run every leaf of the plan and write its files; returns the written paths in write order.
+
+    Everything is written into a temporary folder beside `out` and moved into place at
+    the end, so a refused or interrupted run leaves no result folder behind.
+    """
+    out = Path(out)
+    if out.exists() and not replace:
+        raise Refusal(f"--out {out} already exists; choose a new folder or say --replace", stage="run")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    written: list[str] = []
+    try:
+        _dump(staging / "document.json", plan.raw)
+        written.append("document.json")
+        _dump(staging / "run.json", engine.run_record(batch_size) | {"causalab_ref": package_digest(),
+                                                                      "versions": _versions()})
+        written.append("run.json")
+        leaves = plan.leaves()
+        for leaf in leaves:
+            base = staging / leaf.label if leaf.label else staging
+            prefix = f"{leaf.label}/" if leaf.label else ""
+            if leaf.label:
+                _dump(base / "document.json", leaf.raw)
+                written.append(prefix + "document.json")
+            for step in leaf.steps:
+                results = run_step(engine, step)
+                for value, file_path in step.saves:
+                    target = _confined(base, file_path, f"steps.{step.name}.saves")
+                    _dump(target, metric_table(step, results, value, leaf.digest))
+                    written.append(prefix + file_path)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return [str(out / w) for w in written]

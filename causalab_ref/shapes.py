@@ -1,0 +1,287 @@
+"""Shapes: the stdlib frozen dataclasses every other module speaks in.
+
+A document becomes these (validate.py), a plan is built of them (compile.py), and
+locate.py resolves a `Where` against a `Frame`. Nothing here imports torch or any
+model library, so the resolver and the validator can both depend on it.
+SPEC.md "Documents" and "Positions: the cut" describe the fields.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+# ---------------------------------------------------------------- refusals
+
+
+class Refusal(Exception):
+    """A document (or its data, or its model) asked for something the language refuses.
+
+    `path` is the dotted document path (`interventions.patching.writes.patch.pos`),
+    `stage` is where it was decided: validation, compile or run. The CLI prints
+    `<stage>: <path>: <message>` on one line and exits 2.
+    """
+
+    def __init__(self, message: str, path: str = "", stage: str = "validation"):
+        super().__init__(message)
+        self.message = message
+        self.path = path
+        self.stage = stage
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}" if self.path else self.message
+
+
+# ---------------------------------------------------------------- positions
+
+FRAMES = ("prompt", "generated")
+CUTS = ("index", "span", "last", "all")
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """Which run of the frame: a variable's text, a segment, or a variable inside a segment."""
+
+    variable: Optional[str] = None
+    segment: Optional[str] = None
+
+    def spelling(self) -> str:
+        parts = []
+        if self.segment is not None:
+            parts.append(f"segment:{self.segment}")
+        if self.variable is not None:
+            parts.append(f"variable:{self.variable}")
+        return "{" + " ".join(parts) + "}"
+
+
+@dataclass(frozen=True)
+class Where:
+    """A position spec: frame, scope, and exactly one cut (index, span, last, all)."""
+
+    index: Optional[int] = None
+    span: Optional[tuple[int, int]] = None
+    last: Optional[int] = None
+    all: bool = False
+    scope: Optional[Anchor] = None
+    frame: str = "prompt"
+
+    @property
+    def cut(self) -> str:
+        """The name of the one cut this spec makes."""
+        if self.index is not None:
+            return "index"
+        if self.span is not None:
+            return "span"
+        if self.last is not None:
+            return "last"
+        return "all"
+
+    @property
+    def width(self) -> Optional[int]:
+        """How many positions the cut names, or None when only a row knows."""
+        if self.index is not None:
+            return 1
+        if self.last is not None:
+            return self.last
+        if self.span is not None:
+            a, b = self.span
+            if (a < 0) == (b < 0):
+                return b - a
+            return None
+        return None
+
+    @property
+    def ragged(self) -> bool:
+        """Whether some row may come back with a window the other rows do not have."""
+        return self.width is None or self.scope is not None
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether resolving it needs the row's text (a scope) or the continuation."""
+        return self.scope is not None or self.frame == "generated"
+
+    def spelling(self) -> str:
+        parts = []
+        if self.frame == "generated":
+            parts.append("generated")
+        if self.index is not None:
+            parts.append(f"index:{self.index}")
+        elif self.span is not None:
+            parts.append(f"span:[{self.span[0]}, {self.span[1]}]")
+        elif self.last is not None:
+            parts.append(f"last:{self.last}")
+        else:
+            parts.append("all")
+        if self.scope is not None:
+            parts.append(f"scope:{self.scope.spelling()}")
+        return "{" + " ".join(parts) + "}"
+
+
+@dataclass(frozen=True)
+class Frame:
+    """The rows of one batch as the resolver sees them.
+
+    `starts[r]`/`ends[r]` are the half-open content span of row r inside the padded
+    ids (after padding and after the tokenizer's special prefix). `texts[r]` is the
+    decoded content, `offsets[r][k]` the character where content token k starts,
+    with a final entry len(texts[r]). `segments[r]` maps a segment name to its
+    half-open character span in texts[r]. Offsets are empty when no character map
+    was built (a pass whose positions are all bare integers).
+    """
+
+    starts: tuple[int, ...]
+    ends: tuple[int, ...]
+    texts: tuple[str, ...] = ()
+    offsets: tuple[tuple[int, ...], ...] = ()
+    segments: tuple[dict, ...] = ()
+    kind: str = "prompt"
+
+
+# ---------------------------------------------------------------- documents
+
+
+@dataclass(frozen=True)
+class Model:
+    key: str
+    revision: str
+    dtype: str
+    attn_implementation: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Role:
+    field: str
+
+
+@dataclass(frozen=True)
+class Site:
+    component: str
+    layers: Optional[tuple[int, ...]] = None
+    heads: Optional[tuple[int, ...]] = None
+    units: Optional[tuple[int, ...]] = None
+
+    @property
+    def layer(self) -> Optional[int]:
+        return self.layers[0] if self.layers else None
+
+
+@dataclass(frozen=True)
+class Read:
+    site: str
+    pos: Where
+    input: str
+    model: str = "original"
+    featurizer: str = "identity"
+    view: str = "raw"
+
+
+@dataclass(frozen=True)
+class Write:
+    site: str
+    pos: Where
+    mechanism: str
+    operand: Any = None  # a read name (str), a number, or ("ref", name)
+    featurizer: str = "identity"
+    features: Optional[tuple[int, ...]] = None
+    params: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class IntervenedModel:
+    input: str
+    writes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Metric:
+    kind: str
+    of: str
+    columns: tuple[tuple[str, str], ...]  # (field name, column name), e.g. ("expected", "cf_answer")
+    token_form: str = "space_prefixed"
+
+    def column(self, name: str) -> str:
+        return dict(self.columns)[name]
+
+
+@dataclass(frozen=True)
+class Intervention:
+    reads: tuple[tuple[str, Read], ...]
+    writes: tuple[tuple[str, Write], ...] = ()
+    models: tuple[tuple[str, IntervenedModel], ...] = ()
+    metrics: tuple[tuple[str, Metric], ...] = ()
+    decode: int = 0
+
+
+@dataclass(frozen=True)
+class Save:
+    value: str
+    file_path: str
+
+
+@dataclass(frozen=True)
+class Observe:
+    rows: tuple[tuple[str, str], ...]
+    interventions: tuple[str, ...]
+    saves: tuple[Save, ...] = ()
+    kind: str = "observe"
+
+
+@dataclass(frozen=True)
+class Document:
+    model: Model
+    roles: tuple[tuple[str, Role], ...]
+    sites: tuple[tuple[str, Site], ...]
+    interventions: tuple[tuple[str, Intervention], ...]
+    steps: tuple[tuple[str, Observe], ...]
+    description: str = ""
+
+
+# ---------------------------------------------------------------- addresses
+
+
+@dataclass(frozen=True)
+class Address:
+    """Where a component lands on one loaded checkpoint (address.py builds these).
+
+    `module` is relative to the layer for a per-layer place and to the model for a
+    whole-model one ('' is the layer itself, or the model root); an interior has no
+    module and carries `op`, the `.source` operation inside the attention forward.
+    `io` is 'input' or 'output' at a module boundary. `rank` orders reads in the
+    forward pass. `seq_axis` is the sequence axis of the tensor held there.
+    """
+
+    component: str
+    layer: Optional[int]
+    module: Optional[str]
+    io: Optional[str]
+    rank: tuple[int, int]
+    op: Optional[str] = None
+    seq_axis: int = 1
+    width: Optional[int] = None
+    heads: Optional[int] = None  # the head count at this address, for a per-head tensor
+
+    def label(self) -> str:
+        return self.component if self.layer is None else f"{self.component}[{self.layer}]"
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which part of the tensor at an address a tap touches.
+
+    `windows[r]` are row r's positions along `seq_axis` (absolute, padded batch).
+    Features are viewed as (groups, -1) and the groups in `take` are kept; both are
+    None when the whole feature axis is meant. A ragged selection gathers flat,
+    (total, features); a rectangular one (rows, w, features).
+    """
+
+    windows: tuple[tuple[int, ...], ...]
+    seq_axis: int = 1
+    ragged: bool = False
+    groups: Optional[int] = None
+    take: Optional[tuple[int, ...]] = None
+
+
+def features_label(groups: Optional[int], take: Optional[tuple[int, ...]]) -> str:
+    """`features=[0]/4` as explain prints a heads/units selection."""
+    if groups is None or take is None:
+        return ""
+    return f" features=[{', '.join(str(t) for t in take)}]/{groups}"

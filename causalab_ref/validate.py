@@ -1,0 +1,577 @@
+"""Validation: JSON in, frozen `shapes.Document` out, or one Refusal naming the dotted path.
+
+Hand-rolled: every object at every depth rejects unknown keys, every field is
+type-checked, and the rules that need no model, no tokenizer and no data (SPEC.md
+"Documents", the validation rows of "Positions: what is refused" and "Locations:
+what is refused") are decided here. Sweeps are lowered first (`points`), so each
+point is an ordinary document. What the format describes but this reference does
+not implement yet (featurizers, fits, outputs, most mechanisms) is refused by name.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from typing import Any
+
+from . import address
+from .shapes import (Anchor, Document, IntervenedModel, Intervention, Metric, Model,
+                     Observe, Read, Refusal, Role, Save, Site, Where, Write)
+
+METRIC_COLUMNS = {
+    "match": ("expected",),
+    "logit_diff": ("a", "b"),
+    "cross_entropy": ("target",),
+    "token_logit": ("token",),
+    "token_prob": ("token",),
+}
+MECHANISMS = ("swap",)
+LATER_MECHANISMS = ("add_scaled", "lerp", "gaussian", "clamp", "renormalize")
+DTYPES = ("fp32", "bf16")
+ATTN = ("eager", "sdpa")
+
+
+# ---------------------------------------------------------------- raw JSON helpers
+
+
+def _fail(path: str, message: str):
+    raise Refusal(message, path=path, stage="validation")
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    return "an object"
+
+
+def _object(raw: Any, path: str, allowed: tuple, required: tuple = ()) -> dict:
+    if not isinstance(raw, dict):
+        _fail(path, f"expected an object, got {_type_name(raw)}")
+    for key in raw:
+        if key not in allowed:
+            where = f"{path}.{key}" if path else str(key)
+            _fail(where, f"unknown key '{key}'; allowed here: {sorted(allowed)}")
+    for key in required:
+        if key not in raw:
+            where = f"{path}.{key}" if path else key
+            _fail(where, "required field is missing")
+    return raw
+
+
+def _mapping(raw: Any, path: str) -> dict:
+    if not isinstance(raw, dict):
+        _fail(path, f"expected an object of named entries, got {_type_name(raw)}")
+    return raw
+
+
+def _str(raw: Any, path: str) -> str:
+    if not isinstance(raw, str):
+        _fail(path, f"expected a string, got {_type_name(raw)}")
+    return raw
+
+
+def _int(raw: Any, path: str) -> int:
+    if isinstance(raw, bool) or not isinstance(raw, int):
+        _fail(path, f"expected an integer, got {_type_name(raw)}")
+    return raw
+
+
+def _choice(raw: Any, path: str, choices: tuple) -> str:
+    _str(raw, path)
+    if raw not in choices:
+        _fail(path, f"'{raw}' is not one of {list(choices)}")
+    return raw
+
+
+def _index_list(raw: Any, path: str, what: str) -> tuple[int, ...]:
+    message = f"{what} is a non-empty list of distinct {'head' if what == 'heads' else 'feature'} indices"
+    if not isinstance(raw, list) or not raw:
+        _fail(path, message)
+    for k, item in enumerate(raw):
+        if isinstance(item, bool) or not isinstance(item, int) or item < 0:
+            _fail(f"{path}.{k}", message)
+    if len(set(raw)) != len(raw):
+        _fail(path, message)
+    return tuple(raw)
+
+
+# ---------------------------------------------------------------- sweeps
+
+
+def _is_wrapper(raw: Any) -> bool:
+    return isinstance(raw, dict) and "sweep" in raw and set(raw) <= {"sweep", "as"}
+
+
+def _find_wrappers(raw: Any, path: tuple) -> list:
+    found = []
+    if _is_wrapper(raw):
+        return [(path, raw)]
+    if isinstance(raw, dict):
+        for key, value in raw.items():
+            found += _find_wrappers(value, path + (key,))
+    elif isinstance(raw, list):
+        for k, value in enumerate(raw):
+            found += _find_wrappers(value, path + (k,))
+    return found
+
+
+def _sweep_values(wrapper: dict, where: str) -> list:
+    values = wrapper["sweep"]
+    if isinstance(values, dict):
+        _object(values, f"{where}.sweep", ("range",), ("range",))
+        bounds = values["range"]
+        if (not isinstance(bounds, list) or len(bounds) not in (2, 3)
+                or any(isinstance(b, bool) or not isinstance(b, int) for b in bounds)
+                or (len(bounds) == 3 and bounds[2] == 0)):
+            _fail(f"{where}.sweep.range", "a range is [start, stop] or [start, stop, step] of integers, step not 0")
+        values = list(range(*bounds))
+    if not isinstance(values, list) or not values:
+        _fail(f"{where}.sweep", "a sweep lists at least one value")
+    if "as" in wrapper:
+        _str(wrapper["as"], f"{where}.as")
+    return values
+
+
+def _label_value(value: Any) -> str:
+    if isinstance(value, list) and len(value) == 1:
+        value = value[0]
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _replace(raw: Any, path: tuple, value: Any) -> Any:
+    if not path:
+        return value
+    head, rest = path[0], path[1:]
+    if isinstance(raw, dict):
+        copy = dict(raw)
+    else:
+        copy = list(raw)
+    copy[head] = _replace(raw[head], rest, value)
+    return copy
+
+
+def points(raw: Any) -> list[tuple[str, Any]]:
+    """Lower sweep wrappers: one (label, document) per point; an unswept document is [("", raw)]."""
+    if not isinstance(raw, dict):
+        _fail("", f"a document is a JSON object, got {_type_name(raw)}")
+    wrappers = _find_wrappers(raw, ())
+    if not wrappers:
+        return [("", raw)]
+    axes: dict[str, list] = {}
+    order: list[str] = []
+    for path, wrapper in wrappers:
+        where = ".".join(str(p) for p in path)
+        if path[0] in ("model", "header"):
+            _fail(where, f"{where} is swept; a sweep may not change the model or the header — "
+                         "those are the identity of the run, not a coordinate in it")
+        values = _sweep_values(wrapper, where)
+        name = wrapper.get("as") or next(str(p) for p in reversed(path) if isinstance(p, str))
+        key = f"as:{wrapper['as']}" if "as" in wrapper else f"path:{where}"
+        if key not in axes:
+            axes[key] = []
+            order.append(key)
+        members = axes[key]
+        if members and len(members[0][2]) != len(values):
+            _fail(where, f"the axis '{name}' moves {len(members[0][2])} values here and {len(values)} there; "
+                         "wrappers on one axis have equal lengths")
+        members.append((path, name, values))
+    result = []
+    for choice in itertools.product(*(range(len(axes[k][0][2])) for k in order)):
+        point, labels = raw, []
+        for key, k in zip(order, choice):
+            members = axes[key]
+            labels.append(f"{members[0][1]}={_label_value(members[0][2][k])}")
+            for path, _name, values in members:
+                point = _replace(point, path, values[k])
+        result.append((",".join(labels), point))
+    return result
+
+
+# ---------------------------------------------------------------- positions
+
+
+def where(raw: Any, path: str) -> Where:
+    """A `pos` field: a bare integer is {"index": i}; otherwise a Where object."""
+    if isinstance(raw, bool):
+        _fail(path, "a position is an integer or an object, got a boolean")
+    if isinstance(raw, int):
+        return Where(index=raw)
+    _object(raw, path, ("index", "span", "last", "all", "scope", "frame"))
+    named = [c for c in ("index", "span", "last", "all")
+             if c in raw and raw[c] is not None and raw[c] is not False]
+    if len(named) != 1:
+        _fail(path, f"a position names exactly one of index/span/last/all, got {named}")
+    frame = _choice(raw.get("frame", "prompt"), f"{path}.frame", ("prompt", "generated"))
+    index = span = last = None
+    every = False
+    if "index" in named:
+        index = _int(raw["index"], f"{path}.index")
+    elif "last" in named:
+        last = _int(raw["last"], f"{path}.last")
+        if last <= 0:
+            _fail(f"{path}.last", f"last {last} is not a positive number of tokens")
+    elif "span" in named:
+        value = raw["span"]
+        if (not isinstance(value, list) or len(value) != 2
+                or any(isinstance(v, bool) or not isinstance(v, int) for v in value)):
+            _fail(f"{path}.span", "a span is [a, b], two integers")
+        a, b = value
+        if (a < 0) == (b < 0) and b <= a:
+            _fail(f"{path}.span", f"span [{a}, {b}] is not a forward window")
+        span = (a, b)
+    else:
+        if raw["all"] is not True:
+            _fail(f"{path}.all", "all is true or absent")
+        every = True
+    scope = None
+    if raw.get("scope") is not None:
+        scope_raw = _object(raw["scope"], f"{path}.scope", ("variable", "segment"))
+        variable = scope_raw.get("variable")
+        segment = scope_raw.get("segment")
+        if variable is None and segment is None:
+            _fail(f"{path}.scope", "an anchor names a variable, a segment, or both")
+        if variable is not None:
+            _str(variable, f"{path}.scope.variable")
+        if segment is not None:
+            _str(segment, f"{path}.scope.segment")
+            if segment == "eos" and frame == "prompt":
+                _fail(f"{path}.scope.segment", "segment 'eos' is a run of the generated frame, not the prompt")
+            if segment != "eos" and frame == "generated":
+                _fail(f"{path}.scope.segment", f"segment '{segment}' is a run of the prompt frame, not the "
+                      "generated one; the continuation has one segment, 'eos'")
+        scope = Anchor(variable=variable, segment=segment)
+    return Where(index=index, span=span, last=last, all=every, scope=scope, frame=frame)
+
+
+def _generated_rules(pos: Where, kind: str, name: str, decode: int, path: str, prefix: str):
+    """Seed-tables A9: what a read or a write may say in the continuation frame."""
+    if pos.frame != "generated":
+        return
+    if decode <= 0:
+        _fail(path, f"{prefix}{kind} '{name}': a generated position needs `decode` > 0")
+    if kind == "write":
+        if pos.scope is not None:
+            _fail(path, f"{prefix}write '{name}': a write in the continuation frame takes no scope; "
+                        f"{pos.spelling()} is only known once the decode has finished")
+        if not (pos.all or (pos.index is not None and pos.index >= 0)):
+            _fail(path, f"{prefix}write '{name}': a write in the continuation frame is at a step the decode "
+                        "has reached — {'index': k} with k >= 0, or {'all': true}. "
+                        f"{pos.spelling()} names a cut of the finished continuation, which is something to "
+                        "read and not something to write into")
+    if pos.index is not None and pos.index >= decode:
+        _fail(path, f"{prefix}{kind} '{name}': step {pos.index} of a {decode}-token decode")
+
+
+# ---------------------------------------------------------------- blocks
+
+
+def _model(raw: Any) -> Model:
+    _object(raw, "model", ("key", "revision", "dtype", "attn_implementation"), ("key", "revision", "dtype"))
+    attn = raw.get("attn_implementation")
+    if attn is not None:
+        _choice(attn, "model.attn_implementation", ATTN)
+    return Model(key=_str(raw["key"], "model.key"), revision=_str(raw["revision"], "model.revision"),
+                 dtype=_choice(raw["dtype"], "model.dtype", DTYPES), attn_implementation=attn)
+
+
+def _site(raw: Any, path: str) -> Site:
+    _object(raw, path, ("component", "layers", "heads", "units"), ("component",))
+    component = _str(raw["component"], f"{path}.component")
+    layers = heads = units = None
+    if raw.get("layers") is not None:
+        value = raw["layers"]
+        if not isinstance(value, list) or not value:
+            _fail(f"{path}.layers", "layers is a one-element list, [i]")
+        if len(value) > 1:
+            _fail(f"{path}.layers", "layers must be a one-element band; a band spanning several layers is "
+                                     "one address and is not implemented")
+        layer = _int(value[0], f"{path}.layers.0")
+        if layer < 0:
+            _fail(f"{path}.layers.0", f"layer {layer} is not a layer: layers count from 0")
+        layers = (layer,)
+    if raw.get("heads") is not None and raw.get("units") is not None:
+        _fail(path, "a site names heads or units, not both: they slice the same axis")
+    if raw.get("heads") is not None:
+        heads = _index_list(raw["heads"], f"{path}.heads", "heads")
+    if raw.get("units") is not None:
+        units = _index_list(raw["units"], f"{path}.units", "units")
+    facts = address.TABLE.get(component)
+    if facts is not None:
+        if facts["layered"] and layers is None:
+            _fail(path, f"'{component}' is addressed at one layer: say which with \"layers\": [i]")
+        if not facts["layered"] and layers is not None:
+            _fail(f"{path}.layers", f"'{component}' is one per model and takes no layers")
+        if heads is not None and not facts["per_head"]:
+            _fail(f"{path}.heads", f"'{component}' is not a per-head tensor; `heads` applies at "
+                                    f"{list(address.PER_HEAD)}")
+    return Site(component=component, layers=layers, heads=heads, units=units)
+
+
+def _read(raw: Any, path: str) -> Read:
+    _object(raw, path, ("site", "pos", "input", "model", "featurizer", "view"), ("site", "pos", "input"))
+    featurizer = _str(raw.get("featurizer", "identity"), f"{path}.featurizer")
+    view = _choice(raw.get("view", "raw"), f"{path}.view", ("raw", "logits"))
+    return Read(site=_str(raw["site"], f"{path}.site"), pos=where(raw["pos"], f"{path}.pos"),
+                input=_str(raw["input"], f"{path}.input"), model=_str(raw.get("model", "original"), f"{path}.model"),
+                featurizer=featurizer, view=view)
+
+
+def _write(raw: Any, path: str) -> Write:
+    _object(raw, path, ("site", "pos", "mechanism", "operand", "featurizer", "features", "params"),
+            ("site", "pos", "mechanism"))
+    mechanism = _str(raw["mechanism"], f"{path}.mechanism")
+    if mechanism in LATER_MECHANISMS:
+        _fail(f"{path}.mechanism", f"mechanism '{mechanism}' is in the format but not implemented by "
+                                    f"causalab_ref yet; the implemented mechanisms are {list(MECHANISMS)}")
+    if mechanism not in MECHANISMS:
+        _fail(f"{path}.mechanism", f"'{mechanism}' is not one of {list(MECHANISMS + LATER_MECHANISMS)}")
+    operand = raw.get("operand")
+    if operand is None:
+        _fail(f"{path}.operand", f"mechanism '{mechanism}' needs an operand")
+    if isinstance(operand, dict):
+        _object(operand, f"{path}.operand", ("ref",), ("ref",))
+        _fail(f"{path}.operand", "an operand {\"ref\": …} names an output of an earlier step; step outputs "
+                                  "are not implemented by causalab_ref yet")
+    if isinstance(operand, bool) or not isinstance(operand, (str, int, float)):
+        _fail(f"{path}.operand", f"an operand is a read name or a number, got {_type_name(operand)}")
+    if raw.get("features") is not None:
+        _fail(f"{path}.features", "`features` selects coordinates of a featurizer's space; featurizers are "
+                                   "not implemented by causalab_ref yet")
+    params = raw.get("params", {})
+    if not isinstance(params, dict):
+        _fail(f"{path}.params", f"expected an object, got {_type_name(params)}")
+    if params:
+        _fail(f"{path}.params", f"mechanism '{mechanism}' takes no params {sorted(params)}")
+    featurizer = _str(raw.get("featurizer", "identity"), f"{path}.featurizer")
+    return Write(site=_str(raw["site"], f"{path}.site"), pos=where(raw["pos"], f"{path}.pos"),
+                 mechanism=mechanism, operand=operand, featurizer=featurizer)
+
+
+def _metric(raw: Any, path: str) -> Metric:
+    _object(raw, path, ("kind",) + tuple(sorted({c for cs in METRIC_COLUMNS.values() for c in cs}))
+            + ("of", "token_form"), ("kind",))
+    kind = _choice(raw["kind"], f"{path}.kind", tuple(METRIC_COLUMNS))
+    columns = METRIC_COLUMNS[kind]
+    _object(raw, path, ("kind", "of", "token_form") + columns, ("kind", "of") + columns)
+    _choice(raw.get("token_form", "space_prefixed"), f"{path}.token_form", ("space_prefixed",))
+    return Metric(kind=kind, of=_str(raw["of"], f"{path}.of"),
+                  columns=tuple((c, _str(raw[c], f"{path}.{c}")) for c in columns))
+
+
+def _intervention(raw: Any, path: str, site_map: dict, roles: tuple) -> Intervention:
+    _object(raw, path, ("reads", "writes", "models", "metrics", "decode"), ("reads",))
+    decode = _int(raw.get("decode", 0), f"{path}.decode")
+    if decode < 0:
+        _fail(f"{path}.decode", f"decode {decode} is not a number of tokens: 0 is a single forward")
+    name = path.split(".", 1)[1]
+    prefix = f"{path}: "
+    reads = tuple((k, _read(v, f"{path}.reads.{k}")) for k, v in _mapping(raw["reads"], f"{path}.reads").items())
+    writes = tuple((k, _write(v, f"{path}.writes.{k}"))
+                   for k, v in _mapping(raw.get("writes", {}), f"{path}.writes").items())
+    models = []
+    for k, v in _mapping(raw.get("models", {}), f"{path}.models").items():
+        mp = f"{path}.models.{k}"
+        if k == "original":
+            _fail(mp, "'original' is the model with no writes, and is reserved")
+        _object(v, mp, ("input", "writes"), ("input", "writes"))
+        if not isinstance(v["writes"], list):
+            _fail(f"{mp}.writes", f"expected a list of write names, got {_type_name(v['writes'])}")
+        models.append((k, IntervenedModel(input=_str(v["input"], f"{mp}.input"),
+                                          writes=tuple(_str(w, f"{mp}.writes.{i}") for i, w in enumerate(v["writes"])))))
+    metrics = tuple((k, _metric(v, f"{path}.metrics.{k}"))
+                    for k, v in _mapping(raw.get("metrics", {}), f"{path}.metrics").items())
+    read_map, write_map, model_map = dict(reads), dict(writes), dict(models)
+    if not reads:
+        _fail(f"{path}.reads", "an intervention reads at least one value")
+
+    for r, read in reads:
+        rp = f"{path}.reads.{r}"
+        if read.site not in site_map:
+            _fail(f"{rp}.site", f"{prefix}read '{r}': undeclared site '{read.site}'")
+        if read.input not in roles:
+            _fail(f"{rp}.input", f"{prefix}read '{r}': undeclared role '{read.input}'")
+        if read.model != "original" and read.model not in model_map:
+            _fail(f"{rp}.model", f"{prefix}read '{r}': model '{read.model}' is neither 'original' nor declared")
+        if read.model != "original" and model_map[read.model].input != read.input:
+            _fail(f"{rp}.input", f"{prefix}read '{r}': model '{read.model}' runs on '{model_map[read.model].input}', "
+                                 f"so its reads take input '{model_map[read.model].input}'")
+        if read.featurizer != "identity":
+            _fail(f"{rp}.featurizer", f"{prefix}read '{r}': featurizer '{read.featurizer}' — featurizers are "
+                                      "not implemented by causalab_ref yet; only 'identity'")
+        component = site_map[read.site].component
+        if read.view == "logits" and component not in address.RESIDUAL:
+            _fail(f"{rp}.view", f"{prefix}read '{r}': view 'logits' projects the residual stream through the head, "
+                                f"and '{component}' is not the residual stream (one of {sorted(address.RESIDUAL)})")
+        _generated_rules(read.pos, "read", r, decode, f"{rp}.pos", prefix)
+
+    for w, write in writes:
+        wp = f"{path}.writes.{w}"
+        if write.site not in site_map:
+            _fail(f"{wp}.site", f"{prefix}write '{w}': undeclared site '{write.site}'")
+        component = site_map[write.site].component
+        facts = address.TABLE.get(component)
+        if facts is not None and facts["read_only"]:
+            _fail(f"{wp}.site", f"{prefix}write '{w}': '{component}' is read-only — the model's input, not an activation")
+        if write.featurizer != "identity":
+            _fail(f"{wp}.featurizer", f"{prefix}write '{w}': featurizer '{write.featurizer}' — featurizers are "
+                                      "not implemented by causalab_ref yet; only 'identity'")
+        _generated_rules(write.pos, "write", w, decode, f"{wp}.pos", prefix)
+        if isinstance(write.operand, str):
+            if write.operand not in read_map:
+                _fail(f"{wp}.operand", f"{prefix}write '{w}': operand '{write.operand}' is not a read of this "
+                                       "intervention; a value from an earlier step is {\"ref\": …}")
+            operand = read_map[write.operand]
+            if operand.view == "logits":
+                _fail(f"{wp}.operand", f"{prefix}write '{w}': operand '{write.operand}' is a logits view, which is "
+                                       "vocabulary-wide and cannot be written back at a site")
+            want, have = write.pos.width, operand.pos.width
+            if want is not None and have is not None and want != have:
+                _fail(f"{wp}.pos", f"{prefix}write '{w}' covers {want} position(s) but its operand "
+                                   f"'{write.operand}' was read over {have}; the windows must match")
+
+    for m, model in models:
+        mp = f"{path}.models.{m}"
+        if model.input not in roles:
+            _fail(f"{mp}.input", f"{prefix}model '{m}': undeclared role '{model.input}'")
+        for k, w in enumerate(model.writes):
+            if w not in write_map:
+                _fail(f"{mp}.writes.{k}", f"{prefix}model '{m}': undeclared write '{w}'")
+        if len(set(model.writes)) != len(model.writes):
+            _fail(f"{mp}.writes", f"{prefix}model '{m}' names a write twice")
+
+    for m, metric in metrics:
+        mp = f"{path}.metrics.{m}"
+        if metric.of not in read_map:
+            _fail(f"{mp}.of", f"{prefix}metric '{m}': `of` must be a read name, got '{metric.of}'")
+        width = read_map[metric.of].pos.width
+        if width != 1:
+            _fail(f"{mp}.of", f"{prefix}metric '{m}' reads '{metric.of}', a window of "
+                              f"{'varying' if width is None else width} positions; a metric scores one position per row")
+    del name
+    return Intervention(reads=reads, writes=writes, models=tuple(models), metrics=metrics, decode=decode)
+
+
+def _step(raw: Any, path: str, interventions: dict, roles: tuple) -> Observe:
+    _object(raw, path, ("kind", "rows", "interventions", "intervention", "outputs", "saves"), ("kind", "rows"))
+    kind = _str(raw["kind"], f"{path}.kind")
+    if kind in ("fit", "weights"):
+        _fail(f"{path}.kind", f"a '{kind}' step trains or saves featurizers; causalab_ref implements "
+                              "'observe' steps only, so far")
+    _choice(kind, f"{path}.kind", ("observe",))
+    step = path.split(".", 1)[1]
+    rows_raw = _mapping(raw["rows"], f"{path}.rows")
+    for role in rows_raw:
+        if role not in roles:
+            _fail(f"{path}.rows.{role}", f"step '{step}': undeclared role '{role}'")
+        _str(rows_raw[role], f"{path}.rows.{role}")
+    for role in roles:
+        if role not in rows_raw:
+            _fail(f"{path}.rows", f"step '{step}': no rows for role '{role}'")
+    named = raw.get("interventions", raw.get("intervention"))
+    key = "interventions" if "interventions" in raw else "intervention"
+    if named is None:
+        if len(interventions) != 1:
+            _fail(path, f"step '{step}' runs a forward and names no intervention; say which with "
+                        f"`interventions` — declared: {sorted(interventions)}")
+        names = tuple(interventions)
+    elif isinstance(named, str):
+        names = (named,)
+    elif isinstance(named, list) and named and all(isinstance(n, str) for n in named):
+        names = tuple(named)
+    else:
+        _fail(f"{path}.{key}", "name an intervention, or list several by name")
+    for n in names:
+        if n not in interventions:
+            _fail(f"{path}.{key}", f"step '{step}': undeclared intervention '{n}'; declared: {sorted(interventions)}")
+    if raw.get("outputs"):
+        _fail(f"{path}.outputs", "step outputs (published values, {\"ref\": …}) are not implemented by "
+                                 "causalab_ref yet")
+    saves_raw = raw.get("saves", [])
+    if not isinstance(saves_raw, list):
+        _fail(f"{path}.saves", f"expected a list of saves, got {_type_name(saves_raw)}")
+    produced = sorted({m for n in names for m, _ in interventions[n].metrics})
+    saves = []
+    for k, s in enumerate(saves_raw):
+        sp = f"{path}.saves.{k}"
+        _object(s, sp, ("value", "file_path"), ("value", "file_path"))
+        value, file_path = _str(s["value"], f"{sp}.value"), _str(s["file_path"], f"{sp}.file_path")
+        if value not in produced:
+            _fail(f"{sp}.value", f"step '{step}': saves '{value}', which it does not produce (it produces {produced})")
+        if not file_path.endswith(".json"):
+            _fail(f"{sp}.file_path", f"a metric is saved as a JSON table; '{file_path}' does not end in .json")
+        saves.append(Save(value=value, file_path=file_path))
+    return Observe(rows=tuple(rows_raw.items()), interventions=names, saves=tuple(saves))
+
+
+def document(raw: Any) -> Document:
+    """Validate one (already lowered) document."""
+    _object(raw, "", ("header", "model", "roles", "sites", "featurizers", "interventions", "steps"),
+            ("model", "roles", "sites", "interventions", "steps"))
+    for path, wrapper in _find_wrappers(raw, ()):
+        _fail(".".join(str(p) for p in path), "a sweep wrapper must be lowered before validation")
+    header = _object(raw.get("header", {}), "header", ("description",))
+    description = _str(header.get("description", ""), "header.description")
+    model = _model(raw["model"])
+    roles = []
+    for k, v in _mapping(raw["roles"], "roles").items():
+        _object(v, f"roles.{k}", ("field",), ("field",))
+        roles.append((k, Role(field=_str(v["field"], f"roles.{k}.field"))))
+    if not roles:
+        _fail("roles", "a document declares at least one role")
+    role_names = tuple(k for k, _ in roles)
+    sites = tuple((k, _site(v, f"sites.{k}")) for k, v in _mapping(raw["sites"], "sites").items())
+    featurizers = _mapping(raw.get("featurizers", {}), "featurizers")
+    if featurizers:
+        name = next(iter(featurizers))
+        _fail(f"featurizers.{name}", "featurizers (subspace, pca, gate, sae, linear) are in the format but "
+                                     "not implemented by causalab_ref yet; reads and writes use 'identity'")
+    interventions_raw = _mapping(raw["interventions"], "interventions")
+    if not interventions_raw:
+        _fail("interventions", "a document declares at least one intervention")
+    site_map = dict(sites)
+    interventions = tuple((k, _intervention(v, f"interventions.{k}", site_map, role_names))
+                          for k, v in interventions_raw.items())
+    steps_raw = _mapping(raw["steps"], "steps")
+    if not steps_raw:
+        _fail("steps", "a document has at least one step")
+    steps = tuple((k, _step(v, f"steps.{k}", dict(interventions), role_names)) for k, v in steps_raw.items())
+    return Document(model=model, roles=tuple(roles), sites=sites, interventions=interventions,
+                    steps=steps, description=description)
+
+
+def digest(raw: Any) -> str:
+    """produced_by: sha256 of the document without its header, keys sorted, compact separators.
+
+    The bare-integer sugar is expanded first, so `"pos": -1` and `"pos": {"index": -1}` are one experiment.
+    """
+    def expand(value: Any, key: str = "") -> Any:
+        if key == "pos" and isinstance(value, int) and not isinstance(value, bool):
+            return {"index": value}
+        if isinstance(value, dict):
+            return {k: expand(v, k) for k, v in value.items()}
+        if isinstance(value, list):
+            return [expand(v) for v in value]
+        return value
+    body = {k: expand(v, k) for k, v in raw.items() if k != "header"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def load_json(text: str, path: str = "document") -> Any:
+    """Parse JSON, refusing broken JSON with its line and column rather than a traceback."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise Refusal(f"{path} is not JSON: {error.msg} at line {error.lineno} column {error.colno}",
+                      stage="validation") from None
+    except RecursionError:
+        raise Refusal(f"{path} nests too deeply to read", stage="validation") from None

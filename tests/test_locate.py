@@ -1,0 +1,420 @@
+"""The position resolver (causalab_ref/locate.py) against the seed's worked examples.
+
+Each test is one behaviour; `seed 000:N` is the line of /work/shared/seeds/000_*.txt
+that states it.
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from causalab_ref import locate
+from causalab_ref.shapes import Anchor, Frame, Where
+
+LLAMA_MODEL = Path("/work/shared/tokenizers/llama-2/tokenizer.model")
+LLAMA_CONFIG = {
+    "tokenizer_class": "LlamaTokenizer",
+    "legacy": False,
+    "add_bos_token": True,
+    "add_eos_token": False,
+    "padding_side": "left",
+    "bos_token": "<s>",
+    "eos_token": "</s>",
+    "unk_token": "<unk>",
+}
+WEEKDAYS = ["If today is Thursday, tomorrow is", "If today is Friday, tomorrow is"]
+ARITHMETIC = [
+    "Q: What day is one days after Monday?\nA:",
+    "Q: What day is three days after Monday?\nA:",
+    "Q: What day is two days after Tuesday?\nA:",
+    "Q: What day is five days after Tuesday?\nA:",
+]
+CHAT = [
+    {"role": "user", "content": "Name a weekday."},
+    {"role": "assistant", "content": "Thursday."},
+    {"role": "user", "content": "If today is Thursday, tomorrow is"},
+]
+# The Llama-2 chat template's rendering of CHAT (apply_chat_template, tokenize=False).
+CHAT_RENDERED = (
+    "<s>[INST] Name a weekday. [/INST] Thursday. </s><s>[INST] If today is Thursday, tomorrow is [/INST]"
+)
+CHAT_SAMPLE = (
+    "[INST] Name a weekday. [/INST] Thursday. </s><s>[INST] If today is Thursday, tomorrow is [/INST]"
+)
+
+
+def _fixture_tokenizer(key):
+    try:
+        from causalab_ref import fixtures
+
+        return fixtures.tokenizer(key)
+    except Exception:
+        return None
+
+
+@pytest.fixture(scope="session")
+def llama(tmp_path_factory):
+    tok = _fixture_tokenizer("fixture:tiny-llama")
+    if tok is not None:
+        return tok
+    from transformers import AutoTokenizer
+
+    where = tmp_path_factory.mktemp("llama-2")
+    shutil.copy(LLAMA_MODEL, where / "tokenizer.model")
+    (where / "tokenizer_config.json").write_text(json.dumps(LLAMA_CONFIG))
+    return AutoTokenizer.from_pretrained(str(where))
+
+
+@pytest.fixture(scope="session")
+def gpt2():
+    tok = _fixture_tokenizer("fixture:tiny-gpt2")
+    if tok is None:
+        pytest.skip("causalab_ref.fixtures has no working fixture:tiny-gpt2 yet")
+    return tok
+
+
+@pytest.fixture
+def weekdays(llama):
+    return locate.frame_of_texts(llama, WEEKDAYS)
+
+
+@pytest.fixture
+def chat(llama):
+    _ids, _mask, frame = locate.frame_of_texts(llama, [CHAT_RENDERED.removeprefix("<s>")])
+    return dataclasses.replace(frame, segments=(locate.segments_of(frame.texts[0], CHAT),))
+
+
+def _tokens(frame, windows):
+    return [locate.tokens_of(frame, window, row) for row, window in enumerate(windows)]
+
+
+# ---------------------------------------------------------------- the module
+
+
+def test_imports_only_stdlib_torch_and_shapes():
+    """seed 000:5 — the resolver imports nothing but the standard library, torch and shapes.py.
+    SPEC.md:POSITIONS"""
+    tree = ast.parse(Path(locate.__file__).read_text())
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and (node.level or node.module == "causalab_ref"):
+            imported |= {f"causalab_ref.{alias.name}" for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            imported.add(node.module)
+    allowed = {"torch", "causalab_ref.shapes"}
+    strays = {m for m in imported if m not in allowed and m.split(".")[0] not in sys.stdlib_module_names}
+    assert strays == set()
+
+
+# ---------------------------------------------------------------- the frame and the character map
+
+
+def test_content_text_excludes_bos(weekdays):
+    """seed 000:140 — the content text is the prompt itself, no BOS. SPEC.md:POSITIONS"""
+    _ids, _mask, frame = weekdays
+    assert repr(frame.texts[0]) == "'If today is Thursday, tomorrow is'"
+
+
+def test_content_pieces_of_the_weekday_prompt(llama, weekdays):
+    """seed 000:141 — the content span covers exactly the prompt's pieces. SPEC.md:POSITIONS"""
+    ids, _mask, frame = weekdays
+    pieces = [llama.decode([i]) for i in ids[0][frame.starts[0] : frame.ends[0]]]
+    assert pieces == ["If", "today", "is", "Th", "urs", "day", ",", "tom", "orrow", "is"]
+
+
+def test_offsets_from_decoding_growing_prefixes(weekdays):
+    """seed 000:116,142 — offsets[k] is where token k starts; the last entry is len(text).
+    SPEC.md:POSITIONS"""
+    _ids, _mask, frame = weekdays
+    assert frame.offsets[0] == (0, 2, 8, 11, 14, 17, 20, 21, 25, 30, 33)
+
+
+def test_byte_fallback_pieces_keep_offsets_non_decreasing_and_join_their_character(llama):
+    """seed 000:116 — a prefix that is not a prefix of the text reuses the previous offset, and
+    the pieces of one character are all in a run over it. SPEC.md:POSITIONS"""
+    _ids, _mask, frame = locate.frame_of_texts(llama, ["I like 🙂 a lot"])
+    offsets = frame.offsets[0]
+    assert list(offsets) == sorted(offsets) and offsets[-1] == len(frame.texts[0])
+    windows, reasons = locate.locate(frame, Where(all=True, scope=Anchor(variable="e")), ("🙂",))
+    assert reasons == ("",) and len(windows[0]) > 1
+    assert _tokens(frame, windows) == ["'🙂'"]
+
+
+def test_left_and_right_padding_give_the_same_content(llama, weekdays):
+    """seed 000:177 — resolution works from each row's content span, whichever side the padding is.
+    SPEC.md:POSITIONS"""
+    ids, mask, left = weekdays
+    unpadded = [[i for i, m in zip(row, ms) if m] for row, ms in zip(ids, mask)]
+    width = max(map(len, unpadded))
+    right_ids = torch.tensor([row + [2] * (width - len(row)) for row in unpadded])
+    right_mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in unpadded])
+    right = locate.frame_of_ids(llama, right_ids, right_mask)
+    assert right.texts == left.texts and right.offsets == left.offsets
+    assert right.starts == (1, 1) and right.ends == (11, 9)
+
+
+def test_non_contiguous_padding_is_refused(llama):
+    """seed 000:177 — a row's content is one half-open span, so padding must be contiguous.
+    SPEC.md:POSITIONS"""
+    with pytest.raises(ValueError, match="contiguous"):
+        locate.frame_of_ids(llama, [[1, 960, 2, 338]], [[1, 1, 0, 1]])
+
+
+def test_bare_integer_pass_builds_no_character_map(llama, weekdays):
+    """seed 000:214 — a pass of bare integers builds no character map and still resolves.
+    SPEC.md:POSITIONS"""
+    ids, mask, _frame = weekdays
+    frame = locate.frame_of_ids(llama, ids, mask, char_map=False)
+    assert frame.texts == () and frame.offsets == ()
+    assert locate.locate(frame, Where(index=-1)) == (((10,), (10,)), ("", ""))
+
+
+# ---------------------------------------------------------------- variable anchors
+
+
+def test_all_of_an_anchor_is_every_overlapping_token(weekdays):
+    """seed 000:143,147 — the run is every token overlapping the anchor's characters.
+    SPEC.md:POSITIONS"""
+    _ids, _mask, frame = weekdays
+    where = Where(all=True, scope=Anchor(variable="e"))
+    windows, reasons = locate.locate(frame, where, ("Thursday", "Friday"))
+    assert (windows, reasons) == (((4, 5, 6), (6,)), ("", ""))
+    assert _tokens(frame, windows) == ["' Thursday'", "' Friday'"]
+
+
+def test_spelling_of_an_anchored_all():
+    """seed 000:143 — the compact spelling of {all, scope variable}. SPEC.md:POSITIONS"""
+    assert Where(all=True, scope=Anchor(variable="e")).spelling() == "{all scope:{variable:e}}"
+
+
+def test_index_minus_one_is_the_anchors_last_token(weekdays):
+    """seed 000:58,144 — negatives count from the end of the run: Thursday's last piece is 'day'.
+    SPEC.md:POSITIONS"""
+    _ids, _mask, frame = weekdays
+    where = Where(index=-1, scope=Anchor(variable="e"))
+    windows, reasons = locate.locate(frame, where, ("Thursday", "Friday"))
+    assert (windows, reasons) == (((6,), (6,)), ("", ""))
+    assert _tokens(frame, windows) == ["'day'", "' Friday'"]
+
+
+def test_anchor_found_twice_is_ambiguous(weekdays):
+    """seed 000:112,145 — 'day' is in today and in Thursday/Friday. SPEC.md:POSITIONS"""
+    _ids, _mask, frame = weekdays
+    result = locate.locate(frame, Where(index=-1, scope=Anchor(variable="e")), ("day", "day"))
+    assert result == (((), ()), ("alignment_ambiguous", "alignment_ambiguous"))
+
+
+def test_anchor_absent_or_none_is_missing(weekdays):
+    """seed 000:199 — a row whose anchor text is not in its prompt gets an empty window and a reason.
+    SPEC.md:POSITIONS"""
+    _ids, _mask, frame = weekdays
+    result = locate.locate(frame, Where(index=-1, scope=Anchor(variable="e")), ("Sunday", None))
+    assert result == (((), ()), ("alignment_missing", "alignment_missing"))
+
+
+def test_anchor_index_moves_with_the_tokens_after_it(llama):
+    """seed 000:179-193 — ' Tuesday' is three tokens, so the number's index is 8 or 6.
+    SPEC.md:POSITIONS"""
+    _ids, _mask, frame = locate.frame_of_texts(llama, ARITHMETIC)
+    windows, reasons = locate.locate(
+        frame, Where(index=-1, scope=Anchor(variable="number")), ("one", "three", "two", "five")
+    )
+    assert (windows, reasons) == (((8,), (8,), (6,), (6,)), ("", "", "", ""))
+    assert _tokens(frame, windows) == ["' one'", "' three'", "' two'", "' five'"]
+
+
+# ---------------------------------------------------------------- position 0 and BOS
+
+
+def test_special_prefix_is_bos_on_llama(llama):
+    """seed 000:151,168 — what the tokenizer makes of "" is what it adds to everything.
+    SPEC.md:POSITIONS"""
+    assert locate.special_prefix(llama) == (1,)
+
+
+def test_index_zero_is_the_first_word_on_llama(llama):
+    """seed 000:168 — the run starts after BOS, so index 0 is 'If'. SPEC.md:POSITIONS"""
+    ids, _mask, frame = locate.frame_of_texts(llama, [WEEKDAYS[0]])
+    windows, _reasons = locate.locate(frame, Where(index=0))
+    assert ids[0][:4] == (1, 960, 9826, 338) and frame.starts == (1,)
+    assert windows == ((1,),) and locate.tokens_of(frame, windows[0], 0) == "'If'"
+
+
+def test_special_prefix_is_empty_on_gpt2(gpt2):
+    """seed 000:151,169 — GPT-2's BPE prepends nothing. SPEC.md:POSITIONS"""
+    assert locate.special_prefix(gpt2) == ()
+
+
+def test_index_zero_is_the_prompts_own_text_on_gpt2(gpt2):
+    """seed 000:169-171 — index 0 is the start of the prompt's text, not a marker.
+    SPEC.md:POSITIONS"""
+    _ids, _mask, frame = locate.frame_of_texts(gpt2, [WEEKDAYS[0]])
+    windows, _reasons = locate.locate(frame, Where(index=0))
+    assert frame.starts == (0,) and windows == ((0,),)
+    token = ast.literal_eval(locate.tokens_of(frame, windows[0], 0))
+    assert token and "If".startswith(token)
+
+
+# ---------------------------------------------------------------- chat turns
+
+
+def test_chat_sample_text_keeps_the_inner_control_tokens(chat):
+    """seed 000:83-84 — content excludes the BOS prefix but decodes the `</s><s>` between turns.
+    SPEC.md:POSITIONS"""
+    assert chat.texts[0] == CHAT_SAMPLE
+
+
+def test_segments_of_chat_turns():
+    """seed 000:81,86-87 — each content searched forward; role[k] names, bare role if it spoke once.
+    SPEC.md:POSITIONS"""
+    assert locate.segments_of(CHAT_SAMPLE, CHAT) == {
+        "user[0]": (7, 22),
+        "assistant[0]": (31, 40),
+        "user[1]": (55, 88),
+        "assistant": (31, 40),
+    }
+
+
+def test_last_token_of_the_second_user_turn(chat):
+    """seed 000:89,91 — the segment's -1 is the question's last token. SPEC.md:POSITIONS"""
+    windows, reasons = locate.locate(chat, Where(index=-1, scope=Anchor(segment="user[1]")))
+    assert (windows, reasons) == (((32,),), ("",))
+    assert _tokens(chat, windows) == ["' is'"]
+
+
+def test_last_token_of_a_chat_prompt_is_the_template_close(chat):
+    """seed 000:89,92 — unscoped -1 is the template's closing [/INST]. SPEC.md:POSITIONS"""
+    windows, reasons = locate.locate(chat, Where(index=-1))
+    assert (windows, reasons) == (((36,),), ("",))
+    assert _tokens(chat, windows) == ["']'"]
+
+
+def test_bare_role_that_spoke_twice_is_ambiguous(chat):
+    """seed 000:81 — the bare name of a role that spoke twice is alignment_ambiguous.
+    SPEC.md:POSITIONS"""
+    where = Where(index=-1, scope=Anchor(segment="user"))
+    assert locate.locate(chat, where) == (((),), ("alignment_ambiguous",))
+
+
+def test_missing_segment_is_missing(chat):
+    """seed 000:322 — a segment the frame did not locate (no system turn) is alignment_missing.
+    SPEC.md:POSITIONS"""
+    where = Where(index=-1, scope=Anchor(segment="system"))
+    assert locate.locate(chat, where) == (((),), ("alignment_missing",))
+
+
+def test_variable_inside_a_segment_is_unique(chat):
+    """seed 000:94 — segment + variable searches inside the turn, so the assistant's Thursday
+    does not count. SPEC.md:POSITIONS"""
+    anywhere = locate.locate(chat, Where(all=True, scope=Anchor(variable="e")), ("Thursday",))
+    assert anywhere == (((),), ("alignment_ambiguous",))
+    where = Where(all=True, scope=Anchor(segment="user[1]", variable="e"))
+    windows, reasons = locate.locate(chat, where, ("Thursday",))
+    assert reasons == ("",) and _tokens(chat, windows) == ["' Thursday'"]
+    assert all(chat.offsets[0][i - chat.starts[0]] >= 55 for i in windows[0])
+
+
+# ---------------------------------------------------------------- cuts, width and ragged
+
+
+def test_width_of_each_cut():
+    """seed 000:58,326-328 — 1 for index, n for last, b-a for same-sign spans, None otherwise.
+    SPEC.md:POSITIONS"""
+    assert Where(index=-1).width == 1
+    assert Where(last=3).width == 3
+    assert Where(span=(-4, -1)).width == 3
+    assert Where(span=(1, 4)).width == 3
+    assert Where(all=True).width is None
+    assert Where(span=(1, -1)).width is None
+
+
+def test_ragged_iff_width_unknown_or_scoped():
+    """seed 000:328 — ragged when only a row knows the width, or when anchored. SPEC.md:POSITIONS"""
+    assert not Where(index=-1).ragged
+    assert not Where(last=3).ragged
+    assert Where(index=-1, scope=Anchor(variable="entity")).ragged
+    assert Where(all=True).ragged
+    assert Where(span=(1, -1)).ragged
+
+
+def test_last_longer_than_the_row_is_out_of_range():
+    """seed 000:206 — {"last": 12} on a nine-token row does not fit it. SPEC.md:POSITIONS"""
+    frame = Frame(starts=(0,), ends=(9,))
+    assert locate.locate(frame, Where(last=12)) == (((),), ("out_of_range",))
+
+
+def test_index_past_the_row_is_out_of_range(weekdays):
+    """seed 000:206 — {"index": 40} fits none of these rows. SPEC.md:POSITIONS"""
+    _ids, _mask, frame = weekdays
+    assert locate.locate(frame, Where(index=40)) == (((), ()), ("out_of_range", "out_of_range"))
+
+
+def test_mixed_sign_span_resolves_per_row(weekdays):
+    """seed 000:58 — a mixed-sign span's width is only known once the row is. SPEC.md:POSITIONS"""
+    _ids, _mask, frame = weekdays
+    windows, reasons = locate.locate(frame, Where(span=(1, -1)))
+    assert reasons == ("", "")
+    assert windows == (tuple(range(2, 10)), tuple(range(4, 10)))
+
+
+def test_negative_span_counts_from_the_end(weekdays):
+    """seed 000:58 — [-4, -1] is the three tokens before the last. SPEC.md:POSITIONS"""
+    _ids, _mask, frame = weekdays
+    windows, reasons = locate.locate(frame, Where(span=(-4, -1)))
+    assert (windows, reasons) == (((7, 8, 9), (7, 8, 9)), ("", ""))
+
+
+# ---------------------------------------------------------------- the generated frame
+
+GENERATED = [
+    [450, 3250, 338, 2, 450, 3250],  # stops at step 3
+    [450, 3250, 338, 29889, 450, 3250],  # never stops
+]
+
+
+def test_continuation_is_cut_at_the_first_stop_token(llama):
+    """seed 000:269 — a row is cut at its first stop token, which it keeps; one that never
+    stopped keeps the bound. SPEC.md:POSITIONS"""
+    frame = locate.frame_of_continuation(llama, GENERATED, llama.eos_token_id)
+    assert frame.kind == "generated"
+    assert frame.starts == (0, 0) and frame.ends == (4, 6)
+
+
+def test_eos_segment_is_the_stop_token(llama):
+    """seed 000:269,322 — eos is the segment the continuation invents: the stop token.
+    SPEC.md:POSITIONS"""
+    frame = locate.frame_of_continuation(llama, GENERATED, llama.eos_token_id)
+    windows, reasons = locate.locate(frame, Where(frame="generated", index=-1, scope=Anchor(segment="eos")))
+    assert windows[0] == (3,) and reasons[0] == ""
+    assert locate.tokens_of(frame, windows[0], 0) == "'</s>'"
+
+
+def test_row_that_never_stopped_has_no_eos(llama):
+    """seed 000:269,322 — no stop token, no eos segment: alignment_missing. SPEC.md:POSITIONS"""
+    frame = locate.frame_of_continuation(llama, GENERATED, [llama.eos_token_id])
+    windows, reasons = locate.locate(frame, Where(frame="generated", index=-1, scope=Anchor(segment="eos")))
+    assert windows[1] == () and reasons[1] == "alignment_missing"
+
+
+def test_generated_negative_index_counts_from_the_rows_own_end(llama):
+    """seed 000:269 — how far a row meant to generate is a result: -1 is its own last step.
+    SPEC.md:POSITIONS"""
+    frame = locate.frame_of_continuation(llama, torch.tensor(GENERATED), llama.eos_token_id)
+    assert locate.locate(frame, Where(frame="generated", index=-1)) == (((3,), (5,)), ("", ""))
+
+
+def test_continuation_map_comes_from_the_ids(llama):
+    """seed 000:271 — the continuation's character map is built from its ids by decoding.
+    SPEC.md:POSITIONS"""
+    frame = locate.frame_of_continuation(llama, GENERATED, llama.eos_token_id)
+    assert frame.offsets[1] == locate.char_map(llama, GENERATED[1])
+    assert frame.texts[1] == llama.decode(GENERATED[1])
