@@ -72,7 +72,12 @@ def cmd_run(args):
         raise Refusal(f"--batch-size {args.batch_size} is not a number of rows", stage="validation")
     _raw, eng, plan = _compile(args)
     written = run.execute(plan, eng, Path(args.out), batch_size=args.batch_size, replace=args.replace)
-    return {"text": "\n".join(written), "written": written}
+    lines = list(written)
+    for path in written:
+        summary = run.summary_line(Path(path))
+        if summary:
+            lines.append(summary)
+    return {"text": "\n".join(lines), "written": written}
 
 
 def cmd_vocab(args):

@@ -122,11 +122,19 @@ def _unwrap(value):
     return getattr(value, "value", value) if not isinstance(value, torch.Tensor) else value
 
 
+def _quiet_transformers() -> None:
+    """Loading chatter (progress bars, config warnings) is not a result; keep stderr for refusals."""
+    from transformers.utils import logging as hf_logging
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
 def load(spec: Model, kind: str = "nnterp", weights: bool = True) -> NNterpEngine:
     """The engine for a document's model block."""
     if kind != "nnterp":
         raise Refusal(f"engine '{kind}' is not implemented yet; use --engine nnterp", path="--engine",
                       stage="compile")
+    _quiet_transformers()
     recipe = None
     if fixtures.is_fixture(spec.key):
         path = str(fixtures.checkpoint_dir(spec.key))

@@ -171,6 +171,8 @@ def points(raw: Any) -> list[tuple[str, Any]]:
     order: list[str] = []
     for path, wrapper in wrappers:
         where = ".".join(str(p) for p in path)
+        if not path:
+            _fail("", "the document itself is a sweep wrapper; sweep a field inside it")
         if path[0] in ("model", "header"):
             _fail(where, f"{where} is swept; a sweep may not change the model or the header — "
                          "those are the identity of the run, not a coordinate in it")
@@ -462,11 +464,14 @@ def _intervention(raw: Any, path: str, site_map: dict, roles: tuple) -> Interven
 
 
 def _step(raw: Any, path: str, interventions: dict, roles: tuple) -> Observe:
-    _object(raw, path, ("kind", "rows", "interventions", "intervention", "outputs", "saves"), ("kind", "rows"))
-    kind = _str(raw["kind"], f"{path}.kind")
+    # A fit/weights step has its own keys (params, objective, names, ...): refuse it by name
+    # before the observe step's key check would call one of those keys unknown (SPEC D12).
+    kind = raw.get("kind") if isinstance(raw, dict) else None
     if kind in ("fit", "weights"):
         _fail(f"{path}.kind", f"a '{kind}' step trains or saves featurizers; causalab_ref implements "
                               "'observe' steps only, so far")
+    _object(raw, path, ("kind", "rows", "interventions", "intervention", "outputs", "saves"), ("kind", "rows"))
+    kind = _str(raw["kind"], f"{path}.kind")
     _choice(kind, f"{path}.kind", ("observe",))
     step = path.split(".", 1)[1]
     rows_raw = _mapping(raw["rows"], f"{path}.rows")

@@ -1,0 +1,355 @@
+"""address.py (the component table, locate) and access.py (load, value, assign) on the
+four fixture families."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from causalab_ref import access, address, fixtures
+from causalab_ref.shapes import Refusal
+
+FAMILIES = ("llama", "gpt2", "gemma2", "gptoss")
+
+# two left-padded rows; every id is below the smallest vocab (1000)
+IDS = torch.tensor([[1, 5, 6, 7, 8, 9, 10, 6], [0, 0, 0, 0, 0, 1, 11, 12]])
+MASK = torch.tensor([[1] * 8, [0] * 5 + [1] * 3])
+INPUTS = {"input_ids": IDS, "attention_mask": MASK}
+
+
+def _dir(family: str) -> str:
+    return str(fixtures.checkpoint_dir(f"fixture:tiny-{family}"))
+
+
+_EAGER: dict[str, object] = {}
+
+
+@pytest.fixture(scope="module")
+def eager():
+    """One eager load (weights, attention probabilities enabled) per family."""
+    def get(family):
+        if family not in _EAGER:
+            _EAGER[family] = access.load(_dir(family), attn_implementation="eager")
+        return _EAGER[family]
+    yield get
+    _EAGER.clear()
+
+
+@pytest.fixture(scope="module")
+def llama_meta():
+    """The Llama fixture at its default attention (sdpa), no weights."""
+    return access.load(_dir("llama"), weights=False)
+
+
+@pytest.fixture(scope="module")
+def gemma2_meta():
+    """Gemma-2 at its default attention (eager) without enable_attention_probs, no weights."""
+    return access.load(_dir("gemma2"), weights=False)
+
+
+def _located(model):
+    """Every row that resolves at layer 0, in rank order."""
+    rows = [a for _, a in address.where_each_lands(model) if not isinstance(a, str)]
+    return sorted(rows, key=lambda a: a.rank)
+
+
+def _read_all(model):
+    addrs = _located(model)
+    got = {}
+    with model.trace(INPUTS):
+        for a in addrs:
+            got[a.component] = access.value(model, a).save()
+    return addrs, got
+
+
+# ---------------------------------------------------------------- the table
+
+
+def test_describe_lists_the_21_components_as_plain_data():
+    """seed 004:5 / SPEC.md:LOCATIONS — 21 names; per layer, per head, eager, read-only, width."""
+    d = address.describe()
+    assert len(d) == 21
+    assert d["input_ids"]["read_only"] and not d["input_ids"]["layered"]
+    assert d["attention_probs"]["eager"] and d["attention_scores"]["eager"]
+    assert d["attention_key"]["head_count"] == "key_value"
+    assert d["attention_query"]["head_count"] == "query"
+    assert {n for n, r in d.items() if r["interior"]} == {
+        "attention_query", "attention_key", "attention_scores", "attention_z"}
+    assert {n for n, r in d.items() if not r["layered"]} == {
+        "input_ids", "embeddings", "ln_final", "lm_head", "logits"}
+    assert d["lm_head"]["width"] == "vocab_size" and d["attention_probs"]["width"] is None
+    assert {n for n, r in d.items() if r["residual"]} == {
+        "embeddings", "block_input", "block_output", "ln_final"}
+
+
+# ---------------------------------------------------------------- refusals
+
+
+def test_unknown_component_is_refused_listing_the_names(llama_meta):
+    """seed-tables B11 / SPEC.md:LOCATIONS — a name neither the table nor an extension has."""
+    with pytest.raises(Refusal) as e:
+        address.locate(llama_meta, "block_ouput", 0)
+    assert e.value.message.startswith(
+        "component 'block_ouput' has no address here, and this model's internals have no "
+        "accessor of that name either. causalab_ref's are [")
+    assert str(list(address.NAMES)) in e.value.message
+    assert e.value.stage == "compile"
+
+
+def test_layer_outside_the_stack_is_refused_by_number(llama_meta):
+    """seed 004:35 / SPEC.md:LOCATIONS — `site 'target': layer 24 is outside the model's N layers`."""
+    with pytest.raises(Refusal) as e:
+        address.locate(llama_meta, "block_output", 24, site="target")
+    assert e.value.message == "site 'target': layer 24 is outside the model's 2 layers"
+    assert e.value.path == "sites.target" and e.value.stage == "compile"
+
+
+def test_per_layer_component_without_a_layer_is_refused(llama_meta):
+    """seed 004:90 / SPEC.md:LOCATIONS — block_output is addressed at one layer."""
+    with pytest.raises(Refusal) as e:
+        address.locate(llama_meta, "block_output", None)
+    assert e.value.message == "'block_output' is addressed at one layer: say which with \"layers\": [i]"
+
+
+def test_whole_model_component_with_a_layer_is_refused(llama_meta):
+    """seed 004:90 / SPEC.md:LOCATIONS — lm_head takes no layers."""
+    with pytest.raises(Refusal) as e:
+        address.locate(llama_meta, "lm_head", 0)
+    assert e.value.message == "'lm_head' is one per model and takes no layers"
+
+
+@pytest.mark.parametrize("name", ["attention_probs", "attention_scores"])
+def test_pattern_under_sdpa_is_refused_saying_eager(llama_meta, name):
+    """seed 004:127 / SPEC.md:LOCATIONS — scores and probs exist only under eager attention."""
+    with pytest.raises(Refusal) as e:
+        address.locate(llama_meta, name, 0)
+    assert e.value.message == (
+        f"component '{name}' exists only under 'eager' attention, and this model runs 'sdpa': "
+        "say \"attn_implementation\": \"eager\" in the document's model block")
+
+
+def test_probs_refused_when_eager_but_not_enabled(gemma2_meta):
+    """seed 004:216 / SPEC.md:LOCATIONS — Gemma-2 runs eager by default; the pattern row stays disabled."""
+    assert address.locate(gemma2_meta, "attention_scores", 0).op == "attention_interface_0"
+    with pytest.raises(Refusal) as e:
+        address.locate(gemma2_meta, "attention_probs", 0)
+    assert e.value.message == (
+        "component 'attention_probs': Attention probabilities are disabled for this model. "
+        "Set enable_attention_probs=True when loading the model to enable them.")
+
+
+@pytest.mark.parametrize("name,accessor", [("mlp_activation", "mlps_activation"),
+                                           ("mlp_neuron_output", "mlps_neurons")])
+def test_moe_layer_refuses_activation_and_neurons(eager, name, accessor):
+    """seed 004:209 / SPEC.md:LOCATIONS — a mixture of experts has no single activation; per layer."""
+    m = eager("gptoss")
+    for layer in range(2):
+        with pytest.raises(Refusal) as e:
+            address.locate(m, name, layer)
+        assert e.value.message == (
+            f"component '{name}': {accessor} does not exist on a mixture-of-experts layer, where "
+            "a token goes through top-k of N experts and has no single activation. mlps_input "
+            "and mlps_output are the block's boundaries and work as usual.")
+    assert address.locate(m, "mlp_input", 1).module == "mlp"
+
+
+# ---------------------------------------------------------------- where each one lands
+
+SEED_PRINTOUT = {  # seed 004:62 — rank, io, llama module, gpt2 module
+    "attention_query": ((0, 11), None, None, None),
+    "attention_key": ((0, 12), None, None, None),
+    "attention_scores": ((0, 15), None, None, None),
+    "attention_probs": ((0, 20), "output", "self_attn", "self_attn"),
+    "attention_z": ((0, 22), None, None, None),
+    "input_ids": ((-1, -2), "input", "embed_tokens", "embed_tokens"),
+    "embeddings": ((-1, -1), "output", "embed_tokens", "embed_tokens"),
+    "block_input": ((0, 0), "input", "", ""),
+    "attention_input_norm": ((0, 5), "output", "input_layernorm", "ln_1"),
+    "attention_premix": ((0, 25), "input", "self_attn.o_proj", "self_attn.c_proj"),
+    "attention_output": ((0, 30), "output", "self_attn", "self_attn"),
+    "block_mid": ((0, 33), "input", "post_attention_layernorm", "ln_2"),
+    "mlp_input_norm": ((0, 36), "output", "post_attention_layernorm", "ln_2"),
+    "mlp_input": ((0, 40), "input", "mlp", "mlp"),
+    "mlp_activation": ((0, 44), "output", "mlp.act_fn", "mlp.act"),
+    "mlp_neuron_output": ((0, 47), "input", "mlp.down_proj", "mlp.c_proj"),
+    "mlp_output": ((0, 50), "output", "mlp", "mlp"),
+    "block_output": ((0, 60), "output", "", ""),
+    "ln_final": ((None, 1000), "output", "ln_final", "ln_final"),
+    "lm_head": ((None, 1001), "output", "lm_head", "lm_head"),
+    "logits": ((None, 1002), "output", "", ""),
+}
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_where_each_one_lands_matches_the_seed_printout(eager, family):
+    """seed 004:62 / SPEC.md:LOCATIONS — module, io and rank per component on Llama and GPT-2."""
+    m = eager(family)
+    n = m.num_layers
+    for name, a in address.where_each_lands(m):
+        rank, io, llama_mod, gpt2_mod = SEED_PRINTOUT[name]
+        expect_rank = (n if rank[0] is None else rank[0], rank[1])
+        assert (a.rank, a.io, a.module) == (
+            expect_rank, io, llama_mod if family == "llama" else gpt2_mod), name
+
+
+def test_gemma2_sandwich_reads_contributions_after_the_post_norms(eager):
+    """seed 004:84 / SPEC.md:LOCATIONS — block_mid/mlp_input_norm at pre_feedforward_layernorm;
+    attention_output/mlp_output are the post-norms' outputs."""
+    m = eager("gemma2")
+    got = {n: (address.locate(m, n, 0).module, address.locate(m, n, 0).io) for n in
+           ("block_mid", "mlp_input_norm", "attention_output", "mlp_output")}
+    assert got == {"block_mid": ("pre_feedforward_layernorm", "input"),
+                   "mlp_input_norm": ("pre_feedforward_layernorm", "output"),
+                   "attention_output": ("post_attention_layernorm", "output"),
+                   "mlp_output": ("post_feedforward_layernorm", "output")}
+
+
+def test_interiors_carry_the_operation_found_by_the_needle(llama_meta):
+    """seed 004:139 / SPEC.md:LOCATIONS — one op matches "attention_interface(" (here attention_interface_0)."""
+    for name in ("attention_query", "attention_key", "attention_z"):
+        a = address.locate(llama_meta, name, 1)
+        assert (a.op, a.module, a.io) == ("attention_interface_0", None, None)
+    assert address.locate(llama_meta, "attention_query", 0).seq_axis == 2
+    assert address.locate(llama_meta, "attention_z", 0).seq_axis == 1
+
+
+def test_find_op_refuses_unless_exactly_one_operation_matches(llama_meta):
+    """seed 004:139 / SPEC.md:LOCATIONS — refused unless exactly one matches, listing the operations."""
+    with pytest.raises(Refusal) as e:
+        address.find_op(llama_meta.layers[0].self_attn, needle="no_such_call(")
+    assert "attention_interface_0" in e.value.message
+    assert "ALL_ATTENTION_FUNCTIONS_get_interface_0" in e.value.message
+
+
+def test_per_head_width_uses_the_right_head_count(eager):
+    """seed 004:165 / SPEC.md:LOCATIONS — GptOss: query 64 (4 heads), key 32 (2 kv heads)."""
+    m = eager("gptoss")
+    q, k = address.locate(m, "attention_query", 0), address.locate(m, "attention_key", 0)
+    assert (q.width, q.heads, k.width, k.heads) == (64, 4, 32, 2)
+    assert address.locate(m, "attention_premix", 0).width == 64
+
+
+def test_extra_name_is_a_boundary_without_width(llama_meta):
+    """seed 004:259 / SPEC.md:LOCATIONS — an added name: module output, per layer, no width."""
+    a = address.locate(llama_meta, "mlp_gate_output", 0, extra={"mlp_gate_output": ("mlp.gate_proj", 42)})
+    assert (a.module, a.io, a.rank, a.width) == ("mlp.gate_proj", "output", (0, 42), None)
+    with pytest.raises(Refusal) as e:
+        address.width(a)
+    assert e.value.message == (
+        "the width of 'mlp_gate_output' is not a fact about the model: it depends on the batch "
+        "(the attention pattern's key axis) or is not a tensor's")
+
+
+# ---------------------------------------------------------------- reading in a trace
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_component_reads_in_one_trace_in_rank_order(eager, family):
+    """seed 004:62 / SPEC.md:LOCATIONS — all resolving components, one trace, forward order; shapes."""
+    m = eager(family)
+    addrs, got = _read_all(m)
+    assert len(addrs) == (19 if family == "gptoss" else 21)
+    b, t = IDS.shape
+    for a in addrs:
+        shape = tuple(got[a.component].shape)
+        if a.component == "input_ids":
+            assert shape == (b, t)
+        elif a.component in ("attention_query", "attention_key"):
+            assert shape == (b, a.heads, t, a.width // a.heads), a.component
+        elif a.component == "attention_z":
+            assert shape == (b, t, a.heads, a.width // a.heads)
+        elif a.component in ("attention_scores", "attention_probs"):
+            sink = 1 if (family == "gptoss" and a.component == "attention_scores") else 0
+            assert shape == (b, a.heads, t, t + sink), a.component
+        else:
+            assert shape == (b, t, a.width), a.component
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_block_identities_hold(eager, family):
+    """seed 004 B2 callout / SPEC.md:LOCATIONS — block_mid = input + attention_output, block_output =
+    block_mid + mlp_output, mlp_input_norm == mlp_input, flat attention_z == attention_premix bit for bit."""
+    _, g = _read_all(eager(family))
+    assert torch.allclose(g["block_mid"], g["block_input"] + g["attention_output"], atol=1e-6)
+    assert torch.allclose(g["block_output"], g["block_mid"] + g["mlp_output"], atol=1e-6)
+    assert torch.equal(g["mlp_input_norm"], g["mlp_input"])
+    assert torch.equal(g["attention_z"].flatten(2), g["attention_premix"])
+
+
+# ---------------------------------------------------------------- writing in a trace
+
+
+def test_gemma2_lm_head_swap_reads_back_softcapped_at_logits(eager):
+    """seed 004:98 / SPEC.md:LOCATIONS — 100.0 into lm_head reads 100.0 there, tanh(100/30)*30 at logits."""
+    m = eager("gemma2")
+    head, logits = address.locate(m, "lm_head"), address.locate(m, "logits")
+    with m.trace(INPUTS):
+        access.assign(m, head, torch.full_like(access.value(m, head), 100.0))
+        at_head = access.value(m, head).save()
+        at_logits = access.value(m, logits).save()
+    assert torch.all(at_head == 100.0)
+    assert torch.allclose(at_logits, torch.full_like(at_logits, math.tanh(100 / 30) * 30))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_query_write_replaces_the_call_inputs(eager, family):
+    """stack-facts Tracing rules / SPEC.md:LOCATIONS — a query write (zeros) reaches the scores; GPT-2 too."""
+    m = eager(family)
+    q, s = address.locate(m, "attention_query", 0), address.locate(m, "attention_scores", 0)
+    with m.trace(INPUTS):
+        access.assign(m, q, torch.zeros_like(access.value(m, q)))
+        back = access.value(m, q).save()
+        scores = access.value(m, s).save()
+    assert torch.all(back == 0)
+    real = scores[..., : IDS.shape[1]]
+    visible = real > torch.finfo(real.dtype).min / 2
+    # a zero query makes every unmasked score of a row the same (0; GptOss shifts by the row max)
+    hi = torch.where(visible, real, -torch.inf).amax(-1)
+    lo = torch.where(visible, real, torch.inf).amin(-1)
+    spread = torch.where(visible.any(-1), hi - lo, torch.zeros_like(hi))
+    assert visible.any()
+    assert torch.all(spread.abs() < 1e-5)
+
+
+def test_z_write_reaches_premix(eager):
+    """SPEC.md:LOCATIONS — writing attention_z (replacing the call's output) is what o_proj reads."""
+    m = eager("llama")
+    z, pre = address.locate(m, "attention_z", 1), address.locate(m, "attention_premix", 1)
+    with m.trace(INPUTS):
+        access.assign(m, z, torch.ones_like(access.value(m, z)))
+        got = access.value(m, pre).save()
+    assert torch.all(got == 1)
+
+
+def test_scores_write_changes_the_pattern(eager):
+    """seed 004:122 / SPEC.md:LOCATIONS — a write at the softmax's argument is what the pattern comes from."""
+    m = eager("llama")
+    s, p = address.locate(m, "attention_scores", 0), address.locate(m, "attention_probs", 0)
+    with m.trace(INPUTS):
+        access.assign(m, s, torch.zeros_like(access.value(m, s)))
+        probs = access.value(m, p).save()
+    t = IDS.shape[1]
+    assert torch.allclose(probs[0, 0, -1], torch.full((t,), 1.0 / t))
+
+
+def test_probs_write_reads_back(eager):
+    """seed 004:123 / SPEC.md:LOCATIONS — a write at attention_probs is the pattern mixed with."""
+    m = eager("gpt2")
+    p, z = address.locate(m, "attention_probs", 0), address.locate(m, "attention_z", 0)
+    with m.trace(INPUTS):
+        cur = access.value(m, p)
+        new = torch.zeros_like(cur)
+        new[..., 0] = 1.0  # every query attends to key 0
+        access.assign(m, p, new)
+        back = access.value(m, p).save()
+        zz = access.value(m, z).save()
+    assert torch.equal(back, new)
+    assert torch.allclose(zz[0, 1], zz[0, 0])  # rows attend identically, so z is equal
+
+
+def test_input_ids_write_is_refused(eager):
+    """seed 004:92 / SPEC.md:LOCATIONS — input_ids is the only read-only place."""
+    m = eager("llama")
+    with pytest.raises(Refusal):
+        access.assign(m, address.locate(m, "input_ids"), torch.zeros(1))
