@@ -131,6 +131,10 @@ def _quiet_transformers() -> None:
 
 def load(spec: Model, kind: str = "nnterp", weights: bool = True) -> NNterpEngine:
     """The engine for a document's model block."""
+    if kind == "hooks":
+        from .hooks import HooksEngine
+
+        return HooksEngine.load(spec, weights=weights)
     if kind != "nnterp":
         raise Refusal(f"engine '{kind}' is not implemented yet; use --engine nnterp", path="--engine",
                       stage="compile")
