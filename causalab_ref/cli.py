@@ -115,9 +115,53 @@ def cmd_data(args):
             "sample": rows[0]}
 
 
+def _document_tokens(args):
+    """`tokens --document DOC`: each role's rows of the document's first step, as `index:'piece'`.
+
+    The indices are the padded batch's, as the run addresses them (so `-1` is the last
+    index shown and left padding shifts a shorter row's first index); the pieces are
+    the content after the tokenizer's special prefix. Compiled with no weights.
+    """
+    from . import compile as compiler
+    from . import engine, locate
+    from .validate import _model
+    if args.key is not None or args.texts:
+        raise Refusal("tokens takes either KEY TEXT... or --document DOC, not both", path="--document",
+                      stage="validation")
+    raw, _points = _read_document(args.document)
+    eng = engine.load(_model(raw["model"]), kind="nnterp", weights=False)
+    plan = compiler.compile_document(raw, eng, Path(args.data_root))
+    leaf = plan.leaves()[0]
+    if not leaf.steps:
+        raise Refusal("this document has no step, so it has no rows to show", path="steps", stage="compile")
+    step = leaf.steps[0]
+    by_role = {}
+    for forward in step.forwards:
+        by_role.setdefault(forward.input, forward)
+    lines, out = [], {}
+    for role in [r for r in leaf.raw["roles"] if r in by_role]:  # the document's role order
+        forward = by_role[role]
+        # The run's own frame: pieces are cut from the decoded content by the character map,
+        # so ' Saturday' keeps the space a lone sentencepiece decode would drop.
+        frame = locate.frame_of_ids(eng.tokenizer, forward.ids, forward.mask, segments=forward.segments)
+        lines.append(f"step '{step.name}', role '{role}': {len(forward.ids)} rows x {len(forward.ids[0])} tokens")
+        shown = []
+        for r in range(len(forward.ids)):
+            pieces = [(j, locate.tokens_of(frame, (j,), r)) for j in range(frame.starts[r], frame.ends[r])]
+            lines.append(f"  {step.example_ids[r]}: " + " ".join(f"{j}:{piece}" for j, piece in pieces))
+            shown.append({"example_id": step.example_ids[r], "ids": list(forward.ids[r]),
+                          "tokens": [[j, piece] for j, piece in pieces]})
+        out[role] = shown
+    return {"text": "\n".join(lines), "document": args.document, "step": step.name, "roles": out}
+
+
 def cmd_tokens(args):
     from . import engine, locate
     from .shapes import Model
+    if args.document is not None:
+        return _document_tokens(args)
+    if args.key is None or not args.texts:
+        raise Refusal("tokens takes KEY TEXT... or --document DOC", path="tokens", stage="validation")
     eng = engine.load(Model(key=args.key, revision=args.revision, dtype="fp32"), kind="nnterp", weights=False)
     tok = eng.tokenizer
     lines, out = [], {}
@@ -167,9 +211,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = verb("data", cmd_data, "a dataset's rows, columns, splits and a sample")
     p.add_argument("ref")
     p.add_argument("--data-root", default=DEFAULT_DATA_ROOT)
-    p = verb("tokens", cmd_tokens, "texts as the model's tokenizer splits them, with indices")
-    p.add_argument("key")
-    p.add_argument("texts", nargs="+")
+    p = verb("tokens", cmd_tokens, "texts (KEY TEXT...) or a document's rows (--document DOC) as the model's "
+             "tokenizer splits them, with indices")
+    p.add_argument("key", nargs="?")
+    p.add_argument("texts", nargs="*")
+    p.add_argument("--document", default=None, help="show each role's rows of the document's first step")
+    p.add_argument("--data-root", default=DEFAULT_DATA_ROOT)
     p.add_argument("--revision", default="main")
     p = verb("model", cmd_model, "every component at every layer of a checkpoint (no weights)")
     p.add_argument("key")

@@ -37,6 +37,7 @@ class Tap:
     operand: Any = None
     anchors: Optional[tuple[Optional[str], ...]] = None
     view: str = "raw"
+    stacked: int = 0  # decode steps a continuation read is buffered over (0: not stacked)
 
     def line(self) -> str:
         where = f"at {self.address.label()} pos={self.pos.spelling()}"
@@ -46,6 +47,8 @@ class Tap:
         if self.kind == "write":
             return f"write '{self.name}' {where}{features} {self.mechanism}({self.operand}) via 'identity'"
         tail = " as logits" if self.view == "logits" else ""
+        if self.stacked:
+            tail += f"  (stacked over {self.stacked} decode steps, cut against the continuation)"
         return f"read  '{self.name}' {where}{features} via 'identity'{tail}"
 
 
@@ -59,8 +62,11 @@ class Forward:
     segments: Optional[tuple[dict, ...]] = None
     sample: str = ""
 
+    decode: int = 0
+
     def line(self) -> str:
-        return f"forward '{self.model}' on '{self.input}'  ({len(self.ids)} rows x {len(self.ids[0])} tokens)"
+        tail = f", then {self.decode} decode steps" if self.decode else ""
+        return f"forward '{self.model}' on '{self.input}'  ({len(self.ids)} rows x {len(self.ids[0])} tokens{tail})"
 
 
 @dataclass(frozen=True)
@@ -185,6 +191,33 @@ def _forward_order(intervention, needed: list[tuple[str, str]], path: str) -> li
     return order
 
 
+STACK_LIMIT = 256 * 2 ** 20  # bytes a continuation read may buffer
+
+
+def stacked(pos: Where) -> bool:
+    """A continuation cut other than a fixed decode step is read at every step and cut afterwards."""
+    return pos.frame == "generated" and not (pos.index is not None and pos.index >= 0 and pos.scope is None)
+
+
+def _stack(tap: Tap, decode: int, rows: int, path: str) -> Tap:
+    """Mark a continuation read as stacked, refusing one that would buffer more than 256 MiB."""
+    if tap.kind != "read" or not stacked(tap.pos):
+        return tap
+    width = tap.address.width if tap.groups is None else tap.address.width // tap.groups * len(tap.take)
+    if width is None:
+        raise Refusal(f"read '{tap.name}' cuts the continuation at {tap.pos.spelling()}, which stacks every decode "
+                      f"step, and '{tap.address.component}' has no fixed width to stack; read it at a decode step "
+                      "{\"frame\": \"generated\", \"index\": k}", path=f"{path}.reads.{tap.name}.pos", stage="compile")
+    size = rows * decode * width * 4
+    if size > STACK_LIMIT:
+        raise Refusal(f"read '{tap.name}' at {tap.pos.spelling()} buffers every decode step before it is cut: "
+                      f"{rows} rows x {decode} steps x {width} features x 4 bytes = {size} bytes "
+                      f"({size / 2 ** 20:.1f} MiB), above the 256 MiB limit. Read fewer rows per pass "
+                      "(--batch-size), decode fewer tokens, or narrow the site with heads or units",
+                      path=f"{path}.reads.{tap.name}.pos", stage="compile")
+    return Tap(**{**tap.__dict__, "stacked": decode})
+
+
 def _check_selection(address: Address, site, name: str) -> None:
     """Heads and units against the real counts at this address (SPEC.md "Locations: heads and units")."""
     path = f"sites.{name}"
@@ -234,9 +267,6 @@ def compile_point(raw: Any, label: str, engine, data_root: Path) -> Plan:
         for i_name in step.interventions:
             intervention = dict(doc.interventions)[i_name]
             ipath = f"interventions.{i_name}"
-            if intervention.decode > 0:
-                raise Refusal("decode > 0 (the generated frame) is not implemented by causalab_ref yet",
-                              path=f"{ipath}.decode", stage="compile")
             reads, writes, models = dict(intervention.reads), dict(intervention.writes), dict(intervention.models)
             needed = []
             for r, read in intervention.reads:
@@ -253,10 +283,11 @@ def compile_point(raw: Any, label: str, engine, data_root: Path) -> Plan:
                     for w in models[model_name].writes:
                         taps.append(_tap("write", w, writes[w], sites, addresses, rows_by_role[role],
                                          roles[role].field, f"{ipath}.writes.{w}"))
+                taps = [_stack(t, intervention.decode, len(rows_by_role[role]), ipath) for t in taps]
                 taps.sort(key=_tap_sort_key)
                 ids, mask, segments, sample = batches[role]
                 forwards.append(Forward(model=model_name, input=role, ids=ids, mask=mask, taps=tuple(taps),
-                                        segments=segments, sample=sample))
+                                        segments=segments, sample=sample, decode=intervention.decode))
             metrics = []
             for m, metric in intervention.metrics:
                 mpath = f"{ipath}.metrics.{m}"

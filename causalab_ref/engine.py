@@ -8,6 +8,7 @@ issued in rank order, writes landing before reads at one address. SPEC.md "Runs"
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Optional
 
 import torch
@@ -100,6 +101,54 @@ class NNterpEngine:
                     saved[tap.name] = select.gather(current, selection).save()
         return {name: _unwrap(value).detach().cpu() for name, value in saved.items()}
 
+    def generate(self, ids, mask, decode: int, items) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """Greedy decode of `decode` tokens with EOS held off (min == max new tokens), taps per step.
+
+        Each item is (tap, selection, operand, steps): a prompt-frame tap fires at step 0
+        over its selection; a continuation tap fires at each step in `steps`, at the one
+        position that step computes (the last). Step k is the forward that produces
+        generated token k. A stacked read comes back (rows, steps, features); any other
+        read as its selection gathers. Returns (reads, generated ids (rows, decode)).
+        """
+        from . import select
+        inputs = {"input_ids": torch.tensor(ids, dtype=torch.long),
+                  "attention_mask": torch.tensor(mask, dtype=torch.long)}
+        length = len(ids[0])
+        saved: dict[str, list] = {tap.name: [] for tap, _s, _o, _steps in items if tap.kind == "read"}
+        counter = [0]
+        with torch.no_grad(), self.model.generate(inputs, max_new_tokens=decode, min_new_tokens=decode,
+                                                   do_sample=False,
+                                                   pad_token_id=self.tokenizer.pad_token_id) as tracer:
+            for _ in tracer.iter[:]:
+                step = counter[0]
+                written: dict[Any, Any] = {}
+                for tap, selection, operand, steps in items:
+                    if step not in steps:
+                        continue
+                    key = (tap.address.component, tap.address.layer)
+                    current = written[key] if key in written else access.value(self.model, tap.address)
+                    if tap.pos.frame == "generated":
+                        n = current.shape[tap.address.seq_axis]
+                        selection = replace(selection, windows=tuple((n - 1,) for _ in ids), ragged=False)
+                    else:
+                        selection = _right_aligned(selection, current.shape[tap.address.seq_axis], length, tap)
+                    if tap.kind == "write":
+                        part = select.gather(current, selection)
+                        new = select.scatter(current, selection, _mechanism(tap, part, operand))
+                        access.assign(self.model, tap.address, new)
+                        written[key] = new
+                    else:
+                        saved[tap.name].append(select.gather(current, selection).save())
+                counter[0] = step + 1
+            generated = self.model.generator.output.save()
+        reads = {}
+        for tap, _s, _o, _steps in items:
+            if tap.kind != "read":
+                continue
+            parts = [_unwrap(v).detach().cpu() for v in saved[tap.name]]
+            reads[tap.name] = torch.cat(parts, dim=1) if tap.stacked else parts[0]
+        return reads, _unwrap(generated).detach().cpu()[:, length:]
+
     def run_record(self, batch_size: Optional[int]) -> dict:
         record = {
             "engine": "NNterpEngine",
@@ -116,6 +165,22 @@ class NNterpEngine:
         except Exception:  # a meta shell has no served dtype to report
             pass
         return record
+
+
+def _right_aligned(selection, have: int, length: int, tap):
+    """A prompt position at step 0 of a decode, where a tensor may hold only the last positions.
+
+    During generation the head is computed at the last prompt position only; a window
+    that asks for an earlier one is refused rather than read from a neighbour.
+    """
+    if have == length:
+        return selection
+    shift = length - have
+    if any(p < shift for window in selection.windows for p in window):
+        raise Refusal(f"{tap.kind} '{tap.name}' at {tap.address.label()}: during a decode the model computes this "
+                      f"tensor at the last {have} prompt position(s) only, and {tap.pos.spelling()} asks for an "
+                      "earlier one. Read it at -1, or in an intervention without decode", stage="run")
+    return replace(selection, windows=tuple(tuple(p - shift for p in w) for w in selection.windows))
 
 
 def _unwrap(value):

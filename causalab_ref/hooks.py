@@ -50,10 +50,9 @@ INTERIOR = ("component '{name}' is an interior — one argument of one call insi
             "forward hook only sees the module's boundary. It is addressed through nnsight's `.source`, which has "
             "no hooks equivalent; run this document on the nnterp engine.")
 
-PROBS = ("component 'attention_probs' is the attention pattern inside the attention forward (the dropout call's "
-         "output in the function the attention call dispatches to), not a module boundary. Under eager attention "
-         "the attention module does return it as its second output, but only as a copy of what the values were "
-         "already mixed with: a hook could read it there, and a write there would change nothing downstream. It is "
+PROBS = ("component 'attention_probs' is the attention pattern inside the attention forward, not a module "
+         "boundary: under eager the attention module hands it out only as a second output the values were already "
+         "mixed with, so a hook could read a copy there but a write would change nothing downstream. It is "
          "addressed through nnterp's attention_probabilities; run this document on the nnterp engine.")
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -92,6 +91,9 @@ class HooksEngine:
 
     @classmethod
     def load(cls, spec: Model, weights: bool = True) -> "HooksEngine":
+        from .engine import _quiet_transformers
+
+        _quiet_transformers()
         recipe = None
         if fixtures.is_fixture(spec.key):
             path = str(fixtures.checkpoint_dir(spec.key))
@@ -248,6 +250,11 @@ class HooksEngine:
             for handle in handles:
                 handle.remove()
         return saved
+
+    def generate(self, ids, mask, decode: int, items):
+        """Decoding (the generated frame) is the nnterp engine's; refused here by name."""
+        raise Refusal("decode > 0 (the generated frame) is not implemented on the hooks engine; run this "
+                      "document on the nnterp engine", stage="run")
 
     def run_record(self, batch_size: Optional[int]) -> dict:
         record = {

@@ -50,14 +50,12 @@ class Resolved:
     tokens: tuple[str, ...]
 
 
-def resolve_taps(engine, step: ObservePlan, forward: Forward, path: str) -> dict[str, Resolved]:
-    """Every tap's windows, with the run-time refusals of SPEC.md "Positions: eligibility"."""
-    frame = locate.frame_of_ids(engine.tokenizer, forward.ids, forward.mask, segments=forward.segments,
-                                char_map=step.dynamic)
+def place(frame, taps, dynamic: bool, path: str) -> dict[str, Resolved]:
+    """Every tap's windows on one frame, with the run-time refusals of SPEC.md "Positions: eligibility"."""
     out = {}
-    for tap in forward.taps:
+    for tap in taps:
         windows, reasons = locate.locate(frame, tap.pos, tap.anchors)
-        tokens = tuple(locate.tokens_of(frame, w, r) if step.dynamic else "" for r, w in enumerate(windows))
+        tokens = tuple(locate.tokens_of(frame, w, r) if dynamic else "" for r, w in enumerate(windows))
         bad = {r: reason for r, reason in enumerate(reasons) if reason}
         where = f"{path}.{tap.kind}s.{tap.name}.pos"
         if bad and not tap.pos.ragged:
@@ -66,6 +64,13 @@ def resolve_taps(engine, step: ObservePlan, forward: Forward, path: str) -> dict
             _refuse(NOTHING_TO_WRITE.format(name=tap.name, rows=bad), where)
         out[tap.name] = Resolved(windows=tuple(tuple(w) for w in windows), reasons=tuple(reasons), tokens=tokens)
     return out
+
+
+def resolve_taps(engine, step: ObservePlan, forward: Forward, path: str) -> dict[str, Resolved]:
+    """The prompt-frame taps of one forward, resolved against the model's tokenizer."""
+    frame = locate.frame_of_ids(engine.tokenizer, forward.ids, forward.mask, segments=forward.segments,
+                                char_map=step.dynamic)
+    return place(frame, [t for t in forward.taps if t.pos.frame == "prompt"], step.dynamic, path)
 
 
 def selection_of(tap: Tap, resolved: Resolved) -> Selection:
@@ -97,16 +102,21 @@ def run_step(engine, step: ObservePlan) -> dict:
     placed: dict[str, Resolved] = {}
     for forward in step.forwards:
         resolved = resolve_taps(engine, step, forward, path)
-        items = []
-        for tap in forward.taps:
-            selection = selection_of(tap, resolved[tap.name])
-            operand = None
-            if tap.kind == "write":
-                operand = operand_value(tap, resolved, values, {k: v.windows for k, v in placed.items()}, path)
-            items.append((tap, selection, operand))
-        values.update(engine.forward(forward.ids, forward.mask, items))
+        if forward.decode:
+            resolved, read = decode_forward(engine, forward, resolved, values, placed, path)
+        else:
+            items = []
+            for tap in forward.taps:
+                operand = None
+                if tap.kind == "write":
+                    operand = operand_value(tap, resolved, values, {k: v.windows for k, v in placed.items()}, path)
+                items.append((tap, selection_of(tap, resolved[tap.name]), operand))
+            read = engine.forward(forward.ids, forward.mask, items)
+        values.update(read)
         placed.update({tap.name: resolved[tap.name] for tap in forward.taps})
-    positions = {name: {"rows": r.windows, "reason": r.reasons, "tokens": r.tokens} for name, r in placed.items()}
+    # A pass of bare integers reports nothing (SPEC.md P32-P33): no "positions" entry at all.
+    positions = ({name: {"rows": r.windows, "reason": r.reasons, "tokens": r.tokens} for name, r in placed.items()}
+                 if step.dynamic else {})
     eligible, tables = {}, {}
     for metric in step.metrics:
         read = placed[metric.of]
@@ -117,6 +127,72 @@ def run_step(engine, step: ObservePlan) -> dict:
         eligible[metric.name] = both
         tables[metric.name] = score(metric, values[metric.of], read, both)
     return {"positions": positions, "eligible": eligible, "values": values, "scores": tables}
+
+
+def _steps_of(tap: Tap, decode: int) -> tuple[int, ...]:
+    """The decode steps a tap fires at: 0 for the prompt frame, k for {"index": k}, all otherwise."""
+    if tap.pos.frame == "prompt":
+        return (0,)
+    if not tap.stacked and tap.pos.index is not None:
+        return (tap.pos.index,)
+    return tuple(range(decode))
+
+
+def decode_forward(engine, forward: Forward, resolved: dict, values: dict, placed: dict, path: str):
+    """A forward that decodes: prompt taps at step 0, continuation taps at their steps, then the cut.
+
+    A stacked read comes back (rows, steps, features) and is cut per row against the
+    continuation frame (generated ids cut at each row's first stop token) afterwards.
+    """
+    rows = len(forward.ids)
+    items = []
+    for tap in forward.taps:
+        if tap.pos.frame == "prompt":
+            selection = selection_of(tap, resolved[tap.name])
+        else:
+            selection = Selection(windows=tuple((0,) for _ in range(rows)), seq_axis=tap.address.seq_axis,
+                                  groups=tap.groups, take=tap.take)
+        operand = None
+        if tap.kind == "write":
+            operand = operand_value(tap, resolved, values, {k: v.windows for k, v in placed.items()}, path) \
+                if tap.pos.frame == "prompt" else _continuation_operand(tap, values, placed, rows, path)
+        items.append((tap, selection, operand, _steps_of(tap, forward.decode)))
+    read, generated = engine.generate(forward.ids, forward.mask, forward.decode, items)
+    tok = engine.tokenizer
+    frame = locate.frame_of_continuation(tok, generated, tok.eos_token_id)
+    continuation = [t for t in forward.taps if t.pos.frame == "generated"]
+    cut = place(frame, [t for t in continuation if t.kind == "read"], True, path)
+    for tap in continuation:
+        if tap.kind == "write":
+            steps = _steps_of(tap, forward.decode)
+            windows = tuple(steps for _ in range(rows))
+            cut[tap.name] = Resolved(windows=windows, reasons=tuple("" for _ in range(rows)),
+                                     tokens=tuple(locate.tokens_of(frame, w, r) for r, w in enumerate(windows)))
+        elif tap.stacked:
+            read[tap.name] = _cut_stack(read[tap.name], cut[tap.name].windows, tap.pos.ragged)
+    resolved = {**resolved, **cut}
+    read[f"{forward.model}.generated"] = generated
+    return resolved, read
+
+
+def _continuation_operand(tap: Tap, values: dict, placed: dict, rows: int, path: str):
+    """A continuation write lands a number, or a read of width 1 on every row, at each step it fires at."""
+    if not isinstance(tap.operand, str):
+        return float(tap.operand)
+    windows = placed[tap.operand].windows
+    if any(len(w) != 1 for w in windows):
+        _refuse(f"write '{tap.name}' lands one position per decode step, and its operand '{tap.operand}' was not "
+                f"read over one position on every row ({[len(w) for w in windows]})", f"{path}.writes.{tap.name}")
+    value = values[tap.operand]
+    return value if value.dim() == 3 else value.unsqueeze(1)
+
+
+def _cut_stack(stack: torch.Tensor, windows, ragged: bool) -> torch.Tensor:
+    """(rows, steps, F) cut by each row's window of steps: flat (total, F) when ragged, else (rows, w, F)."""
+    parts = [stack[r, list(w)] for r, w in enumerate(windows)]
+    if ragged:
+        return torch.cat(parts, dim=0) if parts else stack.new_zeros((0, stack.shape[-1]))
+    return torch.stack(parts, dim=0)
 
 
 def _row_vectors(value: torch.Tensor, resolved: Resolved) -> list[Optional[torch.Tensor]]:
@@ -158,7 +234,7 @@ def score(metric, value: torch.Tensor, resolved: Resolved, both: tuple[bool, ...
 def metric_table(step: ObservePlan, results: dict, name: str, digest: str) -> list[dict]:
     """The saved table: every row of the step's base data, excluded rows included, in row order."""
     metric = next(m for m in step.metrics if m.name == name)
-    where = results["positions"][metric.of]
+    where = results["positions"].get(metric.of)
     rows = []
     for r, example_id in enumerate(step.example_ids):
         rows.append({

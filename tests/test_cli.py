@@ -1,0 +1,199 @@
+"""The command line, as a user runs it: `python -m causalab_ref <verb>` from the repo root.
+
+Each subprocess costs a few seconds of imports once a model is involved, so every verb that
+loads a model shell runs once; refusals at validation return before any model library loads.
+Hub access is switched off (HF_HUB_OFFLINE), so a hub key fails fast and offline.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SHIPPED = json.loads((REPO / "documents" / "patching.json").read_text(encoding="utf-8"))
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_ETAG_TIMEOUT": "5",
+       "HF_HUB_DOWNLOAD_TIMEOUT": "5", "PYTHONUNBUFFERED": "1"}
+
+
+def cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "causalab_ref", *args], cwd=REPO, env=ENV,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def write_doc(tmp_path: pathlib.Path, mutate, name: str = "doc.json") -> str:
+    raw = copy.deepcopy(SHIPPED)
+    mutate(raw)
+    path = tmp_path / name
+    path.write_text(json.dumps(raw), encoding="utf-8")
+    return str(path)
+
+
+def assert_refusal(proc: subprocess.CompletedProcess, line: str, *, only_line: bool = True) -> None:
+    """Exit 2, no traceback, nothing on stdout, and the refusal as stderr's (last) line."""
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    if only_line:
+        assert len(lines) == 1, proc.stderr
+    assert lines[-1].startswith(line), proc.stderr
+
+
+# ================================================================ refusals
+
+
+def test_unknown_key_exits_2_with_its_dotted_path(tmp_path):
+    """SPEC.md:16 [D4] One stderr line `<stage>: <path>: <message>`, status 2, no traceback; D2's path."""
+    def mutate(raw):
+        raw["interventions"]["patching"]["reads"]["v_cf"]["position"] = -1
+    proc = cli("validate", write_doc(tmp_path, mutate))
+    assert_refusal(proc, "validation: interventions.patching.reads.v_cf.position: unknown key 'position'")
+
+
+def test_missing_required_block_exits_2_with_its_path(tmp_path):
+    """SPEC.md:15 [D3] A missing required block is refused at validation naming it, on the CLI too."""
+    proc = cli("validate", write_doc(tmp_path, lambda raw: raw.pop("roles")))
+    assert_refusal(proc, "validation: roles: required field is missing")
+
+
+def test_wrong_type_exits_2_with_its_path(tmp_path):
+    """SPEC.md:15 [D3] A wrong type is refused with its dotted path, on the CLI too."""
+    def mutate(raw):
+        raw["sites"]["target"]["layers"] = "0"
+    proc = cli("validate", write_doc(tmp_path, mutate))
+    assert_refusal(proc, "validation: sites.target.layers: layers is a one-element list, [i]")
+
+
+def test_broken_json_exits_2(tmp_path):
+    """SPEC.md:16 [D4] Broken JSON is a refusal (line and column), not a traceback."""
+    path = tmp_path / "broken.json"
+    path.write_text('{"model": {"key": "fixture:tiny-llama",\n', encoding="utf-8")
+    proc = cli("validate", str(path))
+    assert_refusal(proc, f"validation: {path} is not JSON: ")
+    assert "line 2 column 1" in proc.stderr
+
+
+def test_run_of_a_malformed_document_writes_nothing(tmp_path):
+    """SPEC.md:141 [R10] A refused run leaves no result folder (and no temporary one beside it); D4."""
+    def mutate(raw):
+        raw["interventions"]["patching"]["writes"]["patch"]["mechanism"] = "lerp"
+    doc = write_doc(tmp_path, mutate)
+    out_parent = tmp_path / "results"
+    out_parent.mkdir()
+    proc = cli("run", doc, "--out", str(out_parent / "out"))
+    assert_refusal(proc, "validation: interventions.patching.writes.patch.mechanism: mechanism 'lerp'")
+    assert not (out_parent / "out").exists()
+    assert list(out_parent.iterdir()) == []
+
+
+def test_unknown_fixture_key_is_refused_naming_it(tmp_path):
+    """SPEC.md:18 [D6] A `fixture:` key that is not one of the fixtures is refused naming the key."""
+    def mutate(raw):
+        raw["model"]["key"] = "fixture:tiny-nope"
+    proc = cli("validate", write_doc(tmp_path, mutate))
+    assert_refusal(proc, "compile: model.key: ", only_line=False)
+    assert "'fixture:tiny-nope'" in proc.stderr.strip().splitlines()[-1]
+
+
+def test_unloadable_hub_key_is_refused_naming_it(tmp_path):
+    """SPEC.md:18 [D6] A hub key that cannot be loaded (offline here) is refused naming the key, status 2."""
+    def mutate(raw):
+        raw["model"]["key"] = "nobody/none"
+    proc = cli("validate", write_doc(tmp_path, mutate), timeout=120)
+    assert_refusal(proc, "compile: model.key: ", only_line=False)
+    assert "'nobody/none'" in proc.stderr.strip().splitlines()[-1]
+
+
+# ================================================================ the shipped document
+
+
+def test_validate_shipped_document():
+    """SPEC.md:132 [R1] `validate` compiles against the model shell with no weights and says ok."""
+    proc = cli("validate", "documents/patching.json")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok: documents/patching.json is a valid plan-shaped document, 1 step"
+
+
+EXPLAIN_LINES = [
+    "<root>: Plan",
+    "  score: Observe  metrics=['iia/match', 'logit_diff/logit_diff']  saves=['iia.json', 'logit_diff.json']",
+    "      forward 'original' on 'counterfactual'  (4 rows x 11 tokens)",
+    "        read  'v_cf' at block_output[0] pos={index:-1} via 'identity'",
+    "      forward 'patched' on 'base'  (4 rows x 11 tokens)",
+    "        write 'patch' at block_output[0] pos={index:-1} swap(v_cf) via 'identity'",
+    "        read  'logits' at lm_head pos={index:-1} via 'identity'",
+]
+
+
+def test_explain_prints_the_plan():
+    """SPEC.md:136 [R5] `explain` prints the plan: step, forwards with rows x tokens, taps with address and pos."""
+    proc = cli("explain", "documents/patching.json")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.rstrip("\n").splitlines() == EXPLAIN_LINES
+
+
+def test_explain_json():
+    """SPEC.md:136 [R5] `--json` prints the verb's result as JSON: the plan text and the step names."""
+    proc = cli("--json", "explain", "documents/patching.json")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["text"].splitlines() == EXPLAIN_LINES
+    assert result["steps"] == ["score"]
+
+
+# ================================================================ verbs without a model
+
+
+def test_data_lists_rows_columns_and_splits():
+    """SPEC.md:21 [D9] `data <dir>/<table>` reads documents/data/<dir>/<table>.json: rows, columns, splits."""
+    proc = cli("data", "weekdays/train")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "weekdays/train: 4 rows"
+    assert lines[1] == ("  columns: answer, base_answer, cf_answer, counterfactual_inputs, "
+                        "counterfactual_inputs_variables, entity, input, label, split")
+    assert lines[2] == "  splits:  all"
+    assert lines[3].startswith("  sample:  {")
+
+
+def test_data_json():
+    """SPEC.md:21 [D9] `--json data` carries the same facts as data."""
+    proc = cli("data", "weekdays/train", "--json")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert (result["ref"], result["rows"], result["splits"]) == ("weekdays/train", 4, ["all"])
+    assert "counterfactual_inputs_variables" in result["columns"]
+
+
+def test_vocab_lists_21_components_and_the_position_forms():
+    """SPEC.md:116 [L5] `vocab` lists the 21 components (B2) and the seed's position forms; seed 000:11, seed 004:175."""
+    proc = cli("vocab")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    start = lines.index("components:")
+    rows = []
+    for line in lines[start + 1:]:
+        if not line.startswith("  "):
+            break
+        rows.append(line)
+    assert len(rows) == 21
+    assert {r.split()[0] for r in rows} == {
+        "input_ids", "embeddings", "block_input", "attention_input_norm", "attention_query", "attention_key",
+        "attention_scores", "attention_probs", "attention_z", "attention_premix", "attention_output",
+        "block_mid", "mlp_input_norm", "mlp_input", "mlp_activation", "mlp_neuron_output", "mlp_output",
+        "block_output", "ln_final", "lm_head", "logits"}
+    # seed 004:175-185, the seed's own vocab lines
+    for seed_line in ("  attention_query        interior  [heads]",
+                      "  attention_probs        nnterp attention_probabilities  [heads]  needs eager attention",
+                      "  input_ids              nnterp embeddings_input  (read-only)",
+                      "  logits                 nnterp logits"):
+        assert seed_line in rows
+    # seed 000:11-13
+    assert "position forms:   exactly one cut: index=int, span=tuple[int, int], last=int, all=bool" in lines
+    assert "                  scope: variable=str, segment=str" in lines
+    assert ("                  frame: Literal['prompt', 'generated']; a bare integer is {\"index\": i}; "
+            "-1 is the last token") in lines

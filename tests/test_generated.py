@@ -1,0 +1,197 @@
+"""The generated frame on the Llama fixture: decode, per-step reads cut against the continuation,
+writes at reached steps.
+
+Which rows "said" their text depends on the fixture's weights, so the provenance test
+first decodes, then chooses each row's `said` from what that row generated.
+"""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from causalab_ref import compile as compiler
+from causalab_ref import engine, fixtures, locate, run, validate
+from causalab_ref.shapes import Anchor, Refusal, Where
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "documents" / "data"
+GENERATED = json.loads((ROOT / "documents" / "generated_answer.json").read_text())
+PROMPTS = [f"If today is {d}, tomorrow is" for d in ("Thursday", "Friday", "Saturday", "Sunday")]
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return engine.load(validate.document(GENERATED).model, weights=True)
+
+
+def _greedy(llama, decode):
+    """The fixture's own greedy continuation, through plain transformers (no engine code)."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(fixtures.checkpoint_dir("fixture:tiny-llama")).eval()
+    tok = llama.tokenizer
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = model.generate(**enc, max_new_tokens=decode, min_new_tokens=decode, do_sample=False,
+                             output_logits=True, return_dict_in_generate=True, pad_token_id=tok.pad_token_id)
+    return out.sequences[:, enc["input_ids"].shape[1]:], torch.stack(out.logits, dim=1)
+
+
+def _rows_with_said(tmp_path, said):
+    rows = json.loads((DATA / "weekdays" / "said.json").read_text())
+    for row, text in zip(rows, said):
+        row["said"] = text
+        row["example_id"] = text
+    (tmp_path / "weekdays").mkdir(exist_ok=True)
+    (tmp_path / "weekdays" / "said.json").write_text(json.dumps(rows))
+    return tmp_path
+
+
+def _run(llama, doc, root=DATA):
+    plan = compiler.compile_document(doc, llama, Path(root))
+    step = plan.steps[0]
+    return step, run.run_step(llama, step), plan
+
+
+def test_said_rows_report_the_step_and_token_others_alignment_missing(llama, tmp_path):
+    """SPEC.md:100 [P45] a row that said its text reports the step and the token; a row that did not is
+    alignment_missing, value null, eligible false, and stays in the table (seed 000:286-291)."""
+    generated, _ = _greedy(llama, 6)
+    tok = llama.tokenizer
+    said = [tok.decode([int(generated[0, 2])]).strip(), tok.decode([int(generated[1, 4])]).strip(),
+            "Friday", "Saturday"]
+    root = _rows_with_said(tmp_path, said)
+    step, results, plan = _run(llama, GENERATED, root)
+    where = results["positions"]["at_said"]
+    assert where["rows"] == ((2,), (4,), (), ())
+    assert where["reason"] == ("", "", "alignment_missing", "alignment_missing")
+    assert where["tokens"][:2] == (repr(tok.decode([int(generated[0, 2])])),
+                                   repr(tok.decode([int(generated[1, 4])])))
+    assert results["eligible"]["p_answer"] == (True, True, False, False)
+    table = run.metric_table(step, results, "p_answer", plan.digest)
+    assert [r["eligible"] for r in table] == [True, True, False, False]
+    assert table[2]["value"] is None and table[2]["positions"] == [] and table[2]["reason"] == "alignment_missing"
+
+
+def test_no_row_stops_so_eos_is_alignment_missing_everywhere(llama):
+    """SPEC.md:92 [P37] EOS is held off, so no row stops and the eos segment is missing on every row
+    (seed 000:322)."""
+    _step, results, _plan = _run(llama, GENERATED)
+    assert results["positions"]["at_stop"]["reason"] == ("alignment_missing",) * 4
+    assert results["positions"]["at_stop"]["rows"] == ((), (), (), ())
+
+
+def test_decode_runs_to_its_bound_greedily(llama):
+    """SPEC.md:91 [P36] every forward decodes exactly `decode` tokens, greedily: the ids equal
+    transformers' own greedy generate with min == max new tokens."""
+    _step, results, _plan = _run(llama, GENERATED)
+    want, _ = _greedy(llama, 6)
+    assert torch.equal(results["values"]["original.generated"], want)
+
+
+def test_a_step_read_is_the_logits_that_produced_that_token(llama, tmp_path):
+    """SPEC.md:94 [P39] step k is the forward that produces generated token k: token_prob at the step of
+    the said token equals softmax of transformers' score for that step."""
+    generated, scores = _greedy(llama, 6)
+    tok = llama.tokenizer
+    said = [tok.decode([int(generated[r, 3])]).strip() for r in range(2)] + ["Friday", "Saturday"]
+    root = _rows_with_said(tmp_path, said)
+    step, results, _plan = _run(llama, GENERATED, root)
+    rows = json.loads((root / "weekdays" / "said.json").read_text())
+    for r in range(2):
+        assert results["positions"]["at_said"]["rows"][r] == (3,)
+        token = tok.encode(" " + rows[r]["cf_answer"].lstrip(), add_special_tokens=False)[0]
+        want = float(torch.softmax(scores[r, 3].float(), -1)[token])
+        assert results["scores"]["p_answer"][r] == pytest.approx(want, rel=1e-5)
+
+
+def test_a_fixed_step_read_fires_at_that_step(llama):
+    """SPEC.md:94 [P39] {"frame": "generated", "index": k} reads step k and reports position k and the
+    token produced there."""
+    doc = copy.deepcopy(GENERATED)
+    doc["interventions"]["generation"]["reads"]["step2"] = {"site": "head", "pos": {"frame": "generated",
+                                                                                    "index": 2}, "input": "base"}
+    _step, results, _plan = _run(llama, doc)
+    generated, scores = _greedy(llama, 6)
+    assert torch.allclose(results["values"]["step2"][:, 0], scores[:, 2], atol=1e-4)
+    assert results["positions"]["step2"]["rows"] == ((2,),) * 4
+    tok = llama.tokenizer
+    assert results["positions"]["step2"]["tokens"][0] == repr(tok.decode([int(generated[0, 2])]))
+
+
+def test_a_write_at_step_k_changes_the_continuation_from_k_on(llama):
+    """SPEC.md:98 [P43] a write at decode step k leaves tokens before k as they were and changes the
+    continuation from step k."""
+    doc = copy.deepcopy(GENERATED)
+    intervention = doc["interventions"]["generation"]
+    doc["sites"]["resid"] = {"component": "block_output", "layers": [1]}
+    intervention["writes"] = {"push": {"site": "resid", "pos": {"frame": "generated", "index": 2},
+                                       "mechanism": "swap", "operand": 50.0}}
+    intervention["models"] = {"pushed": {"input": "base", "writes": ["push"]}}
+    intervention["reads"]["after"] = {"site": "head", "pos": {"frame": "generated", "index": 3},
+                                      "model": "pushed", "input": "base"}
+    _step, results, _plan = _run(llama, doc)
+    plain = results["values"]["original.generated"]
+    pushed = results["values"]["pushed.generated"]
+    assert torch.equal(pushed[:, :2], plain[:, :2])
+    assert not torch.equal(pushed[:, 2:], plain[:, 2:])
+
+
+def test_a_stacked_read_over_256_mib_is_refused_at_compile_without_allocating(llama):
+    """SPEC.md:96 [P41] rows x decode x width x 4 bytes above 256 MiB is refused when compiled, giving the
+    number and what to change."""
+    doc = copy.deepcopy(GENERATED)
+    doc["interventions"]["generation"]["decode"] = 600
+    with pytest.raises(Refusal) as refusal:
+        compiler.compile_document(doc, llama, DATA)
+    assert refusal.value.stage == "compile"
+    assert "4 rows x 600 steps x 32000 features x 4 bytes = 307200000 bytes" in refusal.value.message
+    assert "--batch-size" in refusal.value.message
+    assert refusal.value.path == "interventions.generation.reads.at_said.pos"
+
+
+def test_continuation_map_is_built_from_the_decoded_ids(llama):
+    """SPEC.md:93 [P38] the continuation's offsets come from decoding prefixes of the generated ids."""
+    generated, _ = _greedy(llama, 6)
+    tok = llama.tokenizer
+    frame = locate.frame_of_continuation(tok, generated, tok.eos_token_id)
+    for r in range(4):
+        ids = generated[r].tolist()
+        assert frame.offsets[r] == locate.char_map(tok, ids)
+        assert frame.texts[r] == tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def test_eos_resolves_over_hand_made_ids(llama):
+    """SPEC.md:92 [P37] the positive eos case over hand-made ids: the frame is cut at the first stop token
+    and eos is that token; a row that never stopped has no eos (seed 000:322)."""
+    tok = llama.tokenizer
+    eos = tok.eos_token_id
+    frame = locate.frame_of_continuation(tok, [[450, 1095, 29889, eos, 450, 1095], [450, 1095, 29889, 450, 1095, 2]
+                                               [:5] + [450]], eos)
+    assert frame.ends == (4, 6)
+    windows, reasons = locate.locate(frame, Where(frame="generated", index=-1, scope=Anchor(segment="eos")))
+    assert windows == ((3,), ()) and reasons == ("", "alignment_missing")
+    last, _ = locate.locate(frame, Where(frame="generated", index=-1))
+    assert last == ((3,), (5,))
+
+
+def test_prompt_taps_in_a_decode_act_at_step_zero(llama):
+    """SPEC.md:99 [P44] a prompt read in a decoding forward is the prompt's own forward: it equals the
+    same read without decode."""
+    doc = copy.deepcopy(GENERATED)
+    doc["interventions"]["generation"]["reads"]["prompt_last"] = {"site": "head", "pos": -1, "input": "base"}
+    _step, with_decode, _plan = _run(llama, doc)
+    _g, scores = _greedy(llama, 6)
+    assert torch.allclose(with_decode["values"]["prompt_last"][:, 0], scores[:, 0], atol=1e-4)
+
+
+def test_an_earlier_prompt_position_of_the_head_during_a_decode_is_refused(llama):
+    """SPEC.md:99 [P44] the head is computed at the last prompt position only during a decode; asking for
+    an earlier one is refused rather than read from a neighbour."""
+    doc = copy.deepcopy(GENERATED)
+    doc["interventions"]["generation"]["reads"]["early"] = {"site": "head", "pos": -2, "input": "base"}
+    with pytest.raises(Refusal, match="computes this tensor at the last 1 prompt position"):
+        _run(llama, doc)

@@ -1,0 +1,258 @@
+"""hooks.py: the hooks engine against the nnterp engine on the four fixtures.
+
+Both engines resolve addresses with address.locate; the hooks engine runs them with plain
+torch forward hooks on a transformers model, so equal reads here mean the boundary a hook sees
+is the tensor nnterp's accessor names (seed 004:100 "Both engines reach it").
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from causalab_ref import address, cli, engine, locate
+from causalab_ref.compile import Tap
+from causalab_ref.hooks import HooksEngine
+from causalab_ref.shapes import Model, Refusal, Selection, Where
+
+ROOT = Path(__file__).resolve().parents[1]
+FAMILIES = ("llama", "gpt2", "gemma2", "gptoss")
+TEXTS = ["If today is Thursday, tomorrow is", "Monday comes", "The day after Friday is"]
+BOUNDARY = tuple(n for n in address.TABLE if n not in address.INTERIORS and n != "attention_probs")
+
+
+def _spec(family: str, attn=None) -> Model:
+    return Model(key=f"fixture:tiny-{family}", revision="seeded", dtype="fp32", attn_implementation=attn)
+
+
+@pytest.fixture(scope="module")
+def engines():
+    """(nnterp, hooks) per family, loaded once with weights."""
+    cache: dict = {}
+
+    def get(family):
+        if family not in cache:
+            cache[family] = (engine.load(_spec(family), "nnterp"), engine.load(_spec(family), "hooks"))
+        return cache[family]
+    yield get
+    cache.clear()
+
+
+def _batch(tok):
+    ids, mask, frame = locate.frame_of_texts(tok, TEXTS)
+    return ids, mask, frame
+
+
+def _read(name, addr, windows, ragged=False, groups=None, take=None):
+    tap = Tap(kind="read", name=name, site=name, address=addr, pos=Where(index=-1))
+    return (tap, Selection(windows=windows, seq_axis=addr.seq_axis, ragged=ragged, groups=groups, take=take), None)
+
+
+def _write(name, addr, windows, operand, ragged=False, groups=None, take=None):
+    tap = Tap(kind="write", name=name, site=name, address=addr, pos=Where(index=-1), mechanism="swap",
+              operand="cf" if isinstance(operand, torch.Tensor) else operand)
+    return (tap, Selection(windows=windows, seq_axis=addr.seq_axis, ragged=ragged, groups=groups, take=take),
+            operand)
+
+
+def _windows(ids, frame):
+    """index -1, every content position (ragged), and the last n positions every row has (rectangular)."""
+    n = len(ids[0])
+    shortest = min(e - s for s, e in zip(frame.starts, frame.ends))
+    last = tuple((n - 1,) for _ in ids)
+    every = tuple(tuple(range(s, e)) for s, e in zip(frame.starts, frame.ends))
+    rect = tuple(tuple(range(n - shortest, n)) for _ in ids)
+    return last, every, rect
+
+
+def _sorted(items):
+    return sorted(items, key=lambda item: (item[0].address.rank, 0 if item[0].kind == "write" else 1))
+
+
+def _both(nn, hk, ids, mask, items):
+    return nn.forward(ids, mask, items), hk.forward(ids, mask, items)
+
+
+# ---------------------------------------------------------------- reads
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_boundary_read_equals_the_nnterp_engines(engines, family):
+    """SPEC.md:108 [L6] / SPEC.md:109 [L7] / SPEC.md:126 [R4] / seed 004:100 — every boundary
+    component that resolves (layer 0 and the last layer) reads the same values through a hook as
+    through nnterp: at {"index": -1}, over every content position, over a rectangular window, and
+    one head of attention_premix (SPEC.md:115 [L13])."""
+    nn, hk = engines(family)
+    ids, mask, frame = _batch(nn.tokenizer)
+    last, every, rect = _windows(ids, frame)
+    items, resolved = [], []
+    for name in BOUNDARY:
+        layers = (0, nn.num_layers - 1) if address.TABLE[name]["layered"] else (None,)
+        for layer in layers:
+            try:
+                addr = nn.locate(name, layer)
+            except Refusal as refusal:
+                with pytest.raises(Refusal) as hooked:
+                    hk.locate(name, layer)
+                assert hooked.value.message == refusal.message
+                continue
+            assert hk.locate(name, layer) == addr
+            label = addr.label()
+            resolved.append(label)
+            items += [_read(f"{label}/last", addr, last), _read(f"{label}/every", addr, every, ragged=True),
+                      _read(f"{label}/rect", addr, rect)]
+            if name == "attention_premix":
+                items.append(_read(f"{label}/head1", addr, last, groups=addr.heads, take=(1,)))
+    expected = {"input_ids", "embeddings", "ln_final", "lm_head", "logits", "block_input[0]", "block_output[0]",
+                "attention_output[0]", "attention_premix[0]", "mlp_output[0]", "block_mid[0]", "mlp_input[0]"}
+    assert expected <= set(resolved)
+    if family != "gptoss":
+        assert {"mlp_activation[0]", "mlp_neuron_output[0]"} <= set(resolved)
+    got_nn, got_hk = _both(nn, hk, ids, mask, _sorted(items))
+    assert set(got_nn) == set(got_hk) == {item[0].name for item in items}
+    for name in got_nn:
+        a, b = got_nn[name], got_hk[name]
+        assert a.shape == b.shape, name
+        if a.dtype == torch.long:
+            assert torch.equal(a, b), name
+        else:
+            assert torch.allclose(a, b, atol=1e-6, rtol=0), (name, (a - b).abs().max())
+    # the shapes are select.py's: rectangular (rows, w, F), ragged (total, F)
+    width = nn.locate("block_output", 0).width
+    assert got_hk["block_output[0]/last"].shape == (len(TEXTS), 1, width)
+    assert got_hk["block_output[0]/every"].shape == (sum(len(w) for w in every), width)
+
+
+# ---------------------------------------------------------------- writes
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_swap_at_block_output_then_a_head_read_agree(engines, family):
+    """SPEC.md:126 [R4] / SPEC.md:115 [L13] — a swap (a tensor operand, and a number) at block_output[0]
+    on the last token, then reads downstream and at the written address itself, equal on both engines;
+    the write changed the head's output."""
+    nn, hk = engines(family)
+    ids, mask, frame = _batch(nn.tokenizer)
+    last, every, _rect = _windows(ids, frame)
+    out0, head = nn.locate("block_output", 0), nn.locate("lm_head", None)
+    operand = torch.randn(len(TEXTS), 1, out0.width, generator=torch.Generator().manual_seed(0))
+    clean = hk.forward(ids, mask, [_read("head", head, last)])["head"]
+    for value in (operand, 3.0):
+        items = _sorted([_write("patch", out0, last, value), _read("at", out0, every, ragged=True),
+                         _read("head", head, last)])
+        got_nn, got_hk = _both(nn, hk, ids, mask, items)
+        for name in ("at", "head"):
+            assert torch.allclose(got_nn[name], got_hk[name], atol=1e-6, rtol=0), (family, name)
+        written = got_hk["at"][[sum(len(w) for w in every[:r + 1]) - 1 for r in range(len(TEXTS))]]
+        expect = operand[:, 0] if isinstance(value, torch.Tensor) else torch.full_like(written, value)
+        assert torch.equal(written, expect)
+        assert not torch.allclose(got_hk["head"], clean)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_an_input_side_write_of_one_head_agrees(engines, family):
+    """SPEC.md:115 [L13] — a write at an input boundary (attention_premix, a forward pre-hook) of one head
+    over every content position lands the same as nnterp's, read back at block_output and logits."""
+    nn, hk = engines(family)
+    ids, mask, frame = _batch(nn.tokenizer)
+    last, every, _rect = _windows(ids, frame)
+    layer = nn.num_layers - 1
+    premix = nn.locate("attention_premix", layer)
+    items = _sorted([_write("zero", premix, every, 0.0, ragged=True, groups=premix.heads, take=(0,)),
+                     _read("premix", premix, last), _read("out", nn.locate("block_output", layer), last),
+                     _read("logits", nn.locate("logits", None), last)])
+    got_nn, got_hk = _both(nn, hk, ids, mask, items)
+    for name in got_nn:
+        assert torch.allclose(got_nn[name], got_hk[name], atol=1e-6, rtol=0), (family, name)
+    per_head = got_hk["premix"].reshape(len(TEXTS), premix.heads, -1)
+    assert torch.equal(per_head[:, 0], torch.zeros_like(per_head[:, 0]))
+    assert per_head[:, 1:].abs().sum() > 0
+
+
+def test_gemma2_lm_head_and_logits_differ_by_the_softcap_on_both_engines(engines):
+    """SPEC.md:111 [L9] / seed 004:98 — a swap of 100.0 into the head reads 100.0 at lm_head and
+    tanh(100/30)*30 at logits; the hooks engine reaches logits as the root's output field."""
+    nn, hk = engines("gemma2")
+    ids, mask, frame = _batch(nn.tokenizer)
+    last, _every, _rect = _windows(ids, frame)
+    head, logits = nn.locate("lm_head", None), nn.locate("logits", None)
+    items = _sorted([_write("hundred", head, last, 100.0), _read("head", head, last), _read("logits", logits, last)])
+    got_nn, got_hk = _both(nn, hk, ids, mask, items)
+    capped = torch.tanh(torch.tensor(100.0 / 30.0)) * 30.0
+    for got in (got_nn, got_hk):
+        assert torch.all(got["head"] == 100.0)
+        assert torch.allclose(got["logits"], capped.expand_as(got["logits"]), atol=1e-5)
+    # and a write at logits itself lands after the cap
+    items = _sorted([_write("seven", logits, last, 7.0), _read("logits", logits, last)])
+    got_nn, got_hk = _both(nn, hk, ids, mask, items)
+    assert torch.all(got_hk["logits"] == 7.0) and torch.equal(got_nn["logits"], got_hk["logits"])
+
+
+# ---------------------------------------------------------------- refusals
+
+
+def test_interiors_are_refused_by_name_at_compile():
+    """SPEC.md:114 [L12] / seed-tables B6 "interiors are nnterp-engine only" — the four interiors are
+    refused on the hooks engine with the seed's text; attention_probs too, saying why, even under eager
+    where the nnterp engine resolves it (SPEC.md:113 [L11])."""
+    hk = engine.load(_spec("llama", "eager"), "hooks", weights=False)
+    assert isinstance(hk, HooksEngine)
+    for name in address.INTERIORS:
+        with pytest.raises(Refusal) as refused:
+            hk.locate(name, 0, site="q")
+        assert refused.value.message == (
+            f"component '{name}' is an interior — one argument of one call inside a module's forward — and a "
+            "forward hook only sees the module's boundary. It is addressed through nnsight's `.source`, which "
+            "has no hooks equivalent; run this document on the nnterp engine.")
+        assert (refused.value.stage, refused.value.path) == ("compile", "sites.q")
+    with pytest.raises(Refusal) as refused:
+        hk.locate("attention_probs", 0)
+    assert "a write would change nothing downstream" in refused.value.message
+    assert "run this document on the nnterp engine" in refused.value.message
+    assert address.locate(hk.shell, "attention_probs", 0).component == "attention_probs"
+    described = hk.describe_components()
+    assert described["engine"] == "hooks"
+    assert not described["components"]["attention_query[0]"]["resolves"]
+    assert described["components"]["block_output[0]"]["module"] == "model.layers.0"
+
+
+def test_the_hooks_module_names_are_the_transformers_names(engines):
+    """SPEC.md:107 [L5] / SPEC.md:108 [L6] — nnterp's standardized spelling maps to the transformers module
+    by identity in the shell's module tree, never by a rename table."""
+    hk = engines("gpt2")[1]
+    name = lambda component, layer=None: hk.module_name(hk.locate(component, layer))  # noqa: E731
+    assert name("block_output", 0) == "transformer.h.0"
+    assert name("attention_premix", 0) == "transformer.h.0.attn.c_proj"
+    assert name("embeddings") == "transformer.wte" and name("ln_final") == "transformer.ln_f"
+    assert name("lm_head") == "lm_head" and name("logits") == ""
+    hk = engines("llama")[1]
+    assert hk.module_name(hk.locate("block_mid", 1)) == "model.layers.1.post_attention_layernorm"
+    assert hk.module_name(hk.locate("embeddings", None)) == "model.embed_tokens"
+
+
+# ---------------------------------------------------------------- the command line
+
+
+def _values(out: Path) -> dict:
+    return {f: [r["value"] for r in json.loads((out / f).read_text())] for f in ("iia.json", "logit_diff.json")}
+
+
+def test_patching_document_gives_the_same_numbers_on_both_engines(tmp_path):
+    """SPEC.md:131 [R9] / SPEC.md:126 [R4] — `run documents/patching.json --engine hooks` writes the same
+    iia and logit_diff values as the nnterp engine, and run.json records which engine ran."""
+    hooks_out, nnterp_out = tmp_path / "hooks", tmp_path / "nnterp"
+    done = subprocess.run([sys.executable, "-m", "causalab_ref", "run", "documents/patching.json", "--engine",
+                           "hooks", "--out", str(hooks_out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert cli.main(["run", str(ROOT / "documents" / "patching.json"), "--data-root",
+                     str(ROOT / "documents" / "data"), "--out", str(nnterp_out)]) == 0
+    got, want = _values(hooks_out), _values(nnterp_out)
+    for file in want:
+        assert len(got[file]) == len(want[file]) == 4
+        assert torch.allclose(torch.tensor(got[file]), torch.tensor(want[file]), atol=1e-6, rtol=0), file
+    assert json.loads((hooks_out / "run.json").read_text())["engine"] == "HooksEngine"
+    assert json.loads((nnterp_out / "run.json").read_text())["engine"] == "NNterpEngine"
