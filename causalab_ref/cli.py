@@ -84,7 +84,10 @@ def cmd_vocab(args):
     from . import address
     lines = ["components:"]
     for name, row in address.describe().items():
-        lines.append(f"  {name:22s} {row['vocab']}")
+        accessor = "interior" if row["interior"] else f"nnterp {row['accessor']}"
+        marks = ("  [heads]" if row["per_head"] else "") + ("  needs eager attention" if row["eager"] else "") \
+            + ("  (read-only)" if row["read_only"] else "")
+        lines.append(f"  {name:22s} {accessor}{marks}")
     lines += [
         "mechanisms:       swap (add_scaled, clamp, gaussian, lerp, renormalize: in the format, not implemented yet)",
         "metric kinds:     match(expected), logit_diff(a, b), cross_entropy(target), token_logit(token), "
@@ -247,8 +250,8 @@ def main(argv=None) -> int:
         print(f"internal error ({type(error).__name__}): {error}. This is a causalab_ref bug; "
               "--traceback shows where", file=sys.stderr)
         return 1
-    if args.json:
-        print(json.dumps(result, indent=1, default=str))
-    else:
-        print(result["text"])
+    try:
+        print(json.dumps(result, indent=1, default=str) if args.json else result["text"])
+    except BrokenPipeError:  # a reader such as `head` stopped early; the result was complete
+        sys.stderr.close()
     return 0

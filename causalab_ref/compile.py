@@ -236,6 +236,31 @@ def _check_selection(address: Address, site, name: str) -> None:
                               stage="compile")
 
 
+PATTERN = ("attention_scores", "attention_probs")
+
+
+def _check_pattern_layouts(forwards: list, reads: dict, path: str) -> None:
+    """A pattern's last axis is the padded batch's keys: a swap between two batches is only key j to
+    key j when both have the same layout, so their attention masks must be equal."""
+    by_pair = {(f.model, f.input): f for f in forwards}
+    for forward in forwards:
+        for tap in forward.taps:
+            if tap.kind != "write" or tap.address.component not in PATTERN or not isinstance(tap.operand, str):
+                continue
+            read = reads[tap.operand]
+            source = by_pair[(read.model, read.input)]
+            if source.mask != forward.mask:
+                rows = [r for r, (a, b) in enumerate(zip(source.mask, forward.mask)) if a != b]
+                if len(source.mask) != len(forward.mask) or len(source.mask[0]) != len(forward.mask[0]):
+                    rows = f"shapes {len(source.mask)}x{len(source.mask[0])} and {len(forward.mask)}x{len(forward.mask[0])}"
+                raise Refusal(f"write '{tap.name}' swaps the attention pattern read in '{read.model}' on '{read.input}' "
+                              f"into '{forward.model}' on '{forward.input}', and their attention masks differ "
+                              f"(rows {rows}). The last axis of a pattern is the padded batch's keys, so key slot j is "
+                              "the same token only when both batches have the same layout; pair rows whose prompts "
+                              "tokenize to the same length (documents/data/weekdays_aligned is such a table)",
+                              path=f"{path}.writes.{tap.name}", stage="compile")
+
+
 def _tap_sort_key(tap: Tap):
     return (tap.address.rank, 0 if tap.kind == "write" else 1)
 
@@ -288,6 +313,7 @@ def compile_point(raw: Any, label: str, engine, data_root: Path) -> Plan:
                 ids, mask, segments, sample = batches[role]
                 forwards.append(Forward(model=model_name, input=role, ids=ids, mask=mask, taps=tuple(taps),
                                         segments=segments, sample=sample, decode=intervention.decode))
+            _check_pattern_layouts(forwards, reads, ipath)
             metrics = []
             for m, metric in intervention.metrics:
                 mpath = f"{ipath}.metrics.{m}"

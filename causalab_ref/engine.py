@@ -99,7 +99,21 @@ class NNterpEngine:
                     written[key] = new
                 else:
                     saved[tap.name] = select.gather(current, selection).save()
-        return {name: _unwrap(value).detach().cpu() for name, value in saved.items()}
+        views = {tap.name: tap.view for tap, _s, _o in items}
+        return {name: self._viewed(_unwrap(value).detach().cpu(), views[name]) for name, value in saved.items()}
+
+    def _viewed(self, value: torch.Tensor, view: str) -> torch.Tensor:
+        """`"view": "logits"`: the gathered residual through the final norm, the head, and the family's
+        final logit softcapping where it has one (Gemma-2)."""
+        if view != "logits":
+            return value
+        norm, head = self.model.ln_final._module, self.model.lm_head._module
+        with torch.no_grad():
+            logits = head(norm(value.to(head.weight.dtype)))
+            cap = getattr(self.model.config, "final_logit_softcapping", None)
+            if cap:
+                logits = torch.tanh(logits / cap) * cap
+        return logits
 
     def generate(self, ids, mask, decode: int, items) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """Greedy decode of `decode` tokens with EOS held off (min == max new tokens), taps per step.
@@ -146,7 +160,7 @@ class NNterpEngine:
             if tap.kind != "read":
                 continue
             parts = [_unwrap(v).detach().cpu() for v in saved[tap.name]]
-            reads[tap.name] = torch.cat(parts, dim=1) if tap.stacked else parts[0]
+            reads[tap.name] = self._viewed(torch.cat(parts, dim=1) if tap.stacked else parts[0], tap.view)
         return reads, _unwrap(generated).detach().cpu()[:, length:]
 
     def run_record(self, batch_size: Optional[int]) -> dict:

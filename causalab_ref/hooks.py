@@ -4,14 +4,14 @@
 `.locate(component, layer, site)`, `.forward(ids, mask, items)`, `.run_record(...)`,
 `.describe_components()` — but its forward is an ordinary `AutoModelForCausalLM` call
 with `register_forward_pre_hook` / `register_forward_hook` (`with_kwargs=True`) on the
-modules the plan's taps name; nnsight never runs in the forward.  SPEC.md:108 [L6]:
+modules the plan's taps name; nnsight never runs in the forward.  SPEC.md:117 [L6]:
 an address is a module, an io side and a rank, and that is all a hook needs.
 
 How an address becomes a hook (seed 004:100 "Both engines reach it"):
 
 * addresses are resolved exactly as the nnterp engine resolves them, by
   `address.locate` on a weightless nnterp `StandardizedTransformer` shell of the same
-  checkpoint (SPEC.md:107 [L5]); the shell is only a module tree;
+  checkpoint (SPEC.md:116 [L5]); the shell is only a module tree;
 * the address's module (nnterp's standardized spelling, relative to the layer or the
   model root) is walked on the shell, and the envoy's underlying `torch.nn.Module` is
   found by identity in the shell's own `named_modules()`.  That dotted name is the
@@ -23,19 +23,19 @@ How an address becomes a hook (seed 004:100 "Both engines reach it"):
   pre-hook; the output side is the module's output, element 0 of a tuple, reached by
   a forward hook.  `logits` is the root module (empty path) and its output's
   `.logits` field — the same one rule with a different field (seed 004:100,
-  SPEC.md:111 [L9]);
+  SPEC.md:120 [L9]);
 * taps at one boundary run in the order given (rank order, writes before reads,
-  SPEC.md:126 [R4]); each write gathers the current value, applies the mechanism,
+  SPEC.md:135 [R4]); each write gathers the current value, applies the mechanism,
   scatters, and the boundary's value becomes the new tensor — so a later read at the
   same boundary, and everything downstream, sees the write.  Reads keep a detached
-  clone of the gathered value (select.py's rule, SPEC.md:115 [L13]).
+  clone of the gathered value (select.py's rule, SPEC.md:124 [L13]).
 
 What a hook cannot see (seed-tables B6 "interiors are nnterp-engine only";
-SPEC.md:114 [L12]): the four interiors are one argument of one call inside a module's
+SPEC.md:123 [L12]): the four interiors are one argument of one call inside a module's
 forward, and are refused at compile by name.  `attention_probs` is refused too: under
 eager the attention module does hand its pattern out as output element 1, but as a
 by-product the values were already mixed with, so a write there would change nothing
-downstream (SPEC.md:113 [L11]; seed 004:123).
+downstream (SPEC.md:122 [L11]; seed 004:123).
 """
 from __future__ import annotations
 

@@ -434,7 +434,7 @@ def test_mixed_sign_span_is_accepted_with_no_width():
 
 
 def test_width_of_each_cut():
-    """SPEC.md:92 [P46] width: 1 for index, n for last n, b-a for a same-signed span, none for all (A10)."""
+    """SPEC.md:103 [P46] width: 1 for index, n for last n, b-a for a same-signed span, none for all (A10)."""
     assert validate.where(-1, "p").width == 1
     assert validate.where({"last": 3}, "p").width == 3
     assert validate.where({"span": [1, 4]}, "p").width == 3
@@ -443,7 +443,7 @@ def test_width_of_each_cut():
 
 
 def test_scope_makes_a_width_one_cut_ragged():
-    """SPEC.md:93 [P47] Ragged when the width is none or there is a scope; seed 000:328."""
+    """SPEC.md:104 [P47] Ragged when the width is none or there is a scope; seed 000:328."""
     pos = validate.where({"index": -1, "scope": {"variable": "entity"}}, "p")
     assert pos.width == 1 and pos.ragged
     assert not validate.where(-1, "p").ragged
@@ -489,7 +489,7 @@ def test_frame_must_be_prompt_or_generated():
 
 
 def test_metric_over_a_window_of_three_is_refused():
-    """SPEC.md:95 [P49] A metric reads width 1; `last: 3` is refused with A11's text; seed 000:330."""
+    """SPEC.md:106 [P49] A metric reads width 1; `last: 3` is refused with A11's text; seed 000:330."""
     raw = doc()
     iv(raw)["reads"]["logits"]["pos"] = {"last": 3}
     r = refused(raw)
@@ -499,7 +499,7 @@ def test_metric_over_a_window_of_three_is_refused():
 
 
 def test_metric_over_a_varying_window_is_refused():
-    """SPEC.md:95 [P49] `{"all": true}` under a metric is `a window of varying positions`; seed 000:330."""
+    """SPEC.md:106 [P49] `{"all": true}` under a metric is `a window of varying positions`; seed 000:330."""
     raw = doc()
     iv(raw)["reads"]["logits"]["pos"] = {"all": True}
     r = refused(raw)
@@ -509,14 +509,14 @@ def test_metric_over_a_varying_window_is_refused():
 
 
 def test_metric_over_a_ragged_width_one_read_is_accepted():
-    """SPEC.md:95 [P49] Ragged is fine under a metric when the width is 1; seed 000:330."""
+    """SPEC.md:106 [P49] Ragged is fine under a metric when the width is 1; seed 000:330."""
     raw = doc()
     iv(raw)["reads"]["logits"]["pos"] = {"index": -1, "scope": {"variable": "entity"}}
     validate.document(raw)
 
 
 def test_write_operand_width_mismatch_is_refused():
-    """SPEC.md:96 [P50] A write and its operand with different fixed widths are refused with A11's text."""
+    """SPEC.md:107 [P50] A write and its operand with different fixed widths are refused with A11's text."""
     raw = doc()
     iv(raw)["writes"]["patch"]["pos"] = {"last": 2}
     r = refused(raw)
@@ -526,7 +526,7 @@ def test_write_operand_width_mismatch_is_refused():
 
 
 def test_ragged_write_width_is_left_to_the_run():
-    """SPEC.md:97 [P51] With no fixed width on one side, validation cannot compare; the run does."""
+    """SPEC.md:108 [P51] With no fixed width on one side, validation cannot compare; the run does."""
     raw = doc()
     iv(raw)["writes"]["patch"]["pos"] = {"all": True, "scope": {"variable": "entity"}}
     iv(raw)["reads"]["v_cf"]["pos"] = {"all": True, "scope": {"variable": "entity"}}
@@ -547,7 +547,7 @@ def _generated(decode: int, write_pos=None, read_pos=None) -> dict:
 
 
 def test_generated_position_needs_decode():
-    """SPEC.md:91 [P42] A generated position with `decode: 0` is refused, for a read and a write (A9); seed 000:275."""
+    """SPEC.md:97 [P42] A generated position with `decode: 0` is refused, for a read and a write (A9); seed 000:275."""
     r = refused(_generated(0, read_pos={"frame": "generated", "index": 0}))
     assert r.path == f"{IV}.reads.v_cf.pos"
     assert r.message == "interventions.patching: read 'v_cf': a generated position needs `decode` > 0"
@@ -557,7 +557,7 @@ def test_generated_position_needs_decode():
 
 
 def test_generated_write_at_index_minus_one_is_refused():
-    """SPEC.md:91 [P42] A write names a reached step; `{generated index:-1}` is a cut to read (A9); seed 000:275."""
+    """SPEC.md:97 [P42] A write names a reached step; `{generated index:-1}` is a cut to read (A9); seed 000:275."""
     r = refused(_generated(3, write_pos={"frame": "generated", "index": -1}))
     assert r.path == f"{IV}.writes.patch.pos"
     assert r.message == (
@@ -567,14 +567,14 @@ def test_generated_write_at_index_minus_one_is_refused():
 
 
 def test_generated_write_of_last_n_is_refused():
-    """SPEC.md:91 [P42] `{"last": n}` in the continuation is also a cut to read, not a write (A9)."""
+    """SPEC.md:97 [P42] `{"last": n}` in the continuation is also a cut to read, not a write (A9)."""
     r = refused(_generated(3, write_pos={"frame": "generated", "last": 1}))
     assert r.path == f"{IV}.writes.patch.pos"
     assert "{generated last:1} names a cut of the finished continuation" in r.message
 
 
 def test_generated_write_with_scope_is_refused():
-    """SPEC.md:91 [P42] A write in the continuation frame takes no scope (A9); seed 000:275."""
+    """SPEC.md:97 [P42] A write in the continuation frame takes no scope (A9); seed 000:275."""
     r = refused(_generated(3, write_pos={"frame": "generated", "index": 0, "scope": {"segment": "eos"}}))
     assert r.path == f"{IV}.writes.patch.pos"
     assert r.message == ("interventions.patching: write 'patch': a write in the continuation frame takes no scope; "
@@ -582,7 +582,7 @@ def test_generated_write_with_scope_is_refused():
 
 
 def test_generated_step_past_the_bound_is_refused():
-    """SPEC.md:91 [P42] A step past the decode bound is refused, write and read (A9)."""
+    """SPEC.md:97 [P42] A step past the decode bound is refused, write and read (A9)."""
     r = refused(_generated(3, write_pos={"frame": "generated", "index": 3}))
     assert r.path == f"{IV}.writes.patch.pos"
     assert r.message == "interventions.patching: write 'patch': step 3 of a 3-token decode"
@@ -592,7 +592,7 @@ def test_generated_step_past_the_bound_is_refused():
 
 
 def test_generated_write_at_a_step_or_all_is_accepted():
-    """SPEC.md:91 [P42] `{"index": k}` with 0 <= k < decode, or `{"all": true}`, are what a write there may say."""
+    """SPEC.md:97 [P42] `{"index": k}` with 0 <= k < decode, or `{"all": true}`, are what a write there may say."""
     validate.document(_generated(3, write_pos={"frame": "generated", "index": 2}))
     validate.document(_generated(3, write_pos={"frame": "generated", "all": True}))
     validate.document(_generated(3, read_pos={"frame": "generated", "index": -1,
