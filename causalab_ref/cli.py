@@ -40,16 +40,16 @@ def _read_document(path: str):
     return raw, points
 
 
-def _engine_for(raw, engine_name: str):
+def _engine_for(raw, engine_name: str, weights: bool):
     from . import engine
     from .validate import _model
-    return engine.load(_model(raw["model"]), kind=engine_name)
+    return engine.load(_model(raw["model"]), kind=engine_name, weights=weights)
 
 
-def _compile(args):
+def _compile(args, weights: bool = False):
     from . import compile as compiler
     raw, _points = _read_document(args.document)
-    eng = _engine_for(raw, args.engine)
+    eng = _engine_for(raw, args.engine, weights)
     return raw, eng, compiler.compile_document(raw, eng, Path(args.data_root))
 
 
@@ -70,7 +70,7 @@ def cmd_run(args):
     from . import run
     if args.batch_size is not None and args.batch_size <= 0:
         raise Refusal(f"--batch-size {args.batch_size} is not a number of rows", stage="validation")
-    _raw, eng, plan = _compile(args)
+    _raw, eng, plan = _compile(args, weights=True)
     written = run.execute(plan, eng, Path(args.out), batch_size=args.batch_size, replace=args.replace)
     lines = list(written)
     for path in written:

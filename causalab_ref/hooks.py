@@ -28,7 +28,9 @@ How an address becomes a hook (seed 004:100 "Both engines reach it"):
   SPEC.md:135 [R4]); each write gathers the current value, applies the mechanism,
   scatters, and the boundary's value becomes the new tensor — so a later read at the
   same boundary, and everything downstream, sees the write.  Reads keep a detached
-  clone of the gathered value (select.py's rule, SPEC.md:124 [L13]).
+  clone of the gathered value (select.py's rule, SPEC.md:124 [L13]); a read with
+  `"view": "logits"` is then put through the final norm, the head and Gemma-2's
+  softcap, as the nnterp engine does (SPEC.md:121 [L10]).
 
 What a hook cannot see (seed-tables B6 "interiors are nnterp-engine only";
 SPEC.md:123 [L12]): the four interiors are one argument of one call inside a module's
@@ -249,7 +251,22 @@ class HooksEngine:
         finally:
             for handle in handles:
                 handle.remove()
-        return saved
+        views = {tap.name: getattr(tap, "view", "raw") for tap, _s, _o in items}
+        return {name: self._viewed(value, views[name]) for name, value in saved.items()}
+
+    def _viewed(self, value: torch.Tensor, view: str) -> torch.Tensor:
+        """`"view": "logits"`: the gathered residual through the final norm, the head, and the family's
+        final logit softcapping where it has one (Gemma-2) — the nnterp engine's rule, on the same modules."""
+        if view != "logits":
+            return value
+        norm = self.hf_model.get_submodule(self.module_name(self.locate("ln_final", None)))
+        head = self.hf_model.get_submodule(self.module_name(self.locate("lm_head", None)))
+        with torch.no_grad():
+            logits = head(norm(value.to(head.weight.dtype)))
+            cap = getattr(self.hf_model.config, "final_logit_softcapping", None)
+            if cap:
+                logits = torch.tanh(logits / cap) * cap
+        return logits
 
     def generate(self, ids, mask, decode: int, items):
         """Decoding (the generated frame) is the nnterp engine's; refused here by name."""

@@ -85,14 +85,26 @@ def operand_value(tap: Tap, resolved: dict[str, Resolved], values: dict[str, tor
         return float(tap.operand)
     mine = resolved[tap.name].windows
     theirs = read_windows[tap.operand]
-    if tap.pos.ragged or len(mine) != len(theirs):
-        want = [len(w) for w in mine]
-        have = [len(w) for w in theirs]
-        rows = [r for r, (a, b) in enumerate(zip(want, have)) if a != b]
-        if rows:
-            _refuse(RAGGED_MISMATCH.format(name=tap.name, want=want, operand=tap.operand, have=have, rows=rows),
-                    f"{path}.writes.{tap.name}.pos")
-    return values[tap.operand]
+    # Row by row whichever side is ragged: a bare write fed by an anchored read is refused here
+    # when the read skipped a row, not later as a shape the engine cannot land.
+    want = [len(w) for w in mine]
+    have = [len(w) for w in theirs]
+    rows = [r for r, (a, b) in enumerate(zip(want, have)) if a != b]
+    if rows or len(mine) != len(theirs):
+        _refuse(RAGGED_MISMATCH.format(name=tap.name, want=want, operand=tap.operand, have=have, rows=rows),
+                f"{path}.writes.{tap.name}.pos")
+    return _in_layout(values[tap.operand], tap.pos.ragged, len(mine))
+
+
+def _in_layout(value: torch.Tensor, ragged: bool, rows: int) -> torch.Tensor:
+    """An operand read in the other layout, per-row widths already equal: a rectangular read
+    (rows, w, F) lands in a ragged write as (total, F), and a flat read in a rectangular write
+    as (rows, w, F). Row order is the same in both, so this is a reshape (SPEC.md P48)."""
+    if ragged and value.dim() == 3:
+        return value.reshape(-1, value.shape[-1])
+    if not ragged and value.dim() == 2 and rows and value.shape[0] % rows == 0:
+        return value.reshape(rows, value.shape[0] // rows, value.shape[-1])
+    return value
 
 
 def run_step(engine, step: ObservePlan) -> dict:

@@ -192,6 +192,23 @@ def test_gemma2_lm_head_and_logits_differ_by_the_softcap_on_both_engines(engines
     assert torch.all(got_hk["logits"] == 7.0) and torch.equal(got_nn["logits"], got_hk["logits"])
 
 
+@pytest.mark.parametrize("family", ("llama", "gemma2"))
+def test_a_logits_view_read_agrees(engines, family):
+    """SPEC.md:121 [L10] / SPEC.md:120 [L9] — a residual read with "view": "logits" goes through the final
+    norm, the head and (Gemma-2) the softcap on both engines; at the last layer's output it is the logits."""
+    nn, hk = engines(family)
+    ids, mask, frame = _batch(nn.tokenizer)
+    last, _every, _rect = _windows(ids, frame)
+    out = nn.locate("block_output", nn.num_layers - 1)
+    lens = (Tap(kind="read", name="lens", site="resid", address=out, pos=Where(index=-1), view="logits"),
+            Selection(windows=last, seq_axis=1), None)
+    items = _sorted([lens, _read("logits", nn.locate("logits", None), last)])
+    got_nn, got_hk = _both(nn, hk, ids, mask, items)
+    assert got_hk["lens"].shape == got_hk["logits"].shape
+    assert torch.allclose(got_nn["lens"], got_hk["lens"], atol=1e-6, rtol=0)
+    assert torch.allclose(got_hk["lens"], got_hk["logits"], atol=1e-5)
+
+
 # ---------------------------------------------------------------- refusals
 
 

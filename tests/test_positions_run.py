@@ -119,7 +119,7 @@ def test_chat_turn_compiles_the_seeds_sample_and_segments(llama):
 
 
 def test_chat_turn_positions_are_the_questions_and_the_templates(llama):
-    """SPEC.md:52 [P13] seed 000:89-92 — the last token of user[1] is the question's ' is' at 32 on every
+    """SPEC.md:50 [P11] SPEC.md:42 [P5] seed 000:89-92 — the last token of user[1] is the question's ' is' at 32 on every
     row; -1 of the whole prompt is the template's closing ']' at 36. The write lands at user[1] too."""
     results = _results(CHAT_TURN, llama)
     where = results["positions"]
@@ -129,6 +129,22 @@ def test_chat_turn_positions_are_the_questions_and_the_templates(llama):
     assert where["logits"]["rows"] == ((36,),) * 4
     assert where["logits"]["tokens"] == ("']'",) * 4
     assert all(all(v is not None for v in values) for values in results["scores"].values())
+
+
+def test_a_bare_turn_name_spoken_twice_and_a_cut_past_the_turn_are_reported_not_refused(llama):
+    """SPEC.md:51 [P12] SPEC.md:64 [P21] seed 000:81 — 'user' spoke twice, so the bare name is
+    alignment_ambiguous; index 5 of the four-token assistant turn is out_of_range. Both are anchored reads,
+    so they are reported per row and the pass runs."""
+    raw = copy.deepcopy(CHAT_TURN)
+    reads = raw["interventions"]["blanking"]["reads"]
+    reads["at_user"] = {"site": "head", "pos": {"index": -1, "scope": {"segment": "user"}}, "model": "original",
+                        "input": "base"}
+    reads["past_turn"] = {"site": "head", "pos": {"index": 5, "scope": {"segment": "assistant"}},
+                          "model": "original", "input": "base"}
+    where = _results(raw, llama)["positions"]
+    assert where["at_user"]["reason"] == ("alignment_ambiguous",) * 4
+    assert where["past_turn"]["reason"] == ("out_of_range",) * 4
+    assert where["at_user"]["rows"] == where["past_turn"]["rows"] == ((),) * 4
 
 
 # ---------------------------------------------------------------- eligibility
@@ -282,7 +298,7 @@ def test_a_variable_that_is_neither_is_refused_before_any_model_work(llama, tmp_
 
 
 def test_a_ragged_write_whose_operand_differs_on_some_row_is_refused(llama):
-    """SPEC.md:99 [P42] (seed-tables A6, A11) — the whole entity is 3 tokens on a Thursday
+    """SPEC.md:108 [P51] (seed-tables A6, A11) — the whole entity is 3 tokens on a Thursday
     row and 1 on the others, so swapping whole entities between rows 0 and 2 is refused naming them."""
     whole = {"all": True, "scope": {"variable": "entity"}}
     refusal = _refusal(_variant(ENTITY_PATCH, v_cf=whole, patch=whole), llama)
@@ -291,6 +307,31 @@ def test_a_ragged_write_whose_operand_differs_on_some_row_is_refused(llama):
         "write 'patch' covers [3, 1, 1, 1] positions per row but its operand 'v_cf' was read over [1, 1, 3, 1]; "
         "rows [0, 2] differ. Landing a window of one width in another is a policy this slice does not "
         "implement — the protocol's `exact_length_buckets` and `padded_masked` — so it refuses")
+
+
+@pytest.mark.parametrize("read_pos, write_pos", [(ENTITY, -1), (-1, ENTITY)])
+def test_an_anchored_window_and_a_bare_one_of_equal_widths_interchange(llama, read_pos, write_pos):
+    """SPEC.md:105 [P48] SPEC.md:108 [P51] — an anchored read is flat and a bare write rectangular (or the
+    reverse); with one position on every row the value lands as if both were bare. The entity's last
+    token is at 6 = {"index": -5} on every row of this batch, so the two runs must agree exactly."""
+    bare = {"index": -5}
+    anchored = _results(_variant(ENTITY_PATCH, v_cf=read_pos, patch=write_pos), llama)
+    plain = _results(_variant(ENTITY_PATCH, v_cf=bare if read_pos == ENTITY else -1,
+                              patch=bare if write_pos == ENTITY else -1), llama)
+    assert anchored["positions"]["v_cf" if read_pos == ENTITY else "patch"]["rows"] == ((6,),) * 4
+    assert anchored["scores"]["logit_diff"] == plain["scores"]["logit_diff"]
+
+
+def test_a_bare_write_fed_by_an_anchored_read_that_skipped_a_row_is_refused(llama, tmp_path):
+    """SPEC.md:108 [P51] SPEC.md:78 [P27] — the read may skip counterfactual row 1, but then the write has
+    no value to land there; refused at run naming the row, not as a shape the engine cannot land."""
+    rows = copy.deepcopy(TRAIN)
+    rows[1]["counterfactual_inputs_variables"][0]["entity"] = "Tuesday"
+    raw, root = _on_rows(_variant(ENTITY_PATCH, patch=-1), tmp_path, rows)
+    refusal = _refusal(raw, llama, root)
+    assert refusal.stage == "run"
+    assert refusal.message.startswith("write 'patch' covers [1, 1, 1, 1] positions per row but its operand "
+                                      "'v_cf' was read over [1, 0, 1, 1]; rows [1] differ.")
 
 
 # ---------------------------------------------------------------- left padding
