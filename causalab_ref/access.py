@@ -7,7 +7,7 @@ uses on an address: `value(model, address)` (the tensor held there, to read or
 inside a `with model.trace(...)` block, and — nnsight's rule — in forward order
 (`Address.rank`), reads and writes interleaved as the forward meets them.
 
-How each kind of place is reached (SPEC.md:LOCATIONS; stack-facts "Tracing rules"):
+How each kind of place is reached (SPEC.md section 3; stack-facts "Tracing rules"):
 
 * a module boundary: the envoy's `.input` (first argument) or `.output`; a tuple
   output is its element 0, and a write puts the new value in that slot;

@@ -1,6 +1,6 @@
 """Address: the component table, and `locate`, which turns a name into a `shapes.Address`.
 
-This module owns the 21 component names (SPEC.md:LOCATIONS; seed 004 "The component
+This module owns the 21 component names (SPEC.md section 3; seed 004 "The component
 list") as plain data: what each tensor is, whether it is one per layer or one per
 model, whether it is per head and over which head count, whether it needs eager
 attention, whether it is read-only, which model attribute its width is, and its
@@ -11,7 +11,7 @@ default module / io side / order.  `describe()` hands that table out as plain di
 StandardizedTransformer (a meta load is enough: only the config and the module tree
 are read).  The family differences are decided from the module tree (GPT-2 spells
 the norms ln_1/ln_2, Gemma-2 is a sandwich block, GptOss's MLP is a mixture of
-experts), never from the family's name; a place whose module is not there is refused
+experts), never from the family's name (a parallel block also from its config flag); a place whose module is not there is refused
 with a reason and never resolved to a neighbouring tensor.  The four interior rows
 carry the `.source` operation found by the needle "attention_interface(".
 
@@ -188,6 +188,10 @@ MOE_REASON = ("component '{name}': {accessor} does not exist on a mixture-of-exp
               "where a token goes through top-k of N experts and has no single activation. "
               "mlps_input and mlps_output are the block's boundaries and work as usual.")
 
+PARALLEL_REASON = ("component '{name}': layer {layer} is a parallel block, where attention and the MLP "
+                   "both read the block input: there is no residual stream between them, so there is no "
+                   "such place")
+
 NO_WIDTH = ("the width of '{name}' is not a fact about the model: it depends on the batch "
             "(the attention pattern's key axis) or is not a tensor's")
 
@@ -290,6 +294,19 @@ def _intermediate(model, neuron_module) -> int:
 
 def _is_moe(layer_envoy) -> bool:
     return _has(layer_envoy, "mlp.experts")
+
+
+def _is_parallel(model, layer_envoy) -> bool:
+    """A parallel block: attention and the MLP both read the block input.  Decided from the
+    config flag (`use_parallel_residual`, GPT-NeoX; `parallel_attn`, Falcon) or, with no
+    flag, from the module tree: no norm module between the sublayers (GPT-J, Phi spell
+    only the one input norm)."""
+    cfg = _config(model)
+    for flag in ("use_parallel_residual", "parallel_attn"):
+        if getattr(cfg, flag, None) is True:
+            return True
+    between = ("post_attention_layernorm", "ln_2", "pre_feedforward_layernorm")
+    return _has(layer_envoy, "mlp") and not any(_has(layer_envoy, p) for p in between)
 
 
 def find_op(attn_envoy, needle: str = NEEDLE, what: str = "") -> str:
@@ -408,9 +425,15 @@ def locate(model, name: str, layer: Optional[int] = None, site: str = "target",
     # ---- per-layer boundaries
     if name in ("mlp_activation", "mlp_neuron_output") and _is_moe(lay):
         refuse(MOE_REASON.format(name=name, accessor=row["accessor"]))
+    if name in ("block_mid", "mlp_input_norm") and _is_parallel(model, lay):
+        refuse(PARALLEL_REASON.format(name=name, layer=layer))
 
     module, io = row["module"], row["io"]
     sandwich = _has(lay, "pre_feedforward_layernorm") and _has(lay, "post_feedforward_layernorm")
+    if not sandwich and name in ("block_mid", "mlp_input_norm", "attention_input_norm") \
+            and _has(lay, "post_feedforward_layernorm"):
+        refuse(f"component '{name}': layer {layer} is a post-norm block, where each sublayer "
+               "reads the residual stream itself and the norm comes after: there is no such place")
     if sandwich and name in SANDWICH:
         module, io = SANDWICH[name]
     elif name in SPELLINGS:
@@ -419,10 +442,6 @@ def locate(model, name: str, layer: Optional[int] = None, site: str = "target",
             refuse(f"component '{name}': layer {layer} has none of the modules "
                    f"{list(SPELLINGS[name])} that spell this place")
         module = found[0]
-    if not sandwich and name in ("block_mid", "mlp_input_norm", "attention_input_norm") \
-            and _has(lay, "post_feedforward_layernorm"):
-        refuse(f"component '{name}': layer {layer} is a post-norm block, where each sublayer "
-               "reads the residual stream itself and the norm comes after: there is no such place")
     if not _has(lay, module):
         refuse(f"component '{name}': layer {layer} has no module '{module}'")
 

@@ -15,7 +15,7 @@ import math
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -50,13 +50,15 @@ class Resolved:
     tokens: tuple[str, ...]
 
 
-def place(frame, taps, dynamic: bool, path: str) -> dict[str, Resolved]:
-    """Every tap's windows on one frame, with the run-time refusals of SPEC.md "Positions: eligibility"."""
+def place(frame, taps, dynamic: bool, path: str, offset: int = 0) -> dict[str, Resolved]:
+    """Every tap's windows on one frame, with the run-time refusals of SPEC.md "Positions: eligibility".
+
+    `offset` is the frame's first row in the document's numbering (a --batch-size window)."""
     out = {}
     for tap in taps:
         windows, reasons = locate.locate(frame, tap.pos, tap.anchors)
         tokens = tuple(locate.tokens_of(frame, w, r) if dynamic else "" for r, w in enumerate(windows))
-        bad = {r: reason for r, reason in enumerate(reasons) if reason}
+        bad = {r + offset: reason for r, reason in enumerate(reasons) if reason}
         where = f"{path}.{tap.kind}s.{tap.name}.pos"
         if bad and not tap.pos.ragged:
             _refuse(FIXED_WIDTH.format(kind=tap.kind, name=tap.name, spelling=tap.pos.spelling(), rows=bad), where)
@@ -66,11 +68,11 @@ def place(frame, taps, dynamic: bool, path: str) -> dict[str, Resolved]:
     return out
 
 
-def resolve_taps(engine, step: ObservePlan, forward: Forward, path: str) -> dict[str, Resolved]:
+def resolve_taps(engine, step: ObservePlan, forward: Forward, path: str, offset: int = 0) -> dict[str, Resolved]:
     """The prompt-frame taps of one forward, resolved against the model's tokenizer."""
     frame = locate.frame_of_ids(engine.tokenizer, forward.ids, forward.mask, segments=forward.segments,
                                 char_map=step.dynamic)
-    return place(frame, [t for t in forward.taps if t.pos.frame == "prompt"], step.dynamic, path)
+    return place(frame, [t for t in forward.taps if t.pos.frame == "prompt"], step.dynamic, path, offset)
 
 
 def selection_of(tap: Tap, resolved: Resolved) -> Selection:
@@ -79,7 +81,7 @@ def selection_of(tap: Tap, resolved: Resolved) -> Selection:
 
 
 def operand_value(tap: Tap, resolved: dict[str, Resolved], values: dict[str, torch.Tensor],
-                  read_windows: dict[str, tuple], path: str):
+                  read_windows: dict[str, tuple], path: str, offset: int = 0):
     """What a write lands: a read of this intervention (windows checked row by row) or a number."""
     if not isinstance(tap.operand, str):
         return float(tap.operand)
@@ -89,7 +91,7 @@ def operand_value(tap: Tap, resolved: dict[str, Resolved], values: dict[str, tor
     # when the read skipped a row, not later as a shape the engine cannot land.
     want = [len(w) for w in mine]
     have = [len(w) for w in theirs]
-    rows = [r for r, (a, b) in enumerate(zip(want, have)) if a != b]
+    rows = [r + offset for r, (a, b) in enumerate(zip(want, have)) if a != b]
     if rows or len(mine) != len(theirs):
         _refuse(RAGGED_MISMATCH.format(name=tap.name, want=want, operand=tap.operand, have=have, rows=rows),
                 f"{path}.writes.{tap.name}.pos")
@@ -107,25 +109,20 @@ def _in_layout(value: torch.Tensor, ragged: bool, rows: int) -> torch.Tensor:
     return value
 
 
-def run_step(engine, step: ObservePlan) -> dict:
-    """One observe pass: forwards, then metrics. Returns the step's results (plain data + tensors)."""
+def run_step(engine, step: ObservePlan, batch_size: Optional[int] = None) -> dict:
+    """One observe pass: forwards, then metrics. Returns the step's results (plain data + tensors).
+
+    With `batch_size`, the rows are split into windows of that many and each window runs the
+    whole pass (its forwards, in order) at the batch's full padded width, so positions and
+    values are those of one pass; row numbers in refusals are the document's.
+    """
     path = f"interventions.{step.intervention}"
-    values: dict[str, torch.Tensor] = {}
-    placed: dict[str, Resolved] = {}
-    for forward in step.forwards:
-        resolved = resolve_taps(engine, step, forward, path)
-        if forward.decode:
-            resolved, read = decode_forward(engine, forward, resolved, values, placed, path)
-        else:
-            items = []
-            for tap in forward.taps:
-                operand = None
-                if tap.kind == "write":
-                    operand = operand_value(tap, resolved, values, {k: v.windows for k, v in placed.items()}, path)
-                items.append((tap, selection_of(tap, resolved[tap.name]), operand))
-            read = engine.forward(forward.ids, forward.mask, items)
-        values.update(read)
-        placed.update({tap.name: resolved[tap.name] for tap in forward.taps})
+    rows = len(step.example_ids)
+    size = batch_size or rows
+    parts = [_pass(engine, window(step, lo, min(lo + size, rows)), path, lo) for lo in range(0, rows, size)]
+    values = {k: torch.cat([p[0][k] for p in parts], dim=0) for k in parts[0][0]}
+    placed = {k: Resolved(*(sum((getattr(p[1][k], f) for p in parts), ()) for f in ("windows", "reasons", "tokens")))
+              for k in parts[0][1]}
     # A pass of bare integers reports nothing (SPEC.md P32-P33): no "positions" entry at all.
     positions = ({name: {"rows": r.windows, "reason": r.reasons, "tokens": r.tokens} for name, r in placed.items()}
                  if step.dynamic else {})
@@ -141,6 +138,40 @@ def run_step(engine, step: ObservePlan) -> dict:
     return {"positions": positions, "eligible": eligible, "values": values, "scores": tables}
 
 
+def window(step: ObservePlan, lo: int, hi: int) -> ObservePlan:
+    """Rows lo..hi of a step: every forward's ids, masks, segments and anchors sliced, width kept."""
+    if (lo, hi) == (0, len(step.example_ids)):
+        return step
+    forwards = tuple(replace(f, ids=f.ids[lo:hi], mask=f.mask[lo:hi],
+                             segments=None if f.segments is None else f.segments[lo:hi],
+                             taps=tuple(replace(t, anchors=None if t.anchors is None else t.anchors[lo:hi])
+                                        for t in f.taps))
+                     for f in step.forwards)
+    return replace(step, forwards=forwards, example_ids=step.example_ids[lo:hi])
+
+
+def _pass(engine, step: ObservePlan, path: str, offset: int):
+    """The forwards of one window of rows: (values read, where each tap acted)."""
+    values: dict[str, torch.Tensor] = {}
+    placed: dict[str, Resolved] = {}
+    for forward in step.forwards:
+        resolved = resolve_taps(engine, step, forward, path, offset)
+        if forward.decode:
+            resolved, read = decode_forward(engine, forward, resolved, values, placed, path, offset)
+        else:
+            items = []
+            for tap in forward.taps:
+                operand = None
+                if tap.kind == "write":
+                    operand = operand_value(tap, resolved, values, {k: v.windows for k, v in placed.items()}, path,
+                                            offset)
+                items.append((tap, selection_of(tap, resolved[tap.name]), operand))
+            read = engine.forward(forward.ids, forward.mask, items)
+        values.update(read)
+        placed.update({tap.name: resolved[tap.name] for tap in forward.taps})
+    return values, placed
+
+
 def _steps_of(tap: Tap, decode: int) -> tuple[int, ...]:
     """The decode steps a tap fires at: 0 for the prompt frame, k for {"index": k}, all otherwise."""
     if tap.pos.frame == "prompt":
@@ -150,7 +181,8 @@ def _steps_of(tap: Tap, decode: int) -> tuple[int, ...]:
     return tuple(range(decode))
 
 
-def decode_forward(engine, forward: Forward, resolved: dict, values: dict, placed: dict, path: str):
+def decode_forward(engine, forward: Forward, resolved: dict, values: dict, placed: dict, path: str,
+                   offset: int = 0):
     """A forward that decodes: prompt taps at step 0, continuation taps at their steps, then the cut.
 
     A stacked read comes back (rows, steps, features) and is cut per row against the
@@ -166,14 +198,14 @@ def decode_forward(engine, forward: Forward, resolved: dict, values: dict, place
                                   groups=tap.groups, take=tap.take)
         operand = None
         if tap.kind == "write":
-            operand = operand_value(tap, resolved, values, {k: v.windows for k, v in placed.items()}, path) \
+            operand = operand_value(tap, resolved, values, {k: v.windows for k, v in placed.items()}, path, offset) \
                 if tap.pos.frame == "prompt" else _continuation_operand(tap, values, placed, rows, path)
         items.append((tap, selection, operand, _steps_of(tap, forward.decode)))
     read, generated = engine.generate(forward.ids, forward.mask, forward.decode, items)
     tok = engine.tokenizer
     frame = locate.frame_of_continuation(tok, generated, tok.eos_token_id)
     continuation = [t for t in forward.taps if t.pos.frame == "generated"]
-    cut = place(frame, [t for t in continuation if t.kind == "read"], True, path)
+    cut = place(frame, [t for t in continuation if t.kind == "read"], True, path, offset)
     for tap in continuation:
         if tap.kind == "write":
             steps = _steps_of(tap, forward.decode)
@@ -339,7 +371,7 @@ def execute(plan: Plan, engine, out: Path, batch_size: Optional[int] = None, rep
                 _dump(base / "document.json", leaf.raw)
                 written.append(prefix + "document.json")
             for step in leaf.steps:
-                results = run_step(engine, step)
+                results = run_step(engine, step, batch_size)
                 for value, file_path in step.saves:
                     target = _confined(base, file_path, f"steps.{step.name}.saves")
                     _dump(target, metric_table(step, results, value, leaf.digest))
