@@ -35,8 +35,9 @@ def _mechanism(tap, current: torch.Tensor, operand) -> torch.Tensor:
 class NNterpEngine:
     """One loaded checkpoint. `weights=False` is a meta load: config, module tree, tokenizer."""
 
-    def __init__(self, spec: Model, model, path: str, recipe: Optional[str]):
+    def __init__(self, spec: Model, model, path: str, recipe: Optional[str], extra=None):
         self.spec = spec
+        self.extra = dict(extra or {})
         self.model = model
         self.path = path
         self.recipe = recipe
@@ -52,7 +53,7 @@ class NNterpEngine:
 
     def locate(self, component: str, layer: Optional[int], site: str = "target"):
         return address.locate(self.model, component, layer, site=site,
-                              attn_implementation=address.runs_attention(self.model))
+                              attn_implementation=address.runs_attention(self.model), extra=self.extra)
 
     def describe_components(self) -> dict:
         """Every component at every layer: width and operation, or the reason it is not there."""
@@ -208,8 +209,12 @@ def _quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
-def load(spec: Model, kind: str = "nnterp", weights: bool = True) -> NNterpEngine:
-    """The engine for a document's model block."""
+def load(spec: Model, kind: str = "nnterp", weights: bool = True, extra=None) -> NNterpEngine:
+    """The engine for a document's model block.
+
+    `extra` is the load-time extension point: {name: (module path relative to the layer, order)}
+    adds places the component table does not have (Python only; SPEC.md "Locations").
+    """
     if kind == "hooks":
         from .hooks import HooksEngine
 
@@ -237,4 +242,4 @@ def load(spec: Model, kind: str = "nnterp", weights: bool = True) -> NNterpEngin
                       "a fixture is named 'fixture:tiny-llama', 'fixture:tiny-gpt2', 'fixture:tiny-gemma2' or "
                       "'fixture:tiny-gptoss', any other key is loaded from the hub",
                       path="model.key", stage="compile") from None
-    return NNterpEngine(spec, model, path, recipe)
+    return NNterpEngine(spec, model, path, recipe, extra=extra)
