@@ -79,8 +79,13 @@ def load(path: str, attn_implementation: Optional[str] = None, weights: bool = T
     from transformers import AutoConfig
     from nnterp import StandardizedTransformer
 
-    model_type = AutoConfig.from_pretrained(path).model_type
+    model_type = AutoConfig.from_pretrained(path, trust_remote_code=False,
+                                            revision=overrides.get("revision")).model_type
     kw = load_kwargs(model_type, attn_implementation, weights)
+    # Never a checkpoint's own code, and only safetensors weights (SPEC.md R13).
+    kw["trust_remote_code"] = False
+    if weights:
+        kw["use_safetensors"] = True
     if dtype is not None:
         import torch
 

@@ -62,8 +62,10 @@ def cmd_validate(args):
 
 
 def cmd_explain(args):
-    _raw, _eng, plan = _compile(args)
-    return {"text": plan.text(), "steps": [leaf.label or step.name for leaf in plan.leaves() for step in leaf.steps]}
+    from .conform import plan_json
+    _raw, eng, plan = _compile(args)
+    return {"text": plan.text(), "steps": [leaf.label or step.name for leaf in plan.leaves() for step in leaf.steps],
+            "plan": plan_json(plan, eng)}
 
 
 def cmd_run(args):
@@ -71,7 +73,8 @@ def cmd_run(args):
     if args.batch_size is not None and args.batch_size <= 0:
         raise Refusal(f"--batch-size {args.batch_size} is not a number of rows", stage="validation")
     _raw, eng, plan = _compile(args, weights=True)
-    written = run.execute(plan, eng, Path(args.out), batch_size=args.batch_size, replace=args.replace)
+    written = run.execute(plan, eng, Path(args.out), batch_size=args.batch_size, replace=args.replace,
+                          progress=not args.quiet)
     lines = list(written)
     for path in written:
         summary = run.summary_line(Path(path))
@@ -187,6 +190,21 @@ def cmd_model(args):
     return eng.describe_components()
 
 
+def cmd_conform(args):
+    from .conform import conform
+    result = conform(args.impl, cases_dir=args.cases, only=args.only, fail_fast=args.fail_fast,
+                     record=args.record, quiet=args.quiet)
+    if not result["ok"]:
+        print(result["summary"])
+        raise SystemExit(1)
+    return {"text": result["summary"], **result}
+
+
+def cmd_schema(args):
+    from .schema import schema
+    return {"text": json.dumps(schema(), indent=1), "schema": schema()}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="causalab-ref", description="A reference implementation of the intervention language.")
     parser.add_argument("--json", action="store_true", help="print the verb's result as JSON")
@@ -210,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--out", default="out")
             p.add_argument("--replace", action="store_true", help="replace an existing --out folder")
             p.add_argument("--batch-size", type=int, default=None)
+            p.add_argument("--quiet", action="store_true", help="no progress bar")
     verb("vocab", cmd_vocab, "the component table and the position forms")
     p = verb("data", cmd_data, "a dataset's rows, columns, splits and a sample")
     p.add_argument("ref")
@@ -226,6 +245,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--revision", default="main")
     p.add_argument("--engine", choices=("nnterp", "hooks"), default="nnterp")
     p.add_argument("--attn-implementation", choices=("eager", "sdpa"), default=None)
+    p = verb("conform", cmd_conform, "run the conformance corpus against an implementation (default: this one)")
+    p.add_argument("--impl", default=None, help="the other implementation's command, e.g. \"mycli --flag\"")
+    p.add_argument("--cases", default=None, help="the corpus folder (default tests/conformance)")
+    p.add_argument("--only", default=None, help="run the cases whose name contains this")
+    p.add_argument("--fail-fast", action="store_true", help="stop at the first failed case")
+    p.add_argument("--record", action="store_true", help="write causalab_ref's results into the cases' expect")
+    p.add_argument("--quiet", action="store_true", help="print failed and not-applicable cases only")
+    verb("schema", cmd_schema, "the document format as a JSON Schema")
     return parser
 
 
@@ -239,7 +266,8 @@ def main(argv=None) -> int:
         result = args.func(args)
     except Refusal as refusal:
         where = f"{refusal.path}: " if refusal.path else ""
-        print(f"{refusal.stage}: {where}{refusal.message}", file=sys.stderr)
+        line = f"{refusal.stage}: {where}{refusal.message}"  # one line whatever the document's text holds (D4)
+        print(line.replace("\r", "\\r").replace("\n", "\\n"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted; nothing was written", file=sys.stderr)

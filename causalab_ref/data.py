@@ -137,7 +137,11 @@ def render_chat(tok, messages: list[dict], path: str = "") -> str:
     if not getattr(tok, "chat_template", None):
         _refuse("this row is a conversation and this checkpoint has no chat template, so there is no text to "
                 "run. Give the role a string column", path)
-    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    try:
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception as error:  # the template's own refusal (jinja2's raise_exception): this row's, not ours
+        _refuse(f"the checkpoint's chat template refuses this conversation: {type(error).__name__}: "
+                f"{str(error).splitlines()[0] if str(error) else ''}", path)
     bos = getattr(tok, "bos_token", None)
     if bos and text.startswith(bos):
         text = text[len(bos):]

@@ -115,7 +115,8 @@ class HooksEngine:
                 # document's); GptOss's experts_implementation is read back from its config.json.
                 hf_model = AutoModelForCausalLM.from_pretrained(
                     path, attn_implementation=address.runs_attention(shell),
-                    dtype=_DTYPES.get(spec.dtype, torch.float32), device_map="cpu", **overrides)
+                    dtype=_DTYPES.get(spec.dtype, torch.float32), device_map="cpu", trust_remote_code=False,
+                    use_safetensors=True, **overrides)
                 hf_model.eval()
         except Refusal:
             raise

@@ -15,6 +15,7 @@ import math
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
@@ -109,7 +110,7 @@ def _in_layout(value: torch.Tensor, ragged: bool, rows: int) -> torch.Tensor:
     return value
 
 
-def run_step(engine, step: ObservePlan, batch_size: Optional[int] = None) -> dict:
+def run_step(engine, step: ObservePlan, batch_size: Optional[int] = None, bar=None) -> dict:
     """One observe pass: forwards, then metrics. Returns the step's results (plain data + tensors).
 
     With `batch_size`, the rows are split into windows of that many and each window runs the
@@ -119,7 +120,11 @@ def run_step(engine, step: ObservePlan, batch_size: Optional[int] = None) -> dic
     path = f"interventions.{step.intervention}"
     rows = len(step.example_ids)
     size = batch_size or rows
-    parts = [_pass(engine, window(step, lo, min(lo + size, rows)), path, lo) for lo in range(0, rows, size)]
+    parts = []
+    for lo in range(0, rows, size):
+        parts.append(_pass(engine, window(step, lo, min(lo + size, rows)), path, lo))
+        if bar is not None:
+            bar.update(1)
     values = {k: torch.cat([p[0][k] for p in parts], dim=0) for k in parts[0][0]}
     placed = {k: Resolved(*(sum((getattr(p[1][k], f) for p in parts), ()) for f in ("windows", "reasons", "tokens")))
               for k in parts[0][1]}
@@ -325,11 +330,56 @@ def _versions() -> dict:
     return out
 
 
-def _confined(out: Path, file_path: str, path: str) -> Path:
-    target = (out / file_path)
-    if Path(file_path).is_absolute() or ".." in Path(file_path).parts:
-        raise Refusal(f"a save's file_path stays inside --out; '{file_path}' does not", path=path, stage="run")
+def _confined(base: Path, file_path: str, path: str, root: Path) -> Path:
+    """A save's file (or a sweep point's folder) under `base`, never outside `root` (SPEC.md R12).
+
+    `..`, an absolute path and a link that resolves outside are refused with the path."""
+    parts = Path(file_path).parts
+    if (not file_path or "\x00" in file_path or Path(file_path).is_absolute() or file_path.startswith(("/", "\\"))
+            or any(p in ("..", ".") for p in parts) or any(len(p.encode("utf-8", "surrogatepass")) > 255 for p in parts)):
+        raise Refusal(f"'{file_path}' would leave --out (an absolute path, '..', or not a file name); "
+                      "results stay inside --out", path=path, stage="run")
+    target = base / file_path
+    try:
+        inside = root.resolve() in target.resolve().parents
+    except (OSError, RuntimeError, ValueError):
+        inside = False
+    if not inside:
+        raise Refusal(f"'{file_path}' resolves outside --out ({target.resolve()}); results stay inside --out",
+                      path=path, stage="run")
     return target
+
+
+def _stale(out: Path) -> None:
+    """Staging folders a killed run left beside --out (`.NAME.partial-*`) are never results: removed here."""
+    for old in out.parent.glob(f".{out.name}.partial-*"):
+        if old.is_dir() and not old.is_symlink():
+            try:
+                pid = int(old.name.rsplit("-pid", 1)[1].split("-")[0])
+            except (IndexError, ValueError):
+                pid = None
+            if pid is not None and pid != os.getpid() and _alive(pid):
+                continue  # another run is writing it
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _progress(total: int, show: bool, what: str):
+    """A tqdm bar on stderr when it is a terminal and the run is not --quiet; otherwise nothing."""
+    import sys
+    if not show or total <= 1 or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+    return tqdm(total=total, desc=what, unit="pass", leave=False, file=sys.stderr)
 
 
 def summary_line(path: Path) -> str:
@@ -345,25 +395,38 @@ def summary_line(path: Path) -> str:
             f"{len(rows)} rows ({rows[0]['unit']})" if mean is not None else f"{path}: no row scored")
 
 
-def execute(plan: Plan, engine, out: Path, batch_size: Optional[int] = None, replace: bool = False) -> list[str]:
+def execute(plan: Plan, engine, out: Path, batch_size: Optional[int] = None, replace: bool = False,
+            progress: bool = True) -> list[str]:
     """Run every leaf of the plan and write its files; returns the written paths in write order.
 
     Everything is written into a temporary folder beside `out` and moved into place at
-    the end, so a refused or interrupted run leaves no result folder behind.
+    the end, so a refused or interrupted run leaves no result folder behind. A staging
+    folder that a killed run left (`.<out>.partial-*`) is removed by the next run beside it.
     """
+    started = time.perf_counter()
     out = Path(out)
-    if out.exists() and not replace:
+    if (out.exists() or out.is_symlink()) and not replace:
         raise Refusal(f"--out {out} already exists; choose a new folder or say --replace", stage="run")
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise Refusal(f"--out {out} is a link or a file, not a results folder; choose a new folder", stage="run")
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    _stale(out)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-pid{os.getpid()}-", dir=out.parent))
     written: list[str] = []
+    leaves = plan.leaves()
+    bar = None
     try:
+        # Every destination is checked before any forward runs (SPEC.md R12).
+        for leaf in leaves:
+            base = _confined(staging, leaf.label, f"sweep point '{leaf.label}'", staging) if leaf.label else staging
+            for step in leaf.steps:
+                for k, (_value, file_path) in enumerate(step.saves):
+                    _confined(base, file_path, f"steps.{step.name}.saves.{k}.file_path", staging)
+        passes = sum(-(-len(step.example_ids) // (batch_size or len(step.example_ids) or 1))
+                     for leaf in leaves for step in leaf.steps)
+        bar = _progress(passes, progress, "run")
         _dump(staging / "document.json", plan.raw)
         written.append("document.json")
-        _dump(staging / "run.json", engine.run_record(batch_size) | {"causalab_ref": package_digest(),
-                                                                      "versions": _versions()})
-        written.append("run.json")
-        leaves = plan.leaves()
         for leaf in leaves:
             base = staging / leaf.label if leaf.label else staging
             prefix = f"{leaf.label}/" if leaf.label else ""
@@ -371,15 +434,23 @@ def execute(plan: Plan, engine, out: Path, batch_size: Optional[int] = None, rep
                 _dump(base / "document.json", leaf.raw)
                 written.append(prefix + "document.json")
             for step in leaf.steps:
-                results = run_step(engine, step, batch_size)
+                results = run_step(engine, step, batch_size, bar)
                 for value, file_path in step.saves:
-                    target = _confined(base, file_path, f"steps.{step.name}.saves")
+                    target = _confined(base, file_path, f"steps.{step.name}.saves", staging)
                     _dump(target, metric_table(step, results, value, leaf.digest))
                     written.append(prefix + file_path)
+        record = engine.run_record(batch_size) | {"causalab_ref": package_digest(), "versions": _versions()}
+        record["dtype"] = record.get("served_dtype") or record.get("model", {}).get("dtype")
+        record["wall_seconds"] = round(time.perf_counter() - started, 3)
+        _dump(staging / "run.json", record)
+        written.insert(1, "run.json")
         if out.exists():
             shutil.rmtree(out)
         os.replace(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    finally:
+        if bar is not None:
+            bar.close()
     return [str(out / w) for w in written]

@@ -105,6 +105,27 @@ def _index_list(raw: Any, path: str, what: str) -> tuple[int, ...]:
     return tuple(raw)
 
 
+# ---------------------------------------------------------------- confinement
+
+
+def _inside_out(name: str, path: str, what: str, folder: bool = False) -> None:
+    """A name that becomes a path under --out stays there: no absolute path, no `..` or `.`,
+    no empty part, no NUL, each part a file name (at most 255 bytes); a sweep point's
+    folder is one name, so it has no separator at all (SPEC.md R12)."""
+    parts = name.replace("\\", "/").split("/")
+    if (not name or name.startswith("/") or "\x00" in name or any(p in ("", ".", "..") for p in parts)
+            or (folder and len(parts) > 1)
+            or any(len(p.encode("utf-8", "surrogatepass")) > 255 for p in parts)
+            or any(0xD800 <= ord(c) <= 0xDFFF for c in name)):
+        _fail(path, f"{what} '{name[:200]}' would leave --out or is not a file name: an absolute path, '..', "
+                    "a separator in a folder name, an empty part and a part over 255 bytes are refused; results stay "
+                    "inside --out")
+
+
+MAX_POINTS = 10_000
+FLOAT32_MAX = 3.4028234663852886e38
+
+
 # ---------------------------------------------------------------- sweeps
 
 
@@ -134,6 +155,13 @@ def _sweep_values(wrapper: dict, where: str) -> list:
                 or any(isinstance(b, bool) or not isinstance(b, int) for b in bounds)
                 or (len(bounds) == 3 and bounds[2] == 0)):
             _fail(f"{where}.sweep.range", "a range is [start, stop] or [start, stop, step] of integers, step not 0")
+        try:
+            count = len(range(*bounds))
+        except OverflowError:  # more values than a C integer counts
+            count = MAX_POINTS + 1
+        if count > MAX_POINTS:
+            _fail(f"{where}.sweep.range", f"a range of more than {MAX_POINTS} values; a sweep has at most "
+                                          f"{MAX_POINTS} points")
         values = list(range(*bounds))
     if not isinstance(values, list) or not values:
         _fail(f"{where}.sweep", "a sweep lists at least one value")
@@ -187,15 +215,25 @@ def points(raw: Any) -> list[tuple[str, Any]]:
             _fail(where, f"the axis '{name}' moves {len(members[0][2])} values here and {len(values)} there; "
                          "wrappers on one axis have equal lengths")
         members.append((path, name, values))
+    total = 1
+    for k in order:
+        total *= len(axes[k][0][2])
+    if total > MAX_POINTS:
+        _fail(".".join(str(p) for p in wrappers[0][0]), f"the sweeps make {total} points; a sweep has at most "
+                                                         f"{MAX_POINTS} points")
     result = []
     for choice in itertools.product(*(range(len(axes[k][0][2])) for k in order)):
         point, labels = raw, []
         for key, k in zip(order, choice):
             members = axes[key]
             labels.append(f"{members[0][1]}={_label_value(members[0][2][k])}")
+            _inside_out(labels[-1], ".".join(str(p) for p in members[0][0]), "the sweep point's folder", True)
             for path, _name, values in members:
                 point = _replace(point, path, values[k])
-        result.append((",".join(labels), point))
+        label = ",".join(labels)
+        # The label is the point's folder under --out (SPEC.md R6, R12).
+        _inside_out(label, ".".join(str(p) for p in axes[order[0]][0][0]), "the sweep point's folder", True)
+        result.append((label, point))
     return result
 
 
@@ -346,6 +384,9 @@ def _write(raw: Any, path: str) -> Write:
                                   "are not implemented by causalab_ref yet")
     if isinstance(operand, bool) or not isinstance(operand, (str, int, float)):
         _fail(f"{path}.operand", f"an operand is a read name or a number, got {_type_name(operand)}")
+    if not isinstance(operand, str) and not (abs(operand) <= FLOAT32_MAX):  # also NaN, and ints past float
+        _fail(f"{path}.operand", f"operand {operand!r:.40} is not a finite number a float32 activation can hold "
+                                 f"(|x| <= {FLOAT32_MAX:.6g})")
     if raw.get("features") is not None:
         _fail(f"{path}.features", "`features` selects coordinates of a featurizer's space; featurizers are "
                                    "not implemented by causalab_ref yet")
@@ -514,6 +555,9 @@ def _step(raw: Any, path: str, interventions: dict, roles: tuple) -> Observe:
             _fail(f"{sp}.value", f"step '{step}': saves '{value}', which it does not produce (it produces {produced})")
         if not file_path.endswith(".json"):
             _fail(f"{sp}.file_path", f"a metric is saved as a JSON table; '{file_path}' does not end in .json")
+        _inside_out(file_path, f"{sp}.file_path", "a save's file_path")
+        if file_path in ("document.json", "run.json") or file_path in [x.file_path for x in saves]:
+            _fail(f"{sp}.file_path", f"'{file_path}' is already written by this run; name another file")
         saves.append(Save(value=value, file_path=file_path))
     return Observe(rows=tuple(rows_raw.items()), interventions=names, saves=tuple(saves))
 

@@ -142,7 +142,7 @@ def test_probs_refused_when_eager_but_not_enabled(gemma2_meta):
 @pytest.mark.parametrize("name,accessor", [("mlp_activation", "mlps_activation"),
                                            ("mlp_neuron_output", "mlps_neurons")])
 def test_moe_layer_refuses_activation_and_neurons(eager, name, accessor):
-    """seed 004:209 / SPEC.md:1 [L20] — a mixture of experts has no single activation; per layer."""
+    """seed 004:209 / SPEC.md:131 [L20] — a mixture of experts has no single activation; per layer."""
     m = eager("gptoss")
     for layer in range(2):
         with pytest.raises(Refusal) as e:
@@ -183,7 +183,7 @@ SEED_PRINTOUT = {  # seed 004:62 — rank, io, llama module, gpt2 module
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_where_each_one_lands_matches_the_seed_printout(eager, family):
-    """seed 004:62 / SPEC.md:1 [L18] / SPEC.md:117 [L6] — module, io and rank per component on Llama and GPT-2."""
+    """seed 004:62 / SPEC.md:129 [L18] / SPEC.md:117 [L6] — module, io and rank per component on Llama and GPT-2."""
     m = eager(family)
     n = m.num_layers
     for name, a in address.where_each_lands(m):
@@ -194,7 +194,7 @@ def test_where_each_one_lands_matches_the_seed_printout(eager, family):
 
 
 def test_gemma2_sandwich_reads_contributions_after_the_post_norms(eager):
-    """seed 004:84 / SPEC.md:1 [L19] — block_mid/mlp_input_norm at pre_feedforward_layernorm;
+    """seed 004:84 / SPEC.md:130 [L19] — block_mid/mlp_input_norm at pre_feedforward_layernorm;
     attention_output/mlp_output are the post-norms' outputs."""
     m = eager("gemma2")
     got = {n: (address.locate(m, n, 0).module, address.locate(m, n, 0).io) for n in
@@ -231,7 +231,7 @@ def test_per_head_width_uses_the_right_head_count(eager):
 
 
 def test_extra_name_is_a_boundary_without_width(llama_meta):
-    """seed 004:259 / SPEC.md:1 [L23] — an added name: module output, per layer, no width."""
+    """seed 004:259 / SPEC.md:134 [L23] — an added name: module output, per layer, no width."""
     a = address.locate(llama_meta, "mlp_gate_output", 0, extra={"mlp_gate_output": ("mlp.gate_proj", 42)})
     assert (a.module, a.io, a.rank, a.width) == ("mlp.gate_proj", "output", (0, 42), None)
     with pytest.raises(Refusal) as e:
@@ -246,7 +246,7 @@ def test_extra_name_is_a_boundary_without_width(llama_meta):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_component_reads_in_one_trace_in_rank_order(eager, family):
-    """seed 004:62 / SPEC.md:117 [L6] / SPEC.md:1 [L18] — all resolving components, one trace, forward order; shapes."""
+    """seed 004:62 / SPEC.md:117 [L6] / SPEC.md:129 [L18] — all resolving components, one trace, forward order; shapes."""
     m = eager(family)
     addrs, got = _read_all(m)
     assert len(addrs) == (19 if family == "gptoss" else 21)
@@ -268,7 +268,7 @@ def test_every_component_reads_in_one_trace_in_rank_order(eager, family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_block_identities_hold(eager, family):
-    """seed 004 B2 callout / SPEC.md:1 [L21] — block_mid = input + attention_output, block_output =
+    """seed 004 B2 callout / SPEC.md:132 [L21] — block_mid = input + attention_output, block_output =
     block_mid + mlp_output, mlp_input_norm == mlp_input, flat attention_z == attention_premix bit for bit."""
     _, g = _read_all(eager(family))
     assert torch.allclose(g["block_mid"], g["block_input"] + g["attention_output"], atol=1e-6)
@@ -353,3 +353,149 @@ def test_input_ids_write_is_refused(eager):
     m = eager("llama")
     with pytest.raises(Refusal):
         access.assign(m, address.locate(m, "input_ids"), torch.zeros(1))
+
+
+# ---------------------------------------------------------------- heads and units past the end
+
+
+def test_a_head_or_unit_past_the_end_is_refused_at_compile_against_the_real_count(llama_meta):
+    """seed 004:167 / SPEC.md:126 [L15] — `site 't': head 4 of a 4-head tensor`, `site 't': unit 20 of a
+    16-wide tensor`; the last head and the last unit are accepted."""
+    from causalab_ref import compile as compiler
+    from causalab_ref.shapes import Site
+
+    premix = address.locate(llama_meta, "attention_premix", 0, site="t")
+    compiler._check_selection(premix, Site("attention_premix", (0,), heads=(3,)), "t")
+    with pytest.raises(Refusal) as e:
+        compiler._check_selection(premix, Site("attention_premix", (0,), heads=(0, 4)), "t")
+    assert (e.value.message, e.value.path, e.value.stage) == (
+        "site 't': head 4 of a 4-head tensor", "sites.t.heads", "compile")
+    out = address.locate(llama_meta, "block_output", 0, site="t")
+    compiler._check_selection(out, Site("block_output", (0,), units=(15,)), "t")
+    with pytest.raises(Refusal) as e:
+        compiler._check_selection(out, Site("block_output", (0,), units=(20,)), "t")
+    assert (e.value.message, e.value.path) == ("site 't': unit 20 of a 16-wide tensor", "sites.t.units")
+
+
+def test_units_past_the_width_are_refused_when_a_document_compiles(llama_meta):
+    """SPEC.md:126 [L15] — the same refusal from compile_document on the shipped patching document."""
+    import copy
+    import json
+    from pathlib import Path
+
+    from causalab_ref import compile as compiler
+    from causalab_ref import engine, validate
+
+    root = Path(__file__).resolve().parents[1]
+    raw = json.loads((root / "documents" / "patching.json").read_text())
+    raw = copy.deepcopy(raw)
+    raw["sites"]["target"]["units"] = [20]
+    eng = engine.load(validate.document(raw).model, weights=False)
+    with pytest.raises(Refusal) as e:
+        compiler.compile_document(raw, eng, root / "documents" / "data")
+    assert e.value.message == "site 'target': unit 20 of a 16-wide tensor"
+
+
+# ---------------------------------------------------------------- the extension point
+
+
+def test_units_at_an_extra_name_are_refused_for_want_of_a_width(llama_meta, eager):
+    """seed 004:259 / SPEC.md:134 [L23] — an added name has no width, so `units` there (what a featurizer
+    would need) is refused with the seed's text at compile; its order puts it in forward order: the gate
+    projection (42) reads in one trace between mlp_input (40) and mlp_activation (44), act_fn of it."""
+    from causalab_ref import compile as compiler
+    from causalab_ref.shapes import Site
+
+    extra = {"mlp_gate_output": ("mlp.gate_proj", 42)}
+    a = address.locate(llama_meta, "mlp_gate_output", 1, extra=extra)
+    assert (a.layer, a.heads, a.seq_axis) == (1, None, 1)
+    m = eager("llama")
+    addrs = [address.locate(m, "mlp_input", 1), address.locate(m, "mlp_gate_output", 1, extra=extra),
+             address.locate(m, "mlp_activation", 1)]
+    assert [x.rank for x in addrs] == sorted(x.rank for x in addrs)
+    with m.trace(INPUTS):
+        gate = access.value(m, addrs[1]).save()
+        activation = access.value(m, addrs[2]).save()
+    act = m.layers[1].mlp.act_fn._module
+    assert torch.allclose(act(gate), activation, atol=1e-6)
+    with pytest.raises(Refusal) as e:
+        compiler._check_selection(a, Site("mlp_gate_output", (1,), units=(0,)), "g")
+    assert (e.value.message, e.value.path, e.value.stage) == (
+        "the width of 'mlp_gate_output' is not a fact about the model: it depends on the batch "
+        "(the attention pattern's key axis) or is not a tensor's", "sites.g.units", "compile")
+    lands = dict(address.where_each_lands(llama_meta, 0, extra=extra))
+    assert set(lands) == set(address.TABLE)  # the printout is the table's; an extra is asked for by name
+    with pytest.raises(Refusal) as e:
+        address.locate(llama_meta, "mlp_gate_output", 0, extra={"mlp_gate_output": ("mlp.no_such", 42)})
+    assert e.value.message == "component 'mlp_gate_output': this model's layer 0 has no module 'mlp.no_such'"
+
+
+# ---------------------------------------------------------------- block structures no fixture has
+
+
+def _neox(tmp_path, parallel: bool) -> str:
+    """A tiny GPT-NeoX checkpoint (random weights) with the GPT-2 fixture's tokenizer files."""
+    import shutil
+
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    torch.manual_seed(0)
+    cfg = GPTNeoXConfig(vocab_size=1000, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=64, use_parallel_residual=parallel,
+                        bos_token_id=0, eos_token_id=0)
+    where = tmp_path / ("neox-parallel" if parallel else "neox-sequential")
+    GPTNeoXForCausalLM(cfg).save_pretrained(str(where))
+    for f in ("vocab.json", "merges.txt", "tokenizer_config.json"):
+        shutil.copy(fixtures.checkpoint_dir("fixture:tiny-gpt2") / f, where / f)
+    return str(where)
+
+
+def test_a_parallel_block_has_no_block_mid_and_no_mlp_input_norm(tmp_path):
+    """seed 004:230 / SPEC.md:133 [L22] — GPT-NeoX with use_parallel_residual loads in nnterp 1.3.0; its
+    layers keep a post_attention_layernorm, but it norms the block input, so the config flag decides:
+    block_mid and mlp_input_norm are refused with a sentence at every layer, the rest resolves. Without
+    the flag the same module tree resolves both, and block_mid == block_input + attention_output."""
+    m = access.load(_neox(tmp_path, parallel=True), weights=False)
+    for layer in range(2):
+        for name in ("block_mid", "mlp_input_norm"):
+            with pytest.raises(Refusal) as e:
+                address.locate(m, name, layer)
+            assert e.value.message == (
+                f"component '{name}': layer {layer} is a parallel block, where attention and the MLP both read "
+                "the block input: there is no residual stream between them, so there is no such place")
+    assert address.locate(m, "attention_premix", 0).module == "self_attn.dense"
+    assert address.locate(m, "mlp_neuron_output", 0).module == "mlp.dense_4h_to_h"
+    refused = [n for n, a in address.where_each_lands(m) if isinstance(a, str)]
+    assert refused == ["attention_scores", "attention_probs", "block_mid", "mlp_input_norm"]  # sdpa + parallel
+
+    s = access.load(_neox(tmp_path, parallel=False), attn_implementation="eager")
+    assert address.locate(s, "block_mid", 0).module == "post_attention_layernorm"
+    _, g = _read_all(s)
+    assert torch.allclose(g["block_mid"], g["block_input"] + g["attention_output"], atol=1e-6)
+    assert torch.equal(g["mlp_input_norm"], g["mlp_input"])
+
+
+def test_a_document_names_an_extra_component_given_at_load():
+    """SPEC.md:134 [L23] — engine.load(extra=...) makes the name addressable from a document: a read there
+    compiles to the module's output at (layer, order); `units` there is refused for want of a width."""
+    import copy
+    import json
+    from pathlib import Path
+
+    from causalab_ref import compile as compiler
+    from causalab_ref import engine, validate
+
+    root = Path(__file__).resolve().parents[1]
+    raw = json.loads((root / "documents" / "patching.json").read_text())
+    raw["sites"]["target"] = {"component": "mlp_gate_output", "layers": [1]}
+    eng = engine.load(validate.document(raw).model, weights=False,
+                      extra={"mlp_gate_output": ("mlp.gate_proj", 42)})
+    step = compiler.compile_document(raw, eng, root / "documents" / "data").steps[0]
+    taps = {t.name: t for f in step.forwards for t in f.taps}
+    assert (taps["v_cf"].address.module, taps["v_cf"].address.io, taps["v_cf"].address.rank) == (
+        "mlp.gate_proj", "output", (1, 42))
+    bad = copy.deepcopy(raw)
+    bad["sites"]["target"]["units"] = [0]
+    with pytest.raises(Refusal) as e:
+        compiler.compile_document(bad, eng, root / "documents" / "data")
+    assert e.value.message.startswith("the width of 'mlp_gate_output' is not a fact about the model")

@@ -78,7 +78,7 @@ def test_broken_json_exits_2(tmp_path):
 
 
 def test_run_of_a_malformed_document_writes_nothing(tmp_path):
-    """SPEC.md:141 [R10] A refused run leaves no result folder (and no temporary one beside it); D4."""
+    """SPEC.md:149 [R10] A refused run leaves no result folder (and no temporary one beside it); D4."""
     def mutate(raw):
         raw["interventions"]["patching"]["writes"]["patch"]["mechanism"] = "lerp"
     doc = write_doc(tmp_path, mutate)
@@ -112,7 +112,7 @@ def test_unloadable_hub_key_is_refused_naming_it(tmp_path):
 
 
 def test_validate_shipped_document():
-    """SPEC.md:132 [R1] `validate` compiles against the model shell with no weights and says ok."""
+    """SPEC.md:140 [R1] `validate` compiles against the model shell with no weights and says ok."""
     proc = cli("validate", "documents/patching.json")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok: documents/patching.json is a valid plan-shaped document, 1 step"
@@ -130,14 +130,14 @@ EXPLAIN_LINES = [
 
 
 def test_explain_prints_the_plan():
-    """SPEC.md:136 [R5] `explain` prints the plan: step, forwards with rows x tokens, taps with address and pos."""
+    """SPEC.md:144 [R5] `explain` prints the plan: step, forwards with rows x tokens, taps with address and pos."""
     proc = cli("explain", "documents/patching.json")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.rstrip("\n").splitlines() == EXPLAIN_LINES
 
 
 def test_explain_json():
-    """SPEC.md:136 [R5] `--json` prints the verb's result as JSON: the plan text and the step names."""
+    """SPEC.md:144 [R5] `--json` prints the verb's result as JSON: the plan text and the step names."""
     proc = cli("--json", "explain", "documents/patching.json")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
@@ -197,3 +197,36 @@ def test_vocab_lists_21_components_and_the_position_forms():
     assert "                  scope: variable=str, segment=str" in lines
     assert ("                  frame: Literal['prompt', 'generated']; a bare integer is {\"index\": i}; "
             "-1 is the last token") in lines
+
+
+def test_model_answers_every_component_at_every_layer():
+    """SPEC.md:136 [L25] seed 004:183-228 — `model fixture:tiny-gptoss` loads no weights and answers every
+    component at every layer: width and operation where it resolves, the reason where it does not (the
+    mixture-of-experts refusal at each layer); `--json` carries the same answers."""
+    from causalab_ref import address
+
+    proc = cli("model", "fixture:tiny-gptoss")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("fixture:tiny-gptoss via nnterp: 2 layers, padding_side=left")
+    rows = {line.split()[0]: line for line in lines[1:]}
+    labels = [n if not r["layered"] else f"{n}[{i}]" for n, r in address.TABLE.items()
+              for i in (range(2) if r["layered"] else [0])]
+    assert sorted(rows) == sorted(labels)
+    assert rows["attention_query[1]"].split()[1:] == ["ok", "width=64", "op=attention_interface_0"]
+    assert rows["attention_key[0]"].split()[1:] == ["ok", "width=32", "op=attention_interface_0"]
+    assert "ok   no width (no featurizer here)" in rows["input_ids"]
+    assert rows["lm_head"].split()[1:] == ["ok", "width=1000"]
+    for layer in (0, 1):
+        for name, accessor in (("mlp_activation", "mlps_activation"), ("mlp_neuron_output", "mlps_neurons")):
+            assert rows[f"{name}[{layer}]"].split("--", 1)[1].strip() == (
+                f"component '{name}': {accessor} does not exist on a mixture-of-experts layer, where a token goes "
+                "through top-k of N experts and has no single activation. mlps_input and mlps_output are the "
+                "block's boundaries and work as usual.")
+        assert rows[f"mlp_output[{layer}]"].split()[1:] == ["ok", "width=64"]
+    proc = cli("--json", "model", "fixture:tiny-gptoss")
+    assert proc.returncode == 0, proc.stderr
+    answers = json.loads(proc.stdout)["components"]
+    assert sorted(answers) == sorted(labels)
+    assert answers["attention_key[1]"] == {"resolves": True, "width": 32, "op": "attention_interface_0"}
+    assert not answers["mlp_activation[1]"]["resolves"]

@@ -195,3 +195,28 @@ def test_an_earlier_prompt_position_of_the_head_during_a_decode_is_refused(llama
     doc["interventions"]["generation"]["reads"]["early"] = {"site": "head", "pos": -2, "input": "base"}
     with pytest.raises(Refusal, match="computes this tensor at the last 1 prompt position"):
         _run(llama, doc)
+
+
+def test_other_continuation_cuts_stack_every_step_and_cut_per_row(llama):
+    """SPEC.md:95 [P40] a negative index, `last`, and `all` in the generated frame are one read per decode
+    step, stacked and cut per row against the continuation afterwards: the plan says so, and the values
+    are transformers' scores at the steps each cut names (no row stops, so -1 is step 5)."""
+    doc = copy.deepcopy(GENERATED)
+    reads = doc["interventions"]["generation"]["reads"]
+    reads["tail"] = {"site": "head", "pos": {"frame": "generated", "last": 2}, "input": "base"}
+    reads["final"] = {"site": "head", "pos": {"frame": "generated", "index": -1}, "input": "base"}
+    reads["every"] = {"site": "head", "pos": {"frame": "generated", "all": True}, "input": "base"}
+    step, results, plan = _run(llama, doc)
+    taps = {t.name: t for f in step.forwards for t in f.taps}
+    assert all(taps[n].stacked == 6 for n in ("tail", "final", "every"))
+    assert "read  'tail' at lm_head pos={generated last:2} via 'identity'  (stacked over 6 decode steps, cut " \
+           "against the continuation)" in plan.text()
+    _generated, scores = _greedy(llama, 6)
+    where = results["positions"]
+    assert where["tail"]["rows"] == ((4, 5),) * 4 and where["final"]["rows"] == ((5,),) * 4
+    assert where["every"]["rows"] == (tuple(range(6)),) * 4
+    values = results["values"]
+    assert values["tail"].shape == (4, 2, scores.shape[-1])
+    assert torch.allclose(values["tail"], scores[:, 4:6], atol=1e-4)
+    assert torch.allclose(values["final"][:, 0], scores[:, 5], atol=1e-4)
+    assert torch.allclose(values["every"], scores.flatten(0, 1), atol=1e-4)  # ragged: flat, row by row

@@ -82,7 +82,7 @@ def _both(nn, hk, ids, mask, items):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_boundary_read_equals_the_nnterp_engines(engines, family):
-    """SPEC.md:117 [L6] / SPEC.md:118 [L7] / SPEC.md:135 [R4] / seed 004:100 — every boundary
+    """SPEC.md:117 [L6] / SPEC.md:118 [L7] / SPEC.md:143 [R4] / seed 004:100 / SPEC.md:135 [L24] — every boundary
     component that resolves (layer 0 and the last layer) reads the same values through a hook as
     through nnterp: at {"index": -1}, over every content position, over a rectangular window, and
     one head of attention_premix (SPEC.md:124 [L13])."""
@@ -132,7 +132,7 @@ def test_every_boundary_read_equals_the_nnterp_engines(engines, family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_swap_at_block_output_then_a_head_read_agree(engines, family):
-    """SPEC.md:135 [R4] / SPEC.md:124 [L13] — a swap (a tensor operand, and a number) at block_output[0]
+    """SPEC.md:143 [R4] / SPEC.md:124 [L13] — a swap (a tensor operand, and a number) at block_output[0]
     on the last token, then reads downstream and at the written address itself, equal on both engines;
     the write changed the head's output."""
     nn, hk = engines(family)
@@ -213,7 +213,7 @@ def test_a_logits_view_read_agrees(engines, family):
 
 
 def test_interiors_are_refused_by_name_at_compile():
-    """SPEC.md:123 [L12] / seed-tables B6 "interiors are nnterp-engine only" — the four interiors are
+    """SPEC.md:135 [L24] / SPEC.md:123 [L12] / seed-tables B6 "interiors are nnterp-engine only" — the four interiors are
     refused on the hooks engine with the seed's text; attention_probs too, saying why, even under eager
     where the nnterp engine resolves it (SPEC.md:122 [L11])."""
     hk = engine.load(_spec("llama", "eager"), "hooks", weights=False)
@@ -259,7 +259,7 @@ def _values(out: Path) -> dict:
 
 
 def test_patching_document_gives_the_same_numbers_on_both_engines(tmp_path):
-    """SPEC.md:140 [R9] / SPEC.md:135 [R4] — `run documents/patching.json --engine hooks` writes the same
+    """SPEC.md:148 [R9] / SPEC.md:143 [R4] — `run documents/patching.json --engine hooks` writes the same
     iia and logit_diff values as the nnterp engine, and run.json records which engine ran."""
     hooks_out, nnterp_out = tmp_path / "hooks", tmp_path / "nnterp"
     done = subprocess.run([sys.executable, "-m", "causalab_ref", "run", "documents/patching.json", "--engine",

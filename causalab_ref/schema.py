@@ -1,0 +1,143 @@
+"""Schema: the document format as a JSON Schema (draft 2020-12), plain data.
+
+It states the shape validate.py checks (SPEC.md "Documents", "Positions", "Locations"):
+every object closed (D2), the types of every field (D3), one cut per position (P4), the
+metric columns per kind (D14), and the sweep wrapper `{"sweep": [...] | {"range": [...]},
+"as": ...}` wherever a field other than `model` and `header` may be swept (D17). What
+needs the model, the data or cross-references (undeclared names, widths, layers past the
+stack, refusals by name of what is not implemented) is validate.py's and compile.py's,
+not the schema's: a document the schema accepts may still be refused, never the reverse
+for a shipped document. `python -m causalab_ref schema` prints it.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+METRIC_COLUMNS = {
+    "match": ("expected",),
+    "logit_diff": ("a", "b"),
+    "cross_entropy": ("target",),
+    "token_logit": ("token",),
+    "token_prob": ("token",),
+}
+
+
+def _sw(shape: dict) -> dict:
+    """A field that may also be a sweep wrapper (D17)."""
+    return {"anyOf": [shape, {"$ref": "#/$defs/sweep"}]}
+
+
+def _closed(properties: dict, required: tuple = ()) -> dict:
+    out = {"type": "object", "properties": properties, "additionalProperties": False}
+    if required:
+        out["required"] = list(required)
+    return out
+
+
+def _named(shape: dict) -> dict:
+    return {"type": "object", "additionalProperties": _sw(shape)}
+
+
+STR = {"type": "string"}
+INT = {"type": "integer"}
+INDEX_LIST = {"type": "array", "minItems": 1, "uniqueItems": True, "items": {"type": "integer", "minimum": 0}}
+
+_CUT_ONE = {
+    "oneOf": [{"required": [c], "properties": {c: {"not": {"enum": [None, False]}}}}
+              for c in ("index", "span", "last", "all")]
+}
+
+_POSITION = {
+    "anyOf": [
+        INT,
+        {**_closed({
+            "index": _sw(INT),
+            "span": _sw({"type": "array", "minItems": 2, "maxItems": 2, "items": INT}),
+            "last": _sw({"type": "integer", "minimum": 1}),
+            "all": _sw({"const": True}),
+            "frame": _sw({"enum": ["prompt", "generated"]}),
+            "scope": _sw({"anyOf": [{"type": "null"}, {**_closed({"variable": _sw(STR), "segment": _sw(STR)}),
+                                                       "minProperties": 1}]}),
+        }), "allOf": [_CUT_ONE]},
+    ]
+}
+
+
+def _metric(kind: str) -> dict:
+    columns = METRIC_COLUMNS[kind]
+    props = {"kind": {"const": kind}, "of": _sw(STR), "token_form": _sw({"const": "space_prefixed"})}
+    props.update({c: _sw(STR) for c in columns})
+    return _closed(props, ("kind", "of") + columns)
+
+
+SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$id": "causalab_ref/document.schema.json",
+    "title": "causalab_ref document",
+    "description": "A plan-shaped intervention document (SPEC.md D1-D19, P1-P15, L1-L14).",
+    "$defs": {
+        "sweep": _closed({
+            "sweep": {"anyOf": [{"type": "array", "minItems": 1},
+                                _closed({"range": {"type": "array", "minItems": 2, "maxItems": 3, "items": INT}},
+                                        ("range",))]},
+            "as": STR,
+        }, ("sweep",)),
+        "position": _POSITION,
+        "site": _closed({
+            "component": _sw(STR),
+            "layers": _sw({"anyOf": [{"type": "null"},
+                                     {"type": "array", "minItems": 1, "maxItems": 1,
+                                      "items": {"type": "integer", "minimum": 0}}]}),
+            "heads": _sw({"anyOf": [{"type": "null"}, INDEX_LIST]}),
+            "units": _sw({"anyOf": [{"type": "null"}, INDEX_LIST]}),
+        }, ("component",)),
+        "read": _closed({
+            "site": _sw(STR), "pos": _sw({"$ref": "#/$defs/position"}), "input": _sw(STR), "model": _sw(STR),
+            "featurizer": _sw(STR), "view": _sw({"enum": ["raw", "logits"]}),
+        }, ("site", "pos", "input")),
+        "write": _closed({
+            "site": _sw(STR), "pos": _sw({"$ref": "#/$defs/position"}),
+            "mechanism": _sw({"enum": ["swap", "add_scaled", "lerp", "gaussian", "clamp", "renormalize"]}),
+            "operand": _sw({"anyOf": [STR, {"type": "number"}, _closed({"ref": STR}, ("ref",))]}),
+            "featurizer": _sw(STR), "features": _sw({}), "params": _sw({"type": "object"}),
+        }, ("site", "pos", "mechanism")),
+        "metric": {"oneOf": [_metric(k) for k in METRIC_COLUMNS]},
+        "intervention": _closed({
+            "reads": _sw({**_named({"$ref": "#/$defs/read"}), "minProperties": 1}),
+            "writes": _sw(_named({"$ref": "#/$defs/write"})),
+            "models": _sw(_named(_closed({"input": _sw(STR), "writes": _sw({"type": "array", "items": _sw(STR)})},
+                                         ("input", "writes")))),
+            "metrics": _sw(_named({"$ref": "#/$defs/metric"})),
+            "decode": _sw({"type": "integer", "minimum": 0}),
+        }, ("reads",)),
+        "step": _closed({
+            "kind": _sw({"enum": ["observe", "fit", "weights"]}),
+            "rows": _sw(_named(STR)),
+            "interventions": _sw({"anyOf": [STR, {"type": "array", "minItems": 1, "items": STR}]}),
+            "intervention": _sw(STR),
+            "outputs": _sw({}),
+            "saves": _sw({"type": "array", "items": _sw(_closed({"value": _sw(STR),
+                                                                 "file_path": _sw({"type": "string",
+                                                                                   "pattern": r"\.json$"})},
+                                                                ("value", "file_path")))}),
+        }, ("kind", "rows")),
+    },
+    **_closed({
+        "header": _closed({"description": STR}),
+        "model": _closed({
+            "key": STR, "revision": STR, "dtype": {"enum": ["fp32", "bf16"]},
+            "attn_implementation": {"enum": ["eager", "sdpa", None]},
+        }, ("key", "revision", "dtype")),
+        "roles": _sw({**_named(_closed({"field": _sw(STR)}, ("field",))), "minProperties": 1}),
+        "sites": _sw(_named({"$ref": "#/$defs/site"})),
+        "featurizers": _sw({"type": "object"}),
+        "interventions": _sw({**_named({"$ref": "#/$defs/intervention"}), "minProperties": 1}),
+        "steps": _sw({**_named({"$ref": "#/$defs/step"}), "minProperties": 1}),
+    }, ("model", "roles", "sites", "interventions", "steps")),
+}
+
+
+def schema() -> dict:
+    """The document format as a JSON Schema (a fresh copy)."""
+    return copy.deepcopy(SCHEMA)

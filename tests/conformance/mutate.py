@@ -1,0 +1,198 @@
+"""Mutation check: does the conformance corpus catch single-rule bugs? (Not a pytest module.)
+
+Each mutant is one textual replacement (old -> new, which must match exactly once) in a
+copy of causalab_ref/; the corpus runs against the copy (`python -m causalab_ref conform
+--fail-fast --quiet` with PYTHONPATH at the copy, in-process there) and a mutant is caught
+when some case fails. Usage, from the repository root:
+
+    python tests/conformance/mutate.py [--only NAME] [--jobs N]
+
+Prints one line per mutant and a summary table; exits 1 when a mutant survives.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "causalab_ref"
+CASES = ROOT / "tests" / "conformance"
+
+# (name, rule, file, old, new)
+MUTANTS = [
+    ("search the stripped value first", "P19", "locate.py",
+     'for spelling in (value, " " + value, value.strip()):', 'for spelling in (value.strip(), value, " " + value):'),
+    ("search ' '+value before the value", "P19", "locate.py",
+     'for spelling in (value, " " + value, value.strip()):', 'for spelling in (" " + value, value, value.strip()):'),
+    ("ambiguous when any spelling hits twice, not the deciding one", "P20", "locate.py",
+     "        if hits:\n            return None, \"alignment_ambiguous\"", "        if hits:\n            continue"),
+    ("count negatives from the row's end", "P5", "locate.py",
+     "            cut, reason = _cut(b - a, where)",
+     "            cut, reason = _cut(b - a, where) if (where.index or 0) >= 0 else "
+     "((frame.ends[row] - frame.starts[row] + where.index - a,), '')"),
+    ("keep BOS at index 0", "P24", "locate.py",
+     "        first += len(prefix)", "        first += 0"),
+    ("tokens contained in the span, not overlapping it", "P23", "locate.py",
+     "inside = [k for k in range(n) if offsets[k] < hi and ends[k] > lo]",
+     "inside = [k for k in range(n) if offsets[k] >= lo and ends[k] <= hi]"),
+    ("chat turns searched from the start of the prompt", "P11", "locate.py",
+     "lo = text.find(spelling, at)", "lo = text.find(spelling)"),
+    ("bare role name for a role that spoke twice", "P12", "locate.py",
+     "if count == 1 and f\"{role}[0]\" in spans:", "if count >= 1 and f\"{role}[0]\" in spans:"),
+    ("a span's end is inclusive", "P7", "locate.py",
+     "return (tuple(range(a, b)), \"\") if 0 <= a < b <= n else ((), \"out_of_range\")",
+     "return (tuple(range(a, b + 1)), \"\") if 0 <= a < b < n else ((), \"out_of_range\")"),
+    ("skip the per-row write refusal", "P28", "run.py",
+     '        if bad and tap.kind == "write":', '        if False and bad and tap.kind == "write":'),
+    ("skip the fixed-width refusal", "P29", "run.py",
+     "        if bad and not tap.pos.ragged:", "        if False and bad and not tap.pos.ragged:"),
+    ("an excluded read's row stays eligible", "P30", "run.py",
+     "both = tuple(col and not reason for col, reason in zip(metric.eligible, read.reasons))",
+     "both = tuple(bool(col) for col, reason in zip(metric.eligible, read.reasons))"),
+    ("logit_diff is b - a", "R8", "run.py",
+     'v = float(vector[answers["a"][r]] - vector[answers["b"][r]])',
+     'v = float(vector[answers["b"][r]] - vector[answers["a"][r]])'),
+    ("token_prob as a log-probability", "R8", "run.py",
+     'v = float(torch.softmax(vector, -1)[answers["token"][r]])',
+     'v = float(torch.log_softmax(vector, -1)[answers["token"][r]])'),
+    ("a bare pass reports positions", "P33", "run.py",
+     '"positions": list(where["rows"][r]) if step.dynamic else None,',
+     '"positions": list(where["rows"][r]) if where else [],'),
+    ("generated step k fires at step k+1", "P39", "run.py",
+     "    if not tap.stacked and tap.pos.index is not None:\n        return (tap.pos.index,)",
+     "    if not tap.stacked and tap.pos.index is not None:\n        return (min(tap.pos.index + 1, decode - 1),)"),
+    ("no cut is accepted", "P4", "validate.py",
+     "    if len(named) != 1:\n        _fail(path, f\"a position names exactly one",
+     "    if len(named) > 1:\n        _fail(path, f\"a position names exactly one"),
+    ("last 0 is accepted", "P6", "validate.py", "        if last <= 0:", "        if last < 0:"),
+    ("a mixed-sign span is refused as backwards", "P7", "validate.py",
+     "if (a < 0) == (b < 0) and b <= a:", "if b <= a:"),
+    ("eos allowed in the prompt frame", "P14", "validate.py",
+     'if segment == "eos" and frame == "prompt":', 'if False and segment == "eos" and frame == "prompt":'),
+    ("a metric over a varying window is accepted", "P49", "validate.py",
+     "        if width != 1:", "        if width is not None and width != 1:"),
+    ("write/operand width mismatch accepted", "P50", "validate.py",
+     "if want is not None and have is not None and want != have:", "if False:"),
+    ("input_ids writable", "L8", "validate.py",
+     'if facts is not None and facts["read_only"]:', 'if False and facts is not None and facts["read_only"]:'),
+    ("a generated write at -1 accepted", "P42", "validate.py",
+     "if not (pos.all or (pos.index is not None and pos.index >= 0)):",
+     "if not (pos.all or pos.index is not None):"),
+    ("read attention_output before Gemma-2's post-norm", "L5", "address.py",
+     '"attention_output": ("post_attention_layernorm", "output"),',
+     '"attention_output": ("post_attention_layernorm", "input"),'),
+    ("key heads counted by query heads", "L16", "address.py",
+     "        heads = _kv_heads(model)", "        heads = _query_heads(model)"),
+    ("a layer one past the stack accepted", "L3", "address.py",
+     "if layer is not None and not 0 <= layer < n_layers:", "if layer is not None and not 0 <= layer <= n_layers:"),
+    ("MoE neurons resolved", "L5", "address.py",
+     'if name in ("mlp_activation", "mlp_neuron_output") and _is_moe(lay):',
+     'if False and name in ("mlp_activation", "mlp_neuron_output") and _is_moe(lay):'),
+    ("view logits allowed at mlp_output", "L10", "address.py",
+     'RESIDUAL = ("embeddings", "block_input", "block_output", "ln_final")',
+     'RESIDUAL = ("embeddings", "block_input", "block_output", "ln_final", "mlp_output")'),
+    ("take heads over the wrong axis", "L13", "select.py",
+     "flat = flat.reshape(flat.shape[0], selection.groups, -1)[:, take].reshape(flat.shape[0], -1)",
+     "flat = flat.reshape(flat.shape[0], -1, selection.groups)[:, :, take].reshape(flat.shape[0], -1)"),
+    ("scatter heads over the wrong axis", "L13", "select.py",
+     "        cur = out[rows, pos].reshape(total, selection.groups, -1)\n"
+     "        cur[:, take] = vals.reshape(total, len(selection.take), -1)",
+     "        cur = out[rows, pos].reshape(total, -1, selection.groups)\n"
+     "        cur[:, :, take] = vals.reshape(total, -1, len(selection.take))"),
+    ("reads before writes at one address", "R4", "compile.py",
+     'return (tap.address.rank, 0 if tap.kind == "write" else 1)',
+     'return (tap.address.rank, 1 if tap.kind == "write" else 0)'),
+    ("a head index equal to the count accepted", "L15", "compile.py",
+     "        if h >= address.heads:", "        if h > address.heads:"),
+    ("the stack limit is not enforced", "P41", "compile.py",
+     "    if size > STACK_LIMIT:", "    if False:"),
+    ("anchor text from the top-level column first", "P16", "data.py",
+     "    near = sibling(field, variable)\n    try:\n        value = walk(row, near, path, row_index)",
+     "    near = sibling(field, variable)\n    try:\n        value = row[variable] if variable in row else "
+     "walk(row, near, path, row_index)"),
+    ("the chat template's BOS text kept", "P10", "data.py",
+     "    if bos and text.startswith(bos):", "    if False and bos and text.startswith(bos):"),
+]
+
+
+def apply(copy_root: Path, file: str, old: str, new: str) -> None:
+    target = copy_root / "causalab_ref" / file
+    text = target.read_text(encoding="utf-8")
+    count = text.count(old)
+    if count != 1:
+        raise SystemExit(f"mutant does not apply: {count} matches of {old!r} in {file}")
+    target.write_text(text.replace(old, new), encoding="utf-8")
+
+
+def _environment(copy_root: Path) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(copy_root), PYTHONDONTWRITEBYTECODE="1")
+    # The copy lives outside the repository, so ../shared is not beside it: name the tokenizer.
+    shared = ROOT.parent / "shared" / "tokenizers" / "llama-2"
+    if "CAUSALAB_REF_LLAMA_TOKENIZER" not in env and shared.is_dir():
+        env["CAUSALAB_REF_LLAMA_TOKENIZER"] = str(shared)
+    return env
+
+
+def run_one(mutant) -> tuple[str, str, float, str]:
+    """(verdict, the first failing case, seconds, rule). Only a failing case counts as a catch:
+    a conform run that crashes is an ERROR of this script, not a caught mutant."""
+    name, rule, file, old, new = mutant
+    started = time.time()
+    with tempfile.TemporaryDirectory(prefix="mutant-") as tmp:
+        copy_root = Path(tmp)
+        shutil.copytree(PACKAGE, copy_root / "causalab_ref",
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        if file:
+            apply(copy_root, file, old, new)
+        done = subprocess.run([sys.executable, "-m", "causalab_ref", "conform", "--fail-fast", "--quiet",
+                               "--cases", str(CASES)], cwd=tmp, env=_environment(copy_root),
+                              capture_output=True, text=True)
+    failed = [ln.split()[1] for ln in done.stdout.splitlines() if ln.startswith("FAIL ")]
+    if done.returncode == 0:
+        verdict, by = "SURVIVED", ""
+    elif failed:
+        verdict, by = "caught", failed[0]
+    else:
+        verdict, by = "ERROR", f"conform exit {done.returncode}: {done.stderr.strip().splitlines()[-1:]}"
+    return verdict, by, time.time() - started, rule
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default=None)
+    parser.add_argument("--jobs", type=int, default=2)
+    args = parser.parse_args()
+    mutants = [m for m in MUTANTS if not args.only or args.only in m[0]]
+    # The mutant runs `conform` from its copy, so check the copy can import before anything else.
+    for m in mutants:
+        with tempfile.TemporaryDirectory() as tmp:
+            shutil.copytree(PACKAGE, Path(tmp) / "causalab_ref", ignore=shutil.ignore_patterns("__pycache__"))
+            apply(Path(tmp), m[2], m[3], m[4])
+    print(f"mutate: {len(mutants)} single-rule mutant(s) of causalab_ref, corpus {CASES.relative_to(ROOT)}")
+    started = time.time()
+    control = run_one(("control: the unmutated copy", "-", "", "", ""))
+    if control[0] != "SURVIVED":
+        print(f"the unmutated copy does not pass the corpus ({control[0]} {control[1]}); nothing to measure")
+        return 2
+    print(f"control: the unmutated copy passes the corpus ({control[2]:.0f}s)")
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        results = list(pool.map(run_one, mutants))
+    width = max(len(m[0]) for m in mutants)
+    print(f"{'#':>2}  {'mutant':{width}s}  {'rule':5s} {'file':12s} {'verdict':8s}  caught by")
+    for k, (m, (verdict, by, seconds, rule)) in enumerate(zip(mutants, results), start=1):
+        print(f"{k:2d}  {m[0]:{width}s}  {rule:5s} {m[2]:12s} {verdict:8s}  {by}  ({seconds:.0f}s)")
+    survived = [m[0] for m, r in zip(mutants, results) if r[0] != "caught"]
+    print(f"mutate: {len(mutants) - len(survived)} of {len(mutants)} caught, {len(survived)} not caught "
+          f"({time.time() - started:.0f}s)")
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""Document and data mutations for the fuzz test (tests/test_fuzz.py) and bench/fuzz.py.
+
+`case(rng, tmp)` takes one shipped document and, with the data root, writes a mutated
+copy into `tmp`: wrong types, missing and extra keys, out-of-range and huge numbers,
+unicode, deep nesting, broken JSON, and the same done to a data table. `check(argv)`
+runs the command line in this process and says whether the outcome was the project's
+own: status 0, or status 2 with one `<stage>: ...` line and no traceback.
+
+Model loads are the slow part, so `cached_loads()` keeps one engine per
+(engine, key, revision, dtype, attention, weights) for the life of the process.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import json
+import pathlib
+import random
+import shutil
+from typing import Any
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+DOCUMENTS = sorted((REPO / "documents").glob("*.json"))
+DATA = REPO / "documents" / "data"
+STAGES = ("validation", "compile", "run", "usage")
+
+WEIRD_STRINGS = ["", " ", "..", "../x", "/abs", "a/../../b", "\u00e9t\u00e9", "\U0001F600\U0001F680", "\x00",
+                 "\u202e\u0301", "x" * 5000, "weekdays/../weekdays/train", "weekdays/train#nope", "#",
+                 "weekdays//train", "\ud800", "a.b[0]", "c[999]", "[", "block_output", "eager", "fixture:nope",
+                 "fixture:tiny-gpt2", "-1", "null", "\n\t", "Monday", "\u3042\u3044"]
+WEIRD_NUMBERS = [0, 1, -1, 2, 3, 7, -7, 10 ** 6, -(10 ** 6), 2 ** 31, 2 ** 63, 10 ** 100, -(10 ** 100), 0.5, -0.0,
+                 1e308, float("inf"), float("nan"), True, False]
+
+
+def weird_value(rng: random.Random, depth: int = 0) -> Any:
+    kind = rng.randrange(8 if depth < 3 else 4)
+    if kind == 0:
+        return rng.choice(WEIRD_STRINGS)
+    if kind == 1:
+        return rng.choice(WEIRD_NUMBERS)
+    if kind == 2:
+        return None
+    if kind == 3:
+        return rng.choice([{}, [], [[]], {"sweep": []}, {"sweep": [0, 1]}, {"index": -1}, {"all": True}])
+    if kind == 4:
+        return [weird_value(rng, depth + 1) for _ in range(rng.randrange(4))]
+    if kind == 5:
+        return {rng.choice(WEIRD_STRINGS + ["sweep", "as", "index", "span"]): weird_value(rng, depth + 1)
+                for _ in range(rng.randrange(3))}
+    if kind == 6:  # deep nesting
+        value: Any = 0
+        for _ in range(rng.choice([10, 200, 800])):
+            value = [value] if rng.random() < 0.5 else {"a": value}
+        return value
+    return {"sweep": {"range": [rng.choice(WEIRD_NUMBERS), rng.choice(WEIRD_NUMBERS)]}}
+
+
+def _paths(node: Any, here: tuple = ()) -> list[tuple]:
+    out = [here]
+    if isinstance(node, dict):
+        for k, v in node.items():
+            out += _paths(v, here + (k,))
+    elif isinstance(node, list):
+        for k, v in enumerate(node):
+            out += _paths(v, here + (k,))
+    return out
+
+
+def _get(node: Any, path: tuple) -> Any:
+    for p in path:
+        node = node[p]
+    return node
+
+
+def mutate_tree(rng: random.Random, tree: Any, keys: list[str]) -> Any:
+    """One to three edits at random places: replace, delete, add a key, or nudge a number."""
+    tree = copy.deepcopy(tree)
+    for _ in range(rng.randrange(1, 4)):
+        paths = _paths(tree)
+        path = rng.choice(paths)
+        op = rng.randrange(5)
+        if not path:
+            if op == 0:
+                tree = weird_value(rng)
+            continue
+        parent, last = _get(tree, path[:-1]), path[-1]
+        if op == 0:
+            parent[last] = weird_value(rng)
+        elif op == 1:
+            del parent[last]
+        elif op == 2 and isinstance(parent, dict):
+            parent[rng.choice(keys + WEIRD_STRINGS)] = weird_value(rng)
+        elif op == 3 and isinstance(parent[last], (int, float)) and not isinstance(parent[last], bool):
+            parent[last] = rng.choice([parent[last] + 1, parent[last] - 1, -parent[last], parent[last] * 1000])
+        elif op == 4:  # swap in a value from elsewhere in the tree (a string where a number goes, ...)
+            other = rng.choice(paths)
+            if other and other[: len(path)] != path:
+                parent[last] = copy.deepcopy(_get(tree, other))
+        else:
+            parent[last] = weird_value(rng)
+    return tree
+
+
+def _keys(tree: Any) -> list[str]:
+    return sorted({str(p[-1]) for p in _paths(tree) if p and isinstance(p[-1], str)})
+
+
+def _text(rng: random.Random, tree: Any) -> str:
+    try:
+        text = json.dumps(tree, ensure_ascii=rng.random() < 0.5, allow_nan=True)
+    except RecursionError:  # nested past what json can write: say so in text instead
+        text = "[" * 5000 + "]" * 5000
+    if rng.random() < 0.02:  # nested past what json can read
+        text = "[" * 100_000 + text + "]" * 100_000
+    if rng.random() < 0.08:  # broken JSON: cut, spliced, or not UTF-8
+        how = rng.randrange(3)
+        at = rng.randrange(len(text) + 1)
+        if how == 0:
+            text = text[:at]
+        elif how == 1:
+            text = text[:at] + rng.choice(["{", "]", ",", "\"", "\\u12", "\x00", "NaN", "//"]) + text[at:]
+        else:
+            text = "\ufeff" + text
+    return text
+
+
+def case(rng: random.Random, tmp: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path, str]:
+    """A mutated document (and maybe a mutated data root) in `tmp`; returns (doc, data root, source name)."""
+    source = rng.choice(DOCUMENTS)
+    raw = json.loads(source.read_text(encoding="utf-8"))
+    root = DATA
+    which = rng.random()
+    if which < 0.7:
+        raw = mutate_tree(rng, raw, _keys(raw))
+    if which >= 0.55:  # mutate a data table too (or only)
+        root = tmp / "data"
+        if root.exists():
+            shutil.rmtree(root)
+        shutil.copytree(DATA, root)
+        tables = sorted(root.glob("*/*.json"))
+        table = rng.choice(tables)
+        rows = json.loads(table.read_text(encoding="utf-8"))
+        rows = mutate_tree(rng, rows, _keys(rows))
+        table.write_bytes(_text(rng, rows).encode("utf-8", "surrogatepass"))
+    doc = tmp / "doc.json"
+    doc.write_bytes(_text(rng, raw).encode("utf-8", "surrogatepass"))
+    return doc, root, source.name
+
+
+# ---------------------------------------------------------------- running
+
+
+_ENGINES: dict = {}
+
+
+@contextlib.contextmanager
+def cached_loads():
+    """engine.load (and so HooksEngine.load) memoized per model block and weights, for this process."""
+    from causalab_ref import engine
+
+    original = engine.load
+
+    def load(spec, kind="nnterp", weights=True):
+        key = (kind, spec.key, spec.revision, spec.dtype, spec.attn_implementation, weights)
+        if key not in _ENGINES:
+            _ENGINES[key] = original(spec, kind=kind, weights=weights)
+        return _ENGINES[key]
+
+    engine.load = load
+    try:
+        yield
+    finally:
+        engine.load = original
+
+
+def check(argv: list[str]) -> tuple[bool, int, str]:
+    """Run the CLI in-process; (the outcome is the project's own, status, stderr)."""
+    from causalab_ref import cli
+
+    err, out = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+            try:
+                status = cli.main(argv)
+            except SystemExit as leave:
+                status = leave.code if isinstance(leave.code, int) else 2
+    except BaseException as error:  # anything escaping main is foreign
+        return False, -1, f"escaped main: {type(error).__name__}: {error}"
+    text = err.getvalue()
+    lines = text.strip().splitlines()
+    ok = (status == 0 or (status == 2 and len(lines) == 1 and lines[0].split(":")[0] in STAGES))
+    ok = ok and "Traceback" not in text and "internal error" not in text
+    return ok, status, text
+
+
+def run_case(rng: random.Random, tmp: pathlib.Path, verbs=("validate", "explain", "run"), record: bool = False):
+    """One mutated case through each verb; returns the foreign outcomes as (verb, source, status, stderr),
+    and with `record` also each verb's (verb, status) outcome."""
+    doc, root, source = case(rng, tmp)
+    foreign, outcomes = [], []
+    for verb in verbs:
+        argv = [verb, str(doc), "--data-root", str(root)]
+        if verb == "run":
+            argv += ["--out", str(tmp / "out"), "--replace", "--quiet"]
+        ok, status, text = check(argv)
+        outcomes.append((verb, status))
+        if not ok:
+            foreign.append((verb, source, status, text.strip()[-2000:]))
+    return (foreign, outcomes) if record else foreign
