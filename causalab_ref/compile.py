@@ -61,6 +61,7 @@ class Forward:
     taps: tuple[Tap, ...]
     segments: Optional[tuple[dict, ...]] = None
     sample: str = ""
+    check: str = ""  # row 0 decoded by the tokenizer that encoded the plan
 
     decode: int = 0
 
@@ -312,7 +313,8 @@ def compile_point(raw: Any, label: str, engine, data_root: Path) -> Plan:
                 taps.sort(key=_tap_sort_key)
                 ids, mask, segments, sample = batches[role]
                 forwards.append(Forward(model=model_name, input=role, ids=ids, mask=mask, taps=tuple(taps),
-                                        segments=segments, sample=sample, decode=intervention.decode))
+                                        segments=segments, sample=sample, decode=intervention.decode,
+                                        check=tok.decode(list(ids[0]), skip_special_tokens=False)))
             _check_pattern_layouts(forwards, reads, ipath)
             metrics = []
             for m, metric in intervention.metrics:

@@ -118,6 +118,8 @@ def run_step(engine, step: ObservePlan, batch_size: Optional[int] = None, bar=No
     values are those of one pass; row numbers in refusals are the document's.
     """
     path = f"interventions.{step.intervention}"
+    for forward in step.forwards:
+        check_tokenizer(engine.tokenizer, forward, path)
     rows = len(step.example_ids)
     size = batch_size or rows
     parts = []
@@ -141,6 +143,18 @@ def run_step(engine, step: ObservePlan, batch_size: Optional[int] = None, bar=No
         eligible[metric.name] = both
         tables[metric.name] = score(metric, values[metric.of], read, both)
     return {"positions": positions, "eligible": eligible, "values": values, "scores": tables}
+
+
+def check_tokenizer(tok, forward: Forward, path: str) -> None:
+    """The run's tokenizer must be the one that encoded the plan: row 0 decoded by both must agree.
+
+    Decoded strings are compared, not re-encodings, because encode(decode(ids)) == ids is not a
+    property tokenizers have (SPEC.md "Positions: what is refused")."""
+    here = tok.decode(list(forward.ids[0]), skip_special_tokens=False)
+    if forward.check and here != forward.check:
+        _refuse(f"the tokenizer at run time decodes row 0 of forward '{forward.model}' on '{forward.input}' as "
+                f"{here[:80]!r}, and the plan was encoded by one that decodes it as {forward.check[:80]!r}; "
+                "compile and run against the same checkpoint's tokenizer", f"{path}")
 
 
 def window(step: ObservePlan, lo: int, hi: int) -> ObservePlan:

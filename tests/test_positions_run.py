@@ -369,3 +369,18 @@ def test_cli_tokens_shows_a_documents_rows_with_indices():
     assert lines[2] == "  1: 3:'If' 4:' today' 5:' is' 6:' Friday' 7:',' 8:' tom' 9:'orrow' 10:' is'"
     assert lines[5] == "step 'score', role 'counterfactual': 4 rows x 11 tokens"
     assert lines[6].startswith("  0: 3:'If' 4:' today' 5:' is' 6:' Saturday'")
+
+
+def test_a_run_tokenizer_that_disagrees_with_the_plans_is_refused(llama):
+    """SPEC.md:109 [P52] row 0 decoded by the run's tokenizer and by the plan's must agree, compared as
+    decoded strings (seed 000:334-336)."""
+    from causalab_ref import fixtures
+    plan = compiler.compile_document(copy.deepcopy(PATCHING), llama, DATA)
+    other = fixtures.tokenizer("fixture:tiny-gpt2")
+
+    class Swapped:
+        tokenizer = other
+
+    with pytest.raises(Refusal, match="the tokenizer at run time decodes row 0") as refusal:
+        run.run_step(Swapped(), plan.steps[0])
+    assert refusal.value.stage == "run"

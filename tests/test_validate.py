@@ -610,7 +610,7 @@ def test_negative_decode_is_refused():
 
 
 def test_layers_with_two_entries_is_refused():
-    """SPEC.md:113 [L2] A multi-layer band is refused with B11's text; seed 004:33."""
+    """SPEC.md:114 [L2] A multi-layer band is refused with B11's text; seed 004:33."""
     raw = doc()
     raw["sites"]["target"]["layers"] = [0, 1]
     r = refused(raw)
@@ -620,7 +620,7 @@ def test_layers_with_two_entries_is_refused():
 
 
 def test_per_layer_component_without_layers_is_refused():
-    """SPEC.md:115 [L4] A per-layer component with no layer is refused (reference's reading of B4); seed 004:90."""
+    """SPEC.md:116 [L4] A per-layer component with no layer is refused (reference's reading of B4); seed 004:90."""
     raw = doc()
     del raw["sites"]["target"]["layers"]
     r = refused(raw)
@@ -629,7 +629,7 @@ def test_per_layer_component_without_layers_is_refused():
 
 
 def test_whole_model_component_with_layers_is_refused():
-    """SPEC.md:115 [L4] A whole-model component with a layer is refused; seed 004:90."""
+    """SPEC.md:116 [L4] A whole-model component with a layer is refused; seed 004:90."""
     raw = doc()
     raw["sites"]["head"]["layers"] = [0]
     r = refused(raw)
@@ -638,14 +638,14 @@ def test_whole_model_component_with_layers_is_refused():
 
 
 def test_unknown_component_is_left_to_compile():
-    """SPEC.md:128 [L17] A component the table does not know is refused at compile, not at validation."""
+    """SPEC.md:129 [L17] A component the table does not know is refused at compile, not at validation."""
     raw = doc()
     raw["sites"]["target"]["component"] = "block_ouput"
     assert dict(validate.document(raw).sites)["target"].component == "block_ouput"
 
 
 def test_heads_and_units_together_are_refused():
-    """SPEC.md:125 [L14] `heads` and `units` together are refused with B11's text; seed 004:159."""
+    """SPEC.md:126 [L14] `heads` and `units` together are refused with B11's text; seed 004:159."""
     raw = doc()
     raw["sites"]["target"] = {"component": "attention_z", "layers": [0], "heads": [0], "units": [1]}
     r = refused(raw)
@@ -654,7 +654,7 @@ def test_heads_and_units_together_are_refused():
 
 
 def test_heads_at_block_output_is_refused():
-    """SPEC.md:125 [L14] `heads` only at a per-head tensor, B11's text with the sorted per-head names."""
+    """SPEC.md:126 [L14] `heads` only at a per-head tensor, B11's text with the sorted per-head names."""
     raw = doc()
     raw["sites"]["target"]["heads"] = [0]
     r = refused(raw)
@@ -665,14 +665,14 @@ def test_heads_at_block_output_is_refused():
 
 
 def test_heads_at_a_per_head_tensor_is_accepted():
-    """SPEC.md:112 [L1] A site is component, one layer, and optionally heads; seed 004:3."""
+    """SPEC.md:113 [L1] A site is component, one layer, and optionally heads; seed 004:3."""
     raw = doc()
     raw["sites"]["target"] = {"component": "attention_premix", "layers": [0], "heads": [1, 3]}
     assert dict(validate.document(raw).sites)["target"].heads == (1, 3)
 
 
 def test_empty_repeated_or_negative_heads_are_refused():
-    """SPEC.md:125 [L14] An empty, repeated or negative `heads` list is refused with B11's text."""
+    """SPEC.md:126 [L14] An empty, repeated or negative `heads` list is refused with B11's text."""
     for heads, path in (([], "sites.target.heads"), ([1, 1], "sites.target.heads"),
                         ([0, -1], "sites.target.heads.1")):
         raw = doc()
@@ -682,7 +682,7 @@ def test_empty_repeated_or_negative_heads_are_refused():
 
 
 def test_empty_or_repeated_units_are_refused():
-    """SPEC.md:125 [L14] An empty or repeated `units` list is refused with B11's units text."""
+    """SPEC.md:126 [L14] An empty or repeated `units` list is refused with B11's units text."""
     for units in ([], [2, 2]):
         raw = doc()
         raw["sites"]["target"]["units"] = units
@@ -691,7 +691,7 @@ def test_empty_or_repeated_units_are_refused():
 
 
 def test_write_at_input_ids_is_refused():
-    """SPEC.md:119 [L8] `input_ids` is read-only; B11's full validate text; seed 004:92."""
+    """SPEC.md:120 [L8] `input_ids` is read-only; B11's full validate text; seed 004:92."""
     raw = doc()
     raw["sites"]["target"] = {"component": "input_ids"}
     r = refused(raw)
@@ -701,7 +701,7 @@ def test_write_at_input_ids_is_refused():
 
 
 def test_read_at_input_ids_is_accepted():
-    """SPEC.md:119 [L8] Only a write at `input_ids` is refused; reading the model's input is fine."""
+    """SPEC.md:120 [L8] Only a write at `input_ids` is refused; reading the model's input is fine."""
     raw = doc()
     raw["sites"]["ids"] = {"component": "input_ids"}
     iv(raw)["reads"]["ids"] = {"site": "ids", "pos": -1, "input": "base"}
@@ -709,7 +709,7 @@ def test_read_at_input_ids_is_accepted():
 
 
 def test_view_logits_off_the_residual_stream_is_refused():
-    """SPEC.md:121 [L10] `view: logits` only on the residual stream; F§20/B11 full text; seed 004:41."""
+    """SPEC.md:122 [L10] `view: logits` only on the residual stream; F§20/B11 full text; seed 004:41."""
     raw = doc()
     iv(raw)["reads"]["logits"]["view"] = "logits"
     r = refused(raw)
@@ -720,7 +720,7 @@ def test_view_logits_off_the_residual_stream_is_refused():
 
 
 def test_view_logits_on_the_residual_stream_is_accepted():
-    """SPEC.md:121 [L10] `view: logits` on block_output validates; seed 004:41."""
+    """SPEC.md:122 [L10] `view: logits` on block_output validates; seed 004:41."""
     raw = doc()
     iv(raw)["reads"]["logits"]["site"] = "target"
     iv(raw)["reads"]["logits"]["view"] = "logits"
@@ -728,7 +728,7 @@ def test_view_logits_on_the_residual_stream_is_accepted():
 
 
 def test_logits_view_is_not_an_operand():
-    """SPEC.md:121 [L10] A logits view is vocabulary-wide and cannot be written back (F§8.2 text)."""
+    """SPEC.md:122 [L10] A logits view is vocabulary-wide and cannot be written back (F§8.2 text)."""
     raw = doc()
     iv(raw)["reads"]["v_cf"]["view"] = "logits"
     r = refused(raw)
