@@ -166,33 +166,36 @@ def stream_char_map(tok, ids) -> tuple[int, ...]:
 
     ids = [int(i) for i in ids]
     text = locate._decode(tok, ids)
+    byte = [p.startswith("<0x") and p.endswith(">") for p in tok.convert_ids_to_tokens(ids)]
     backend = tok.backend_tokenizer
     stream = DecodeStream(skip_special_tokens=False)
     offsets: list[int] = []
-    length, pending = 0, []
+    length, pending, group = 0, False, 0
 
-    def by_prefix(k: int) -> None:  # the reference rule at position k
-        prefix = locate._decode(tok, ids[:k])
-        at = len(prefix) if text.startswith(prefix) else offsets[-1]
-        offsets[k] = max(at, offsets[k - 1]) if k else 0
+    def by_prefix(lo: int, hi: int) -> None:  # the reference rule at positions lo..hi-1
+        for k in range(lo, hi):
+            prefix = locate._decode(tok, ids[:k])
+            at = len(prefix) if text.startswith(prefix) else offsets[k - 1]
+            offsets[k] = max(at, offsets[k - 1]) if k else 0
 
     for k, i in enumerate(ids):
         offsets.append(length)
+        if not byte[k]:
+            group = k  # a byte group (consecutive byte-fallback pieces) starts after this
+        elif k == 0 or not byte[k - 1]:
+            group = k
         piece = stream.step(backend, i)
         if piece is None:
-            pending.append(k + 1)
+            pending = True
             continue
-        if pending and piece.startswith("\ufffd"):
-            offsets.append(0)  # placeholder for k + 1 so by_prefix can index
-            offsets.pop()
-            for j in pending:
-                if j < len(offsets):
-                    by_prefix(j)
-        pending = []
-        length += len(piece)
-    for j in pending:  # bytes still incomplete at the end of the row
-        if j < len(offsets):
-            by_prefix(j)
+        if "\ufffd" in piece:  # bytes that did not make a character: decoded as prefixes, then re-synced
+            by_prefix(group + 1, k + 1)
+            length = len(locate._decode(tok, ids[: k + 1]))
+        else:
+            length += len(piece)
+        pending = False
+    if pending:  # bytes still incomplete at the end of the row: their whole group, as prefixes
+        by_prefix(group + 1, len(ids))
     return tuple(offsets) + (len(text),)
 
 

@@ -51,6 +51,12 @@ def rows_of(ref: str, root: Path, path: str = "") -> list[dict]:
         _refuse(f"dataset ref '{ref}': {file} is not a JSON table ({error})", path)
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         _refuse(f"dataset ref '{ref}': {file} is not a JSON array of row objects", path)
+    try:  # a lone surrogate (`"\ud800"`) is JSON but not text any tokenizer takes
+        json.dumps(rows, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as error:
+        _refuse(f"dataset ref '{ref}': {file} holds a string that is not valid Unicode text ({error.reason})", path)
+    except RecursionError:
+        _refuse(f"dataset ref '{ref}': {file} nests too deeply to read", path)
     if split is not None:
         rows = [r for r in rows if r.get("split") == split]
     if not rows:

@@ -9,6 +9,7 @@ it into place only when every step is done. SPEC.md "Runs".
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -141,6 +142,12 @@ def run_step(engine, step: ObservePlan, batch_size: Optional[int] = None, bar=No
             _refuse(f"metric '{metric.name}': no row is both column-eligible and placed by its read "
                     f"'{metric.of}'; a metric of nothing has no mean", f"{path}.metrics.{metric.name}")
         eligible[metric.name] = both
+        width = values[metric.of].shape[-1]
+        top = max((i for _f, ids in metric.answers for i in ids if i is not None), default=-1)
+        if top >= width:  # a metric scores token ids, so its read must hold one value per vocabulary id
+            _refuse(f"metric '{metric.name}' scores token id {top}, and its read '{metric.of}' holds {width} values "
+                    "per position, not the vocabulary's logits; read lm_head or logits, or the residual stream "
+                    "with \"view\": \"logits\"", f"{path}.metrics.{metric.name}")
         tables[metric.name] = score(metric, values[metric.of], read, both)
     return {"positions": positions, "eligible": eligible, "values": values, "scores": tables}
 
@@ -323,6 +330,7 @@ def _dump(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=1) + "\n", encoding="utf-8")
 
 
+@functools.lru_cache(maxsize=None)
 def package_digest() -> str:
     """sha256 over this package's own .py files in path order."""
     h = hashlib.sha256()
@@ -333,15 +341,20 @@ def package_digest() -> str:
     return h.hexdigest()
 
 
-def _versions() -> dict:
+@functools.lru_cache(maxsize=None)
+def _versions_cached() -> tuple:
     from importlib import metadata
-    out = {}
+    out = []
     for name in ("torch", "transformers", "nnsight", "nnterp"):
         try:
-            out[name] = metadata.version(name)
+            out.append((name, metadata.version(name)))
         except metadata.PackageNotFoundError:
-            out[name] = "not installed"
-    return out
+            out.append((name, "not installed"))
+    return tuple(out)
+
+
+def _versions() -> dict:
+    return dict(_versions_cached())
 
 
 def _confined(base: Path, file_path: str, path: str, root: Path) -> Path:

@@ -618,7 +618,12 @@ def digest(raw: Any) -> str:
 def load_json(text: str, path: str = "document") -> Any:
     """Parse JSON, refusing broken JSON with its line and column rather than a traceback."""
     try:
-        return json.loads(text)
+        raw = json.loads(text)
+        json.dumps(raw, ensure_ascii=False).encode("utf-8")  # a lone surrogate is JSON but not text
+        return raw
+    except UnicodeEncodeError as error:
+        raise Refusal(f"{path} holds a string that is not valid Unicode text ({error.reason})",
+                      stage="validation") from None
     except json.JSONDecodeError as error:
         raise Refusal(f"{path} is not JSON: {error.msg} at line {error.lineno} column {error.colno}",
                       stage="validation") from None

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import fuzzing
 
 
-@settings(max_examples=250, deadline=None, database=None, derandomize=True,
+@settings(max_examples=200, deadline=None, database=None, derandomize=True,
           suppress_health_check=list(HealthCheck))
 @given(rng=st.randoms(use_true_random=False))
 def test_mutated_documents_end_in_success_or_a_refusal(rng: random.Random, tmp_path_factory):
@@ -62,3 +62,36 @@ def test_a_sweep_of_too_many_points_is_refused_not_built():
         assert "at most 10000 points" in refusal.message
     else:
         raise AssertionError("not refused")
+
+
+def test_a_lone_surrogate_in_a_document_or_a_table_is_a_refusal(tmp_path):
+    """SPEC.md:154 [R14] `"\\ud800"` is JSON but no tokenizer's text: refused with its path, not a TypeError."""
+    import json
+    import shutil
+    doc = tmp_path / "doc.json"
+    doc.write_text('{"model": "\\ud800"}', encoding="utf-8")
+    ok, status, text = fuzzing.check(["validate", str(doc)])
+    assert ok and status == 2 and "not valid Unicode text" in text, text
+    root = tmp_path / "data"
+    shutil.copytree(fuzzing.DATA, root)
+    table = root / "weekdays" / "train.json"
+    table.write_text(table.read_text(encoding="utf-8").replace('" Friday"', '"\\ud800"', 1), encoding="utf-8")
+    ok, status, text = fuzzing.check(["validate", str(fuzzing.REPO / "documents" / "patching.json"),
+                                      "--data-root", str(root)])
+    assert ok and status == 2 and text.startswith("compile: steps.score.rows.base: ") and "Unicode" in text, text
+    assert json.loads(table.read_text(encoding="utf-8"))  # the table is still JSON
+
+
+def test_a_metric_of_a_read_that_is_not_logits_is_a_refusal(tmp_path):
+    """SPEC.md:154 [R14] a token-scoring metric over a residual without "view": "logits" is refused at run
+    naming the metric, not an IndexError."""
+    import json
+    raw = json.loads((fuzzing.REPO / "documents" / "layer_sweep.json").read_text(encoding="utf-8"))
+    del raw["interventions"]["lens"]["reads"]["lens"]["view"]
+    doc = tmp_path / "doc.json"
+    doc.write_text(json.dumps(raw), encoding="utf-8")
+    with fuzzing.cached_loads():
+        ok, status, text = fuzzing.check(["run", str(doc), "--out", str(tmp_path / "out"), "--quiet"])
+    assert ok and status == 2, text
+    assert text.startswith("run: interventions.lens.metrics.p_answer: metric 'p_answer' scores token id"), text
+    assert not (tmp_path / "out").exists()
