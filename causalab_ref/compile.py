@@ -237,6 +237,18 @@ def _check_selection(address: Address, site, name: str) -> None:
                               stage="compile")
 
 
+def _check_vocabulary_wide(name: str, read, sites, addresses, metric: str, path: str) -> None:
+    """A metric scores token ids, so its read holds the vocabulary's logits: lm_head or logits whole,
+    or a residual-stream read with "view": "logits" (SPEC.md D20)."""
+    site = sites[read.site]
+    whole = site.heads is None and site.units is None
+    if read.view == "logits" or (site.component in ("lm_head", "logits") and whole):
+        return
+    raise Refusal(f"metric '{metric}' scores token ids, and its read '{name}' "
+                  f"at {addresses[read.site].label()} does not hold the vocabulary's logits; read lm_head or logits "
+                  "(whole), or the residual stream with \"view\": \"logits\"", path=f"{path}.of", stage="compile")
+
+
 PATTERN = ("attention_scores", "attention_probs")
 
 
@@ -319,6 +331,7 @@ def compile_point(raw: Any, label: str, engine, data_root: Path) -> Plan:
             metrics = []
             for m, metric in intervention.metrics:
                 mpath = f"{ipath}.metrics.{m}"
+                _check_vocabulary_wide(metric.of, reads[metric.of], sites, addresses, m, mpath)
                 columns = tuple(c for _, c in metric.columns)
                 eligible = data.answer_eligible(base_rows, columns, m, mpath)
                 answers = []

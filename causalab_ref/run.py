@@ -142,12 +142,6 @@ def run_step(engine, step: ObservePlan, batch_size: Optional[int] = None, bar=No
             _refuse(f"metric '{metric.name}': no row is both column-eligible and placed by its read "
                     f"'{metric.of}'; a metric of nothing has no mean", f"{path}.metrics.{metric.name}")
         eligible[metric.name] = both
-        width = values[metric.of].shape[-1]
-        top = max((i for _f, ids in metric.answers for i in ids if i is not None), default=-1)
-        if top >= width:  # a metric scores token ids, so its read must hold one value per vocabulary id
-            _refuse(f"metric '{metric.name}' scores token id {top}, and its read '{metric.of}' holds {width} values "
-                    "per position, not the vocabulary's logits; read lm_head or logits, or the residual stream "
-                    "with \"view\": \"logits\"", f"{path}.metrics.{metric.name}")
         tables[metric.name] = score(metric, values[metric.of], read, both)
     return {"positions": positions, "eligible": eligible, "values": values, "scores": tables}
 
