@@ -86,35 +86,37 @@ class NNterpEngine:
         """
         inputs = {"input_ids": torch.tensor(ids, dtype=torch.long),
                   "attention_mask": torch.tensor(mask, dtype=torch.long)}
-        from . import select
         saved: dict[str, Any] = {}
         with torch.no_grad(), self.model.trace(inputs):
             written: dict[Any, Any] = {}
             for tap, selection, operand in items:
-                key = (tap.address.component, tap.address.layer)
-                current = written[key] if key in written else access.value(self.model, tap.address)
-                if tap.kind == "write":
-                    part = select.gather(current, selection)
-                    new = select.scatter(current, selection, _mechanism(tap, part, operand))
-                    access.assign(self.model, tap.address, new)
-                    written[key] = new
-                else:
-                    saved[tap.name] = select.gather(current, selection).save()
+                read = self._act(tap, selection, operand, written)
+                if read is not None:
+                    saved[tap.name] = read
         views = {tap.name: tap.view for tap, _s, _o in items}
         return {name: self._viewed(_unwrap(value).detach().cpu(), views[name]) for name, value in saved.items()}
 
+    def _current(self, tap, written: dict):
+        """The tensor at the tap's address in the running trace (what an earlier write landed, if any)."""
+        key = (tap.address.component, tap.address.layer)
+        return written[key] if key in written else access.value(self.model, tap.address)
+
+    def _act(self, tap, selection, operand, written: dict, current=None):
+        """One tap inside a running trace: a write lands (and is remembered, so a later read at the same
+        address sees it), a read is gathered and saved. Returns the saved read, or None for a write."""
+        from . import select
+        key = (tap.address.component, tap.address.layer)
+        current = self._current(tap, written) if current is None else current
+        if tap.kind == "write":
+            part = select.gather(current, selection)
+            new = select.scatter(current, selection, _mechanism(tap, part, operand))
+            access.assign(self.model, tap.address, new)
+            written[key] = new
+            return None
+        return select.gather(current, selection).save()
+
     def _viewed(self, value: torch.Tensor, view: str) -> torch.Tensor:
-        """`"view": "logits"`: the gathered residual through the final norm, the head, and the family's
-        final logit softcapping where it has one (Gemma-2)."""
-        if view != "logits":
-            return value
-        norm, head = self.model.ln_final._module, self.model.lm_head._module
-        with torch.no_grad():
-            logits = head(norm(value.to(head.weight.dtype)))
-            cap = getattr(self.model.config, "final_logit_softcapping", None)
-            if cap:
-                logits = torch.tanh(logits / cap) * cap
-        return logits
+        return logits_view(value, view, self.model.ln_final._module, self.model.lm_head._module, self.model.config)
 
     def generate(self, ids, mask, decode: int, items) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """Greedy decode of `decode` tokens with EOS held off (min == max new tokens), taps per step.
@@ -125,7 +127,6 @@ class NNterpEngine:
         generated token k. A stacked read comes back (rows, steps, features); any other
         read as its selection gathers. Returns (reads, generated ids (rows, decode)).
         """
-        from . import select
         inputs = {"input_ids": torch.tensor(ids, dtype=torch.long),
                   "attention_mask": torch.tensor(mask, dtype=torch.long)}
         length = len(ids[0])
@@ -140,20 +141,15 @@ class NNterpEngine:
                 for tap, selection, operand, steps in items:
                     if step not in steps:
                         continue
-                    key = (tap.address.component, tap.address.layer)
-                    current = written[key] if key in written else access.value(self.model, tap.address)
+                    current = self._current(tap, written)
+                    here = current.shape[tap.address.seq_axis]
                     if tap.pos.frame == "generated":
-                        n = current.shape[tap.address.seq_axis]
-                        selection = replace(selection, windows=tuple((n - 1,) for _ in ids), ragged=False)
+                        selection = replace(selection, windows=tuple((here - 1,) for _ in ids), ragged=False)
                     else:
-                        selection = _right_aligned(selection, current.shape[tap.address.seq_axis], length, tap)
-                    if tap.kind == "write":
-                        part = select.gather(current, selection)
-                        new = select.scatter(current, selection, _mechanism(tap, part, operand))
-                        access.assign(self.model, tap.address, new)
-                        written[key] = new
-                    else:
-                        saved[tap.name].append(select.gather(current, selection).save())
+                        selection = _right_aligned(selection, here, length, tap)
+                    read = self._act(tap, selection, operand, written, current)
+                    if read is not None:
+                        saved[tap.name].append(read)
                 counter[0] = step + 1
             generated = self.model.generator.output.save()
         reads = {}
@@ -165,21 +161,37 @@ class NNterpEngine:
         return reads, _unwrap(generated).detach().cpu()[:, length:]
 
     def run_record(self, batch_size: Optional[int]) -> dict:
-        record = {
-            "engine": "NNterpEngine",
-            "remote": False,
-            "batch_size": batch_size,
-            "model": {"key": self.spec.key, "revision": self.spec.revision, "dtype": self.spec.dtype,
-                      "attn_implementation": self.spec.attn_implementation},
-            "device": "cpu",
-        }
-        if self.recipe is not None:
-            record["fixture_recipe"] = self.recipe
-        try:
-            record["served_dtype"] = str(self.model.lm_head.weight.dtype)
-        except Exception:  # a meta shell has no served dtype to report
-            pass
-        return record
+        return run_record("NNterpEngine", self.spec, batch_size, self.recipe, self.model.lm_head.weight)
+
+
+def run_record(engine: str, spec: Model, batch_size: Optional[int], recipe: Optional[str], head_weight) -> dict:
+    """What run.json says about the engine and the model (both engines)."""
+    record = {
+        "engine": engine,
+        "remote": False,
+        "batch_size": batch_size,
+        "model": {"key": spec.key, "revision": spec.revision, "dtype": spec.dtype,
+                  "attn_implementation": spec.attn_implementation},
+        "device": "cpu",
+    }
+    if recipe is not None:
+        record["fixture_recipe"] = recipe
+    if head_weight is not None and head_weight.device.type != "meta":
+        record["served_dtype"] = str(head_weight.dtype)
+    return record
+
+
+def logits_view(value: torch.Tensor, view: str, norm, head, config) -> torch.Tensor:
+    """`"view": "logits"`: the gathered residual through the final norm, the head, and the family's
+    final logit softcapping where it has one (Gemma-2). Other views pass through."""
+    if view != "logits":
+        return value
+    with torch.no_grad():
+        logits = head(norm(value.to(head.weight.dtype)))
+        cap = getattr(config, "final_logit_softcapping", None)
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+    return logits
 
 
 def _right_aligned(selection, have: int, length: int, tap):

@@ -46,6 +46,7 @@ from typing import Any, Optional
 import torch
 
 from . import access, address, fixtures, select
+from .engine import logits_view, run_record
 from .shapes import Model, Refusal
 
 INTERIOR = ("component '{name}' is an interior — one argument of one call inside a module's forward — and a "
@@ -262,12 +263,7 @@ class HooksEngine:
             return value
         norm = self.hf_model.get_submodule(self.module_name(self.locate("ln_final", None)))
         head = self.hf_model.get_submodule(self.module_name(self.locate("lm_head", None)))
-        with torch.no_grad():
-            logits = head(norm(value.to(head.weight.dtype)))
-            cap = getattr(self.hf_model.config, "final_logit_softcapping", None)
-            if cap:
-                logits = torch.tanh(logits / cap) * cap
-        return logits
+        return logits_view(value, view, norm, head, self.hf_model.config)
 
     def generate(self, ids, mask, decode: int, items):
         """Decoding (the generated frame) is the nnterp engine's; refused here by name."""
@@ -275,16 +271,5 @@ class HooksEngine:
                       "document on the nnterp engine", stage="run")
 
     def run_record(self, batch_size: Optional[int]) -> dict:
-        record = {
-            "engine": "HooksEngine",
-            "remote": False,
-            "batch_size": batch_size,
-            "model": {"key": self.spec.key, "revision": self.spec.revision, "dtype": self.spec.dtype,
-                      "attn_implementation": self.spec.attn_implementation},
-            "device": "cpu",
-        }
-        if self.recipe is not None:
-            record["fixture_recipe"] = self.recipe
-        if self.hf_model is not None:
-            record["served_dtype"] = str(self.hf_model.lm_head.weight.dtype)
-        return record
+        head = self.hf_model.lm_head.weight if self.hf_model is not None else None
+        return run_record("HooksEngine", self.spec, batch_size, self.recipe, head)
