@@ -8,7 +8,7 @@ reads at one address). `explain` prints it. SPEC.md "Documents: compile".
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 

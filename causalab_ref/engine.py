@@ -57,25 +57,9 @@ class NNterpEngine:
 
     def describe_components(self) -> dict:
         """Every component at every layer: width and operation, or the reason it is not there."""
-        lines = [f"{self.spec.key} via nnterp: {self.num_layers} layers, "
-                 f"padding_side={self.tokenizer.padding_side}, {address.runs_attention(self.model)} attention"]
-        answers: dict[str, Any] = {}
-        for name, row in address.TABLE.items():
-            layers = range(self.num_layers) if row["layered"] else [None]
-            for layer in layers:
-                label = name if layer is None else f"{name}[{layer}]"
-                try:
-                    a = self.locate(name, layer)
-                except Refusal as refusal:
-                    answers[label] = {"resolves": False, "why": refusal.message}
-                    lines.append(f"  {label:24s} --   {refusal.message}")
-                    continue
-                answers[label] = {"resolves": True, "width": a.width, "op": a.op}
-                width = f"width={a.width}" if a.width is not None else "no width (no featurizer here)"
-                op = f"  op={a.op}" if a.op else ""
-                lines.append(f"  {label:24s} ok   {width}{op}")
-        return {"text": "\n".join(lines), "key": self.spec.key, "engine": "nnterp", "num_layers": self.num_layers,
-                "padding_side": self.tokenizer.padding_side, "components": answers}
+        def detail(a):
+            return {}, (f"  op={a.op}" if a.op else "")
+        return describe_components(self, "nnterp", address.runs_attention(self.model), detail)
 
     # -------------------------------------------------------------- run-time
 
@@ -162,6 +146,29 @@ class NNterpEngine:
 
     def run_record(self, batch_size: Optional[int]) -> dict:
         return run_record("NNterpEngine", self.spec, batch_size, self.recipe, self.model.lm_head.weight)
+
+
+def describe_components(engine, name: str, attention: str, detail) -> dict:
+    """The `model` verb's answer for either engine: each component at each layer, its width and what
+    `detail(address)` adds (answer fields, line text), or the reason the place is not there."""
+    lines = [f"{engine.spec.key} via {name}: {engine.num_layers} layers, "
+             f"padding_side={engine.tokenizer.padding_side}, {attention} attention"]
+    answers: dict[str, Any] = {}
+    for component, row in address.TABLE.items():
+        for layer in (range(engine.num_layers) if row["layered"] else [None]):
+            label = component if layer is None else f"{component}[{layer}]"
+            try:
+                a = engine.locate(component, layer)
+            except Refusal as refusal:
+                answers[label] = {"resolves": False, "why": refusal.message}
+                lines.append(f"  {label:24s} --   {refusal.message}")
+                continue
+            fields, text = detail(a)
+            answers[label] = {"resolves": True, "width": a.width, "op": a.op, **fields}
+            width = f"width={a.width}" if a.width is not None else "no width (no featurizer here)"
+            lines.append(f"  {label:24s} ok   {width}{text}")
+    return {"text": "\n".join(lines), "key": engine.spec.key, "engine": name, "num_layers": engine.num_layers,
+            "padding_side": engine.tokenizer.padding_side, "components": answers}
 
 
 def run_record(engine: str, spec: Model, batch_size: Optional[int], recipe: Optional[str], head_weight) -> dict:

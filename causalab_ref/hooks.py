@@ -46,7 +46,7 @@ from typing import Any, Optional
 import torch
 
 from . import access, address, fixtures, select
-from .engine import logits_view, run_record
+from .engine import describe_components, logits_view, run_record
 from .shapes import Model, Refusal
 
 INTERIOR = ("component '{name}' is an interior — one argument of one call inside a module's forward — and a "
@@ -154,25 +154,10 @@ class HooksEngine:
 
     def describe_components(self) -> dict:
         """Every component at every layer: width and operation, or the reason it is not there."""
-        attn = address.runs_attention(self.shell)
-        lines = [f"{self.spec.key} via hooks: {self.num_layers} layers, "
-                 f"padding_side={self.tokenizer.padding_side}, {attn} attention"]
-        answers: dict[str, Any] = {}
-        for name, row in address.TABLE.items():
-            for layer in (range(self.num_layers) if row["layered"] else [None]):
-                label = name if layer is None else f"{name}[{layer}]"
-                try:
-                    a = self.locate(name, layer)
-                except Refusal as refusal:
-                    answers[label] = {"resolves": False, "why": refusal.message}
-                    lines.append(f"  {label:24s} --   {refusal.message}")
-                    continue
-                module = self.module_name(a)
-                answers[label] = {"resolves": True, "width": a.width, "op": a.op, "module": module, "io": a.io}
-                width = f"width={a.width}" if a.width is not None else "no width (no featurizer here)"
-                lines.append(f"  {label:24s} ok   {width}  hook={module or '<root>'}.{a.io}")
-        return {"text": "\n".join(lines), "key": self.spec.key, "engine": "hooks", "num_layers": self.num_layers,
-                "padding_side": self.tokenizer.padding_side, "components": answers}
+        def detail(a):
+            module = self.module_name(a)
+            return {"module": module, "io": a.io}, f"  hook={module or '<root>'}.{a.io}"
+        return describe_components(self, "hooks", address.runs_attention(self.shell), detail)
 
     # -------------------------------------------------------------- run-time
 

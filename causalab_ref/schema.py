@@ -14,13 +14,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-METRIC_COLUMNS = {
-    "match": ("expected",),
-    "logit_diff": ("a", "b"),
-    "cross_entropy": ("target",),
-    "token_logit": ("token",),
-    "token_prob": ("token",),
-}
+from .validate import METRIC_COLUMNS
 
 
 def _sw(shape: dict) -> dict:

@@ -7,7 +7,7 @@ SPEC.md "Documents" and "Positions: the cut" describe the fields.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 # ---------------------------------------------------------------- refusals

@@ -1,7 +1,6 @@
 """--batch-size: rows split into windows, each running the whole pass; results are one pass's."""
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 

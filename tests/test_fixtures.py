@@ -1,7 +1,6 @@
 """The four fixtures: keys, tokenizers, chat template, reproducible builds, refusals."""
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pathlib

@@ -7,28 +7,15 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import json
-import shutil
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from causalab_ref import locate
+from causalab_ref import fixtures, locate
 from causalab_ref.shapes import Anchor, Frame, Where
 
-LLAMA_MODEL = Path("/work/shared/tokenizers/llama-2/tokenizer.model")
-LLAMA_CONFIG = {
-    "tokenizer_class": "LlamaTokenizer",
-    "legacy": False,
-    "add_bos_token": True,
-    "add_eos_token": False,
-    "padding_side": "left",
-    "bos_token": "<s>",
-    "eos_token": "</s>",
-    "unk_token": "<unk>",
-}
 WEEKDAYS = ["If today is Thursday, tomorrow is", "If today is Friday, tomorrow is"]
 ARITHMETIC = [
     "Q: What day is one days after Monday?\nA:",
@@ -50,34 +37,16 @@ CHAT_SAMPLE = (
 )
 
 
-def _fixture_tokenizer(key):
-    try:
-        from causalab_ref import fixtures
-
-        return fixtures.tokenizer(key)
-    except Exception:
-        return None
-
-
 @pytest.fixture(scope="session")
-def llama(tmp_path_factory):
-    tok = _fixture_tokenizer("fixture:tiny-llama")
-    if tok is not None:
-        return tok
-    from transformers import AutoTokenizer
-
-    where = tmp_path_factory.mktemp("llama-2")
-    shutil.copy(LLAMA_MODEL, where / "tokenizer.model")
-    (where / "tokenizer_config.json").write_text(json.dumps(LLAMA_CONFIG))
-    return AutoTokenizer.from_pretrained(str(where))
+def llama():
+    """The Llama fixture's tokenizer: the Llama-2 tokenizer.model, legacy false (the seed's ids)."""
+    return fixtures.tokenizer("fixture:tiny-llama")
 
 
 @pytest.fixture(scope="session")
 def gpt2():
-    tok = _fixture_tokenizer("fixture:tiny-gpt2")
-    if tok is None:
-        pytest.skip("causalab_ref.fixtures has no working fixture:tiny-gpt2 yet")
-    return tok
+    """The GPT-2 fixture's tokenizer: a 1000-id byte-level BPE with no BOS."""
+    return fixtures.tokenizer("fixture:tiny-gpt2")
 
 
 @pytest.fixture
