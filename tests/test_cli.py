@@ -149,7 +149,7 @@ def test_explain_json():
 
 
 def test_data_lists_rows_columns_and_splits():
-    """SPEC.md:21 [D9] `data <dir>/<table>` reads documents/data/<dir>/<table>.json: rows, columns, splits."""
+    """SPEC.md:159 [R18] SPEC.md:21 [D9] `data <dir>/<table>` reads documents/data/<dir>/<table>.json: rows, columns, splits."""
     proc = cli("data", "weekdays/train")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
@@ -170,7 +170,7 @@ def test_data_json():
 
 
 def test_vocab_lists_21_components_and_the_position_forms():
-    """SPEC.md:118 [L5] `vocab` lists the 21 components (B2) and the seed's position forms; seed 000:11, seed 004:175."""
+    """SPEC.md:158 [R17] SPEC.md:118 [L5] `vocab` lists the 21 components (B2) and the seed's position forms; seed 000:11, seed 004:175."""
     proc = cli("vocab")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
@@ -230,3 +230,14 @@ def test_model_answers_every_component_at_every_layer():
     assert sorted(answers) == sorted(labels)
     assert answers["attention_key[1]"] == {"resolves": True, "width": 32, "op": "attention_interface_0"}
     assert not answers["mlp_activation[1]"]["resolves"]
+
+
+def test_tokens_shows_each_texts_pieces_with_indices_and_column_usability(capsys):
+    """SPEC.md:160 [R19] `tokens KEY TEXT…` prints the content tokens with their padded-batch indices and
+    says when a text is not usable as a metric column (seed 000:179: " Tuesday" is three tokens)."""
+    from causalab_ref import cli as cli_module
+    assert cli_module.main(["tokens", "fixture:tiny-llama", " Tuesday", " Monday"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "' Tuesday'  3 token(s)  <- not usable as a metric column"
+    assert lines[2] == "' Monday'  1 token(s)"
+    assert lines[3].strip().startswith("3:")
