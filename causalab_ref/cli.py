@@ -173,9 +173,10 @@ def cmd_tokens(args):
     lines, out = [], {}
     ids, _mask, frame = locate.frame_of_texts(tok, list(args.texts))
     for r, text in enumerate(args.texts):
-        content = ids[r][frame.starts[r]:frame.ends[r]]
-        pieces = [f"{frame.starts[r] + k}:{tok.decode([i])!r}" for k, i in enumerate(content)]
-        n = len(tok.encode(text, add_special_tokens=False))
+        # pieces cut by the run's character map, so a piece keeps the space a lone decode drops
+        pieces = [f"{k}:{locate.tokens_of(frame, (k,), r)}" for k in range(frame.starts[r], frame.ends[r])]
+        # the metric-column rule (space_prefixed): one space before the stripped text, no specials
+        n = len(tok.encode(" " + text.lstrip(), add_special_tokens=False))
         lines.append(f"{text!r}  {n} token(s){'  <- not usable as a metric column' if n != 1 else ''}")
         lines.append("  " + " ".join(pieces))
         out[text] = {"tokens": n, "ids": list(ids[r]), "one_token": n == 1}
