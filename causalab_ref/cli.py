@@ -188,7 +188,26 @@ def cmd_model(args):
     from .shapes import Model
     eng = engine.load(Model(key=args.key, revision=args.revision, dtype="fp32",
                             attn_implementation=args.attn_implementation), kind=args.engine, weights=False)
+    if args.lands:
+        return _where_each_lands(eng, args.layer)
     return eng.describe_components()
+
+
+def _where_each_lands(eng, layer: int):
+    """The seed's "where each one lands" printout: rank, io and module (or operation) of every name."""
+    from . import address
+    lines, out = [], {}
+    for name, row in address.TABLE.items():
+        try:
+            a = eng.locate(name, layer if row["layered"] else None)
+        except Refusal as refusal:
+            lines.append(f"{name:22s} --   {refusal.message}")
+            out[name] = {"resolves": False, "why": refusal.message}
+            continue
+        place = f"op={a.op}" if a.op else f"module={a.module!r}"
+        lines.append(f"{name:22s} rank={str(a.rank):10s} io={str(a.io):7s} {place}")
+        out[name] = {"resolves": True, "rank": list(a.rank), "io": a.io, "module": a.module, "op": a.op}
+    return {"text": "\n".join(lines), "key": eng.spec.key, "layer": layer, "lands": out}
 
 
 def cmd_conform(args):
@@ -246,6 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--revision", default="main")
     p.add_argument("--engine", choices=("nnterp", "hooks"), default="nnterp")
     p.add_argument("--attn-implementation", choices=("eager", "sdpa"), default=None)
+    p.add_argument("--lands", action="store_true", help="print where each component lands: rank, io, module")
+    p.add_argument("--layer", type=int, default=0, help="the layer --lands asks per-layer components at")
     p = verb("conform", cmd_conform, "run the conformance corpus against an implementation (default: this one)")
     p.add_argument("--impl", default=None, help="the other implementation's command, e.g. \"mycli --flag\"")
     p.add_argument("--cases", default=None, help="the corpus folder (default tests/conformance)")

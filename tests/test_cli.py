@@ -241,3 +241,32 @@ def test_tokens_shows_each_texts_pieces_with_indices_and_column_usability(capsys
     assert lines[0] == "' Tuesday'  3 token(s)  <- not usable as a metric column"
     assert lines[2] == "' Monday'  1 token(s)"
     assert lines[3].strip().startswith("3:")
+
+
+SEED_LANDS_LLAMA = {  # seed 004:57-79: module and io at layer 0 on the tiny Llama (interiors: no module)
+    "attention_probs": ("self_attn", "output"), "input_ids": ("embed_tokens", "input"),
+    "embeddings": ("embed_tokens", "output"), "block_input": ("", "input"),
+    "attention_input_norm": ("input_layernorm", "output"), "attention_premix": ("self_attn.o_proj", "input"),
+    "attention_output": ("self_attn", "output"), "block_mid": ("post_attention_layernorm", "input"),
+    "mlp_input_norm": ("post_attention_layernorm", "output"), "mlp_input": ("mlp", "input"),
+    "mlp_activation": ("mlp.act_fn", "output"), "mlp_neuron_output": ("mlp.down_proj", "input"),
+    "mlp_output": ("mlp", "output"), "block_output": ("", "output"), "ln_final": ("ln_final", "output"),
+    "lm_head": ("lm_head", "output"), "logits": ("", "output"),
+}
+
+
+def test_model_lands_prints_the_seeds_where_each_one_lands_table(capsys):
+    """SPEC.md:131 [L18] `model KEY --lands` prints every name's rank, io and module (or operation) at layer 0;
+    on the Llama fixture the modules and io are the seed's (seed 004:45-82) and ranks are in forward order."""
+    from causalab_ref import cli as cli_module
+    assert cli_module.main(["--json", "model", "fixture:tiny-llama", "--lands", "--attn-implementation",
+                            "eager"]) == 0
+    lands = json.loads(capsys.readouterr().out)["lands"]
+    assert {n: (v["module"], v["io"]) for n, v in lands.items() if v["module"] is not None} == SEED_LANDS_LLAMA
+    interiors = ("attention_query", "attention_key", "attention_scores", "attention_z")
+    assert all(lands[n]["op"] == "attention_interface_0" and lands[n]["io"] is None for n in interiors)
+    order = ["input_ids", "embeddings", "block_input", "attention_input_norm", "attention_query", "attention_key",
+             "attention_scores", "attention_probs", "attention_z", "attention_premix", "attention_output",
+             "block_mid", "mlp_input_norm", "mlp_input", "mlp_activation", "mlp_neuron_output", "mlp_output",
+             "block_output", "ln_final", "lm_head", "logits"]
+    assert sorted(lands, key=lambda n: lands[n]["rank"]) == order
