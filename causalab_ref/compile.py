@@ -148,7 +148,7 @@ def _batch(tok, rows: list[dict], field: str, path: str):
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     if not any(chats):
-        ids, mask, _frame = locate.frame_of_texts(tok, values)
+        ids, mask, _frame = locate.frame_of_texts(tok, values, char_map=False)
         return ids, mask, None, ""
     texts = [data.render_chat(tok, v, path) for v in values]
     ids, mask, frame = locate.frame_of_texts(tok, texts)

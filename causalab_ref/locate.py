@@ -107,9 +107,10 @@ def frame_of_ids(tok, ids, mask, segments=None, char_map=True) -> shapes.Frame:
     )
 
 
-def frame_of_texts(tok, texts: Sequence[str]):
+def frame_of_texts(tok, texts: Sequence[str], char_map: bool = True):
     """Tokenize a batch as the run does — padding=True on the tokenizer's own side,
-    special tokens added, a missing pad token set to eos — and frame it.
+    special tokens added, a missing pad token set to eos — and frame it (with no
+    character map when `char_map` is False: only the ids and content spans are wanted).
 
     Returns (ids, mask, frame) with ids and mask as tuples of tuples of ints.
     """
@@ -118,7 +119,7 @@ def frame_of_texts(tok, texts: Sequence[str]):
     enc = tok(list(texts), padding=True, add_special_tokens=True)
     ids = tuple(tuple(int(i) for i in row) for row in enc["input_ids"])
     mask = tuple(tuple(int(m) for m in row) for row in enc["attention_mask"])
-    return ids, mask, frame_of_ids(tok, ids, mask)
+    return ids, mask, frame_of_ids(tok, ids, mask, char_map=char_map)
 
 
 def segments_of(text: str, messages: Sequence[dict]) -> dict:

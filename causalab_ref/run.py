@@ -70,10 +70,17 @@ def place(frame, taps, dynamic: bool, path: str, offset: int = 0) -> dict[str, R
     return out
 
 
-def resolve_taps(engine, step: ObservePlan, forward: Forward, path: str, offset: int = 0) -> dict[str, Resolved]:
-    """The prompt-frame taps of one forward, resolved against the model's tokenizer."""
-    frame = locate.frame_of_ids(engine.tokenizer, forward.ids, forward.mask, segments=forward.segments,
-                                char_map=step.dynamic)
+def resolve_taps(engine, step: ObservePlan, forward: Forward, path: str, offset: int = 0,
+                 frames: Optional[dict] = None) -> dict[str, Resolved]:
+    """The prompt-frame taps of one forward, resolved against the model's tokenizer.
+
+    `frames` caches each role's frame within a pass: two forwards on one role share their rows,
+    so the character map (the expensive half) is built once."""
+    frames = {} if frames is None else frames
+    if forward.input not in frames:
+        frames[forward.input] = locate.frame_of_ids(engine.tokenizer, forward.ids, forward.mask,
+                                                    segments=forward.segments, char_map=step.dynamic)
+    frame = frames[forward.input]
     return place(frame, [t for t in forward.taps if t.pos.frame == "prompt"], step.dynamic, path, offset)
 
 
@@ -174,8 +181,9 @@ def _pass(engine, step: ObservePlan, path: str, offset: int):
     """The forwards of one window of rows: (values read, where each tap acted)."""
     values: dict[str, torch.Tensor] = {}
     placed: dict[str, Resolved] = {}
+    frames: dict = {}
     for forward in step.forwards:
-        resolved = resolve_taps(engine, step, forward, path, offset)
+        resolved = resolve_taps(engine, step, forward, path, offset, frames)
         if forward.decode:
             resolved, read = decode_forward(engine, forward, resolved, values, placed, path, offset)
         else:
