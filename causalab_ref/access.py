@@ -7,7 +7,7 @@ uses on an address: `value(model, address)` (the tensor held there, to read or
 inside a `with model.trace(...)` block, and — nnsight's rule — in forward order
 (`Address.rank`), reads and writes interleaved as the forward meets them.
 
-How each kind of place is reached (SPEC.md section 3; stack-facts "Tracing rules"):
+How each kind of place is reached (SPEC.md §3 Locations; stack-facts "Tracing rules"):
 
 * a module boundary: the envoy's `.input` (first argument) or `.output`; a tuple
   output is its element 0, and a write puts the new value in that slot;
@@ -29,6 +29,16 @@ from typing import Any, Optional
 from .shapes import Address, Refusal
 
 # ---------------------------------------------------------------- loading
+
+#: the document's dtypes (SPEC.md D5) as torch's names; the one map both engines load with
+DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+def torch_dtype(name: str):
+    """The torch dtype of a document's `dtype` (`fp32`, `bf16`)."""
+    import torch
+
+    return getattr(torch, DTYPES[name])
 
 
 def _gpt2_probs_source():
@@ -87,10 +97,7 @@ def load(path: str, attn_implementation: Optional[str] = None, weights: bool = T
     if weights:
         kw["use_safetensors"] = True
     if dtype is not None:
-        import torch
-
-        kw["dtype"] = getattr(torch, {"fp32": "float32", "fp16": "float16",
-                                      "bf16": "bfloat16"}.get(dtype, dtype))
+        kw["dtype"] = torch_dtype(dtype)
     kw.update(overrides)
     dispatch_after = False
     if model_type == "gpt_oss" and kw.get("enable_attention_probs") and kw.get("dispatch"):
@@ -130,29 +137,31 @@ def _op(model, address: Address, touch: bool = True):
     return op
 
 
-def _softmax(model, address: Address):
+def _softmax(model, address: Address, path: str = ""):
     op = _op(model, address)
     inner = op.source
     names = [n for n in inner.accessor.line_numbers if "softmax" in n.lower()]
     if len(names) != 1:
         raise Refusal(f"component '{address.component}': the function '{address.op}' dispatches "
                       f"to has {len(names)} softmax operations ({names}); its operations are "
-                      f"{list(inner.accessor.line_numbers)}", stage="run")
+                      f"{list(inner.accessor.line_numbers)}", path=path, stage="run")
     return getattr(inner, names[0])
 
 
 _ARG = {"attention_query": 1, "attention_key": 2}
 
 
-def value(model, address: Address):
-    """The tensor held at `address` in the running trace (read it, or `.save()` it)."""
+def value(model, address: Address, path: str = ""):
+    """The tensor held at `address` in the running trace (read it, or `.save()` it).
+
+    `path` is the document path a refusal here carries (the site's, `sites.<site>`)."""
     name = address.component
     if name in _ARG:
         return _op(model, address).inputs[0][_ARG[name]]
     if name == "attention_z":
         return _op(model, address).output[0]
     if name == "attention_scores":
-        return _softmax(model, address).input
+        return _softmax(model, address, path).input
     if name == "attention_probs":
         return model.attention_probabilities[address.layer]
     if name == "logits":
@@ -162,12 +171,12 @@ def value(model, address: Address):
     return got[0] if isinstance(got, tuple) else got
 
 
-def assign(model, address: Address, new) -> None:
-    """Replace the tensor at `address` with `new` in the running trace."""
+def assign(model, address: Address, new, path: str = "") -> None:
+    """Replace the tensor at `address` with `new` in the running trace (`path` as for `value`)."""
     name = address.component
     if name == "input_ids":
         raise Refusal("input_ids is read-only: it is the model's input, and a write naming it "
-                      "means nothing", stage="run")
+                      "means nothing", path=path, stage="run")
     if name in _ARG:
         op = _op(model, address)
         args, kwargs = op.inputs
@@ -181,7 +190,7 @@ def assign(model, address: Address, new) -> None:
         op.output = (new, *out[1:]) if isinstance(out, tuple) else new
         return
     if name == "attention_scores":
-        _softmax(model, address).input = new
+        _softmax(model, address, path).input = new
         return
     if name == "attention_probs":
         model.attention_probabilities[address.layer] = new

@@ -1,6 +1,6 @@
 """Address: the component table, and `locate`, which turns a name into a `shapes.Address`.
 
-This module owns the 21 component names (SPEC.md section 3; seed 004 "The component
+This module owns the 21 component names (SPEC.md §3 Locations; seed 004 "The component
 list") as plain data: what each tensor is, whether it is one per layer or one per
 model, whether it is per head and over which head count, whether it needs eager
 attention, whether it is read-only, which model attribute its width is, and its
@@ -309,12 +309,12 @@ def _is_parallel(model, layer_envoy) -> bool:
     return _has(layer_envoy, "mlp") and not any(_has(layer_envoy, p) for p in between)
 
 
-def find_op(attn_envoy, needle: str = NEEDLE, what: str = "") -> str:
+def find_op(attn_envoy, needle: str = NEEDLE, what: str = "", path: str = "") -> str:
     """The one `.source` operation of the attention forward whose call site is `needle`.
 
     Matches operations whose source line contains the needle and whose name is the
     callee's (`attention_interface_<k>`); refused unless exactly one matches, listing
-    every operation the forward has.
+    every operation the forward has. `path` is the document path the refusal carries.
     """
     acc = attn_envoy.source.accessor
     lines = acc.source.split("\n")
@@ -328,7 +328,7 @@ def find_op(attn_envoy, needle: str = NEEDLE, what: str = "") -> str:
     if len(hits) != 1:
         raise Refusal(
             f"{what or 'the attention forward'}: {len(hits)} operations match the call "
-            f"{needle!r} ({hits}); the forward's operations are {names}", stage="compile")
+            f"{needle!r} ({hits}); the forward's operations are {names}", path=path, stage="compile")
     return hits[0]
 
 
@@ -343,16 +343,15 @@ def _unknown(name: str) -> str:
 
 def locate(model, name: str, layer: Optional[int] = None, site: str = "target",
            attn_implementation: Optional[str] = None,
-           extra: Optional[Mapping[str, tuple[str, int]]] = None,
-           path: Optional[str] = None) -> Address:
+           extra: Optional[Mapping[str, tuple[str, int]]] = None) -> Address:
     """Resolve component `name` (at `layer`) on a loaded StandardizedTransformer.
 
-    `site` names the document's site for messages; `path` is the document path a refusal
-    carries (default `sites.<site>`).  `attn_implementation` defaults to what the model
-    runs.  `extra` maps a name outside the table to (module path relative to the layer,
-    order): a module boundary read at its output, one per layer, with no width.
+    `site` names the document's site, for messages and for the path a refusal carries
+    (`sites.<site>`).  `attn_implementation` defaults to what the model runs.  `extra`
+    maps a name outside the table to (module path relative to the layer, order): a module
+    boundary read at its output, one per layer, with no width.
     """
-    rpath = path if path is not None else f"sites.{site}"
+    rpath = f"sites.{site}"
 
     def refuse(msg: str):
         raise Refusal(msg, path=rpath, stage="compile")
@@ -415,7 +414,7 @@ def locate(model, name: str, layer: Optional[int] = None, site: str = "target",
                        "Set enable_attention_probs=True when loading the model to enable them.")
             return Address(component=name, layer=layer, module="self_attn", io="output",
                            rank=rank, seq_axis=2, width=None, heads=heads)
-        op = find_op(lay.self_attn, what=f"component '{name}'")
+        op = find_op(lay.self_attn, what=f"component '{name}'", path=rpath)
         width = None
         if row["width"]:
             width = _head_dim(model, row["width"]) * heads
@@ -465,14 +464,20 @@ def width(address: Address, path: str = "") -> int:
     return address.width
 
 
-def where_each_lands(model, layer: int = 0, extra=None) -> list[tuple[str, Any]]:
+def where_each_lands(model, layer: int = 0, extra=None, resolve=None) -> list[tuple[str, Any]]:
     """[(name, Address or the refusal's message)] for every row, at `layer` for per-layer
-    rows (the seed's "where each one lands" printout)."""
+    rows (the seed's "where each one lands" printout; the `model --lands` verb).
+
+    `resolve(name, layer)`, when given, is used in place of `locate` on `model`: an
+    engine's own `.locate`, which adds the refusals of that engine (the hooks engine's).
+    """
+    if resolve is None:
+        def resolve(name, at):
+            return locate(model, name, at, extra=extra)
     out = []
     for name, row in TABLE.items():
         try:
-            out.append((name, locate(model, name, layer if row["layered"] else None,
-                                     extra=extra)))
+            out.append((name, resolve(name, layer if row["layered"] else None)))
         except Refusal as r:
             out.append((name, r.message))
     return out

@@ -3,7 +3,7 @@
 Verbs that need no weights: vocab, data, tokens, model, validate, explain; `run`
 loads weights and is the only verb that writes files. A refusal prints one line,
 `<stage>: <path>: <message>`, on stderr and exits 2; nothing else is written.
-Status 1 is kept for the project's own failures. SPEC.md "Runs: the command line".
+Status 1 is kept for the project's own failures. SPEC.md §4 Runs (R17-R19) and §6 Conformance.
 """
 from __future__ import annotations
 
@@ -27,12 +27,12 @@ class _Parser(argparse.ArgumentParser):
 def _read_document(path: str):
     from . import validate
     file = Path(path)
-    if not file.is_file():
-        raise Refusal(f"no document at {path}", stage="validation")
     try:
+        if not file.is_file():
+            raise Refusal(f"no document at {path}", path="document", stage="validation")
         text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise Refusal(f"cannot read {path}: {error}", stage="validation") from None
+    except (OSError, UnicodeDecodeError) as error:  # unreadable, or a name the file system will not take
+        raise Refusal(f"cannot read {path}: {error}", path="document", stage="validation") from None
     raw = validate.load_json(text, path)
     points = validate.points(raw)
     for _label, point in points:
@@ -54,7 +54,6 @@ def _compile(args, weights: bool = False):
 
 
 def cmd_validate(args):
-    raw, points = _read_document(args.document)
     _raw, _eng, plan = _compile(args)
     steps = sum(len(leaf.steps) for leaf in plan.leaves())
     text = f"ok: {args.document} is a valid plan-shaped document, {steps} step{'s' if steps != 1 else ''}"
@@ -71,7 +70,8 @@ def cmd_explain(args):
 def cmd_run(args):
     from . import run
     if args.batch_size is not None and args.batch_size <= 0:
-        raise Refusal(f"--batch-size {args.batch_size} is not a number of rows", stage="validation")
+        raise Refusal(f"--batch-size {args.batch_size} is not a number of rows", path="--batch-size",
+                      stage="validation")
     _raw, eng, plan = _compile(args, weights=True)
     written = run.execute(plan, eng, Path(args.out), batch_size=args.batch_size, replace=args.replace,
                           progress=not args.quiet)
@@ -194,15 +194,14 @@ def cmd_model(args):
 
 
 def _where_each_lands(eng, layer: int):
-    """The seed's "where each one lands" printout: rank, io and module (or operation) of every name."""
+    """The seed's "where each one lands" printout (address.where_each_lands through the engine's own
+    `locate`): rank, io and module (or operation) of every name."""
     from . import address
     lines, out = [], {}
-    for name, row in address.TABLE.items():
-        try:
-            a = eng.locate(name, layer if row["layered"] else None)
-        except Refusal as refusal:
-            lines.append(f"{name:22s} --   {refusal.message}")
-            out[name] = {"resolves": False, "why": refusal.message}
+    for name, a in address.where_each_lands(None, layer, resolve=eng.locate):
+        if isinstance(a, str):
+            lines.append(f"{name:22s} --   {a}")
+            out[name] = {"resolves": False, "why": a}
             continue
         place = f"op={a.op}" if a.op else f"module={a.module!r}"
         lines.append(f"{name:22s} rank={str(a.rank):10s} io={str(a.io):7s} {place}")

@@ -8,7 +8,7 @@ reads at one address). `explain` prints it. SPEC.md "Documents: compile".
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -128,13 +128,15 @@ class Plan:
 # ---------------------------------------------------------------- pieces
 
 
-def answer_id(tok, text: str, metric: str, path: str) -> int:
-    """space_prefixed: strip leading whitespace, prepend one space, encode without specials; one id."""
+def answer_id(tok, text: str, metric: str, path: str, where: str = "") -> int:
+    """space_prefixed: strip leading whitespace, prepend one space, encode without specials; one id.
+
+    `where` names the row and column for the refusal (`row 1, column 'cf_answer'`)."""
     surface = " " + text.lstrip()
     ids = tok.encode(surface, add_special_tokens=False)
     if len(ids) != 1:
         raise Refusal(f"answer '{text}' is {len(ids)} tokens as '{surface}'; a metric column must resolve to "
-                      "exactly one token", path=path, stage="compile")
+                      f"exactly one token{f' ({where})' if where else ''}", path=path, stage="compile")
     return ids[0]
 
 
@@ -204,7 +206,7 @@ def _stack(tap: Tap, decode: int, rows: int, path: str) -> Tap:
     """Mark a continuation read as stacked, refusing one that would buffer more than 256 MiB."""
     if tap.kind != "read" or not stacked(tap.pos):
         return tap
-    width = tap.address.width if tap.groups is None else tap.address.width // tap.groups * len(tap.take)
+    width = _tap_width(tap)
     if width is None:
         raise Refusal(f"read '{tap.name}' cuts the continuation at {tap.pos.spelling()}, which stacks every decode "
                       f"step, and '{tap.address.component}' has no fixed width to stack; read it at a decode step "
@@ -216,12 +218,16 @@ def _stack(tap: Tap, decode: int, rows: int, path: str) -> Tap:
                       f"({size / 2 ** 20:.1f} MiB), above the 256 MiB limit. Read fewer rows per pass "
                       "(--batch-size), decode fewer tokens, or narrow the site with heads or units",
                       path=f"{path}.reads.{tap.name}.pos", stage="compile")
-    return Tap(**{**tap.__dict__, "stacked": decode})
+    return replace(tap, stacked=decode)
 
 
 def _check_selection(address: Address, site, name: str) -> None:
     """Heads and units against the real counts at this address (SPEC.md "Locations: heads and units")."""
     path = f"sites.{name}"
+    if site.heads is not None and address.heads is None:
+        from .address import PER_HEAD
+        raise Refusal(f"'{address.component}' is not a per-head tensor; `heads` applies at {list(PER_HEAD)}",
+                      path=f"{path}.heads", stage="compile")
     for h in site.heads or ():
         if h >= address.heads:
             raise Refusal(f"site '{name}': head {h} of a {address.heads}-head tensor", path=f"{path}.heads",
@@ -247,6 +253,38 @@ def _check_vocabulary_wide(name: str, read, sites, addresses, metric: str, path:
     raise Refusal(f"metric '{metric}' scores token ids, and its read '{name}' "
                   f"at {addresses[read.site].label()} does not hold the vocabulary's logits; read lm_head or logits "
                   "(whole), or the residual stream with \"view\": \"logits\"", path=f"{path}.of", stage="compile")
+
+
+def _check_decode_fits(engine, length: int, decode: int, path: str) -> None:
+    """A decode that would run past the model's positions is refused before it starts."""
+    config = engine.model.config if hasattr(engine, "model") else engine.shell.config
+    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if decode and limit and length + decode > limit:
+        raise Refusal(f"decode {decode} after a {length}-token prompt runs past the model's {limit} positions; "
+                      f"decode at most {max(limit - length, 0)} tokens", path=f"{path}.decode", stage="compile")
+
+
+def _tap_width(tap: Tap) -> Optional[int]:
+    """Features per position a tap touches: the address's width, narrowed by heads or units."""
+    width = tap.address.width
+    if width is None or tap.groups is None:
+        return width
+    return width // tap.groups * len(tap.take)
+
+
+def _check_operand_widths(forwards: list, reads: dict, path: str) -> None:
+    """A write lands its operand's features: both sides' widths are facts before any forward."""
+    taps = {t.name: t for f in forwards for t in f.taps}
+    for forward in forwards:
+        for tap in forward.taps:
+            if tap.kind != "write" or not isinstance(tap.operand, str):
+                continue
+            source = taps[tap.operand]
+            want, have = _tap_width(tap), _tap_width(source)
+            if want is not None and have is not None and want != have:
+                raise Refusal(f"write '{tap.name}' lands {want} features per position at {tap.address.label()}, and "
+                              f"its operand '{tap.operand}' was read with {have} at {source.address.label()}; a swap "
+                              "needs the same width on both sides", path=f"{path}.writes.{tap.name}", stage="compile")
 
 
 PATTERN = ("attention_scores", "attention_probs")
@@ -281,7 +319,10 @@ def _tap_sort_key(tap: Tap):
 # ---------------------------------------------------------------- the compiler
 
 
-def compile_point(raw: Any, label: str, engine, data_root: Path) -> Plan:
+def compile_point(raw: Any, label: str, engine, data_root: Path, cache: Optional[dict] = None) -> Plan:
+    """One point's plan. `cache` keeps rows and tokenized batches across the points of a sweep,
+    which share them unless the sweep moves a field or a dataset ref."""
+    cache = {} if cache is None else cache
     doc: Document = validate.document(raw)
     tok = engine.tokenizer
     sites = dict(doc.sites)
@@ -293,15 +334,23 @@ def compile_point(raw: Any, label: str, engine, data_root: Path) -> Plan:
 
     steps = []
     for step_name, step in doc.steps:
-        rows_by_role = {role: data.rows_of(ref, data_root, f"steps.{step_name}.rows.{role}") for role, ref in step.rows}
+        rows_by_role = {}
+        for role, ref in step.rows:
+            if ("rows", ref) not in cache:
+                cache[("rows", ref)] = data.rows_of(ref, data_root, f"steps.{step_name}.rows.{role}")
+            rows_by_role[role] = cache[("rows", ref)]
         counts = {role: len(rows) for role, rows in rows_by_role.items()}
         if len(set(counts.values())) > 1:
             raise Refusal(f"step '{step_name}': roles pair rows by index and these have different counts {counts}",
                           path=f"steps.{step_name}.rows", stage="compile")
         base_role = "base" if "base" in rows_by_role else doc.roles[0][0]
         base_rows = rows_by_role[base_role]
-        batches = {role: _batch(tok, rows_by_role[role], roles[role].field, f"roles.{role}.field")
-                   for role in rows_by_role}
+        batches = {}
+        for role, ref in step.rows:
+            key = ("batch", ref, roles[role].field)
+            if key not in cache:
+                cache[key] = _batch(tok, rows_by_role[role], roles[role].field, f"roles.{role}.field")
+            batches[role] = cache[key]
         for i_name in step.interventions:
             intervention = dict(doc.interventions)[i_name]
             ipath = f"interventions.{i_name}"
@@ -324,10 +373,12 @@ def compile_point(raw: Any, label: str, engine, data_root: Path) -> Plan:
                 taps = [_stack(t, intervention.decode, len(rows_by_role[role]), ipath) for t in taps]
                 taps.sort(key=_tap_sort_key)
                 ids, mask, segments, sample = batches[role]
+                _check_decode_fits(engine, len(ids[0]), intervention.decode, ipath)
                 forwards.append(Forward(model=model_name, input=role, ids=ids, mask=mask, taps=tuple(taps),
                                         segments=segments, sample=sample, decode=intervention.decode,
                                         check=tok.decode(list(ids[0]), skip_special_tokens=False)))
             _check_pattern_layouts(forwards, reads, ipath)
+            _check_operand_widths(forwards, reads, ipath)
             metrics = []
             for m, metric in intervention.metrics:
                 mpath = f"{ipath}.metrics.{m}"
@@ -336,16 +387,19 @@ def compile_point(raw: Any, label: str, engine, data_root: Path) -> Plan:
                 eligible = data.answer_eligible(base_rows, columns, m, mpath)
                 answers = []
                 for field_name, column in metric.columns:
-                    per_row = tuple(answer_id(tok, row[column], m, f"{mpath}.{field_name}") if ok else None
-                                    for row, ok in zip(base_rows, eligible))
+                    per_row = tuple(answer_id(tok, row[column], m, f"{mpath}.{field_name}",
+                                              f"row {r}, column '{column}'") if ok else None
+                                    for r, (row, ok) in enumerate(zip(base_rows, eligible)))
                     answers.append((field_name, per_row))
                 unit, version = UNITS[metric.kind]
                 metrics.append(MetricPlan(name=m, kind=metric.kind, of=metric.of, answers=tuple(answers),
                                           eligible=eligible, unit=unit, estimand_version=version))
             dynamic = any(tap.pos.dynamic for f in forwards for tap in f.taps)
             name = step_name if len(step.interventions) == 1 else f"{step_name}/{i_name}"
-            saves = tuple((s.value, s.file_path) for s in step.saves
-                          if s.value in dict(intervention.metrics))
+            mine = dict(intervention.metrics)
+            saves = tuple((s.value.split("/", 1)[1] if s.value.startswith(f"{i_name}/") else s.value, s.file_path)
+                          for s in step.saves
+                          if s.value in mine or (s.value.startswith(f"{i_name}/") and s.value.split("/", 1)[1] in mine))
             steps.append(ObservePlan(name=name, intervention=i_name, forwards=tuple(forwards),
                                      metrics=tuple(metrics), saves=saves, example_ids=data.example_ids(base_rows),
                                      dynamic=dynamic, decode=intervention.decode))
@@ -376,5 +430,6 @@ def compile_document(raw: Any, engine, data_root: Path) -> Plan:
     pts = validate.points(raw)
     if len(pts) == 1 and pts[0][0] == "":
         return compile_point(raw, "", engine, data_root)
-    leaves = tuple(compile_point(point, label, engine, data_root) for label, point in pts)
+    cache: dict = {}
+    leaves = tuple(compile_point(point, label, engine, data_root, cache) for label, point in pts)
     return Plan(label="", digest=validate.digest(raw), raw=raw, points=leaves)

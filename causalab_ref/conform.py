@@ -3,7 +3,7 @@
 `python -m causalab_ref conform [--impl "CMD"]`. Each case is a document (plus optional
 inline data tables), the verb to run it with, and the expected result. The runner writes
 the document and a data root (the shipped documents/data plus the case's own tables) to a
-temporary folder, invokes the implementation through the CLI contract of SPEC.md section 6
+temporary folder, invokes the implementation through the CLI contract of SPEC.md §6 Conformance
 (rules C1-C7), and compares what it printed and wrote with the case's `expect`:
 
 * `run`: exit 0 and every metric table under --out (document.json and run.json aside),

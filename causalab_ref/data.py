@@ -5,7 +5,7 @@ flat row objects under the data root. A role's `field` is a path into a row
 (`column`, `column[i]`, `a.b`). A variable anchor looks at the `<column>_variables`
 sibling of the role's field first and at a top-level column second. A field holding
 a list of {"role", "content"} messages is a conversation, rendered through the
-checkpoint's chat template. SPEC.md "Documents: rows" and "Positions: anchors".
+checkpoint's chat template. SPEC.md §1 Documents and §2.4 Anchors.
 """
 from __future__ import annotations
 
@@ -30,6 +30,8 @@ def table_path(ref: str, root: Path, path: str = "") -> tuple[Path, Optional[str
     if (not name or name.startswith("/") or any(p in ("", ".", "..") for p in parts)
             or any(not re.fullmatch(r"[A-Za-z0-9_\-.]+", p) for p in parts)):
         _refuse(f"dataset ref '{ref}' is not <dir>/<table> under the data root", path)
+    if any(len(p.encode("utf-8")) > 255 for p in parts[:-1] + [parts[-1] + ".json"]):
+        _refuse(f"dataset ref '{ref}': a folder or table name over 255 bytes is not a file name", path)
     file = (root / (name + ".json"))
     try:
         resolved, base = file.resolve(), root.resolve()
@@ -43,11 +45,17 @@ def table_path(ref: str, root: Path, path: str = "") -> tuple[Path, Optional[str
 def rows_of(ref: str, root: Path, path: str = "") -> list[dict]:
     """Read a dataset ref's rows (a split keeps rows whose `split` column equals it)."""
     file, split = table_path(ref, root, path)
-    if not file.is_file():
-        _refuse(f"dataset ref '{ref}': no table at {file}", path)
     try:
-        rows = json.loads(file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
+        if not file.is_file():
+            _refuse(f"dataset ref '{ref}': no table at {file}", path)
+        text = file.read_text(encoding="utf-8")
+    except OSError as error:  # unreadable, or a name the file system will not take
+        _refuse(f"dataset ref '{ref}': cannot read {file} ({error.strerror or type(error).__name__})", path)
+    except UnicodeDecodeError as error:
+        _refuse(f"dataset ref '{ref}': {file} is not a JSON table ({error})", path)
+    try:
+        rows = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as error:
         _refuse(f"dataset ref '{ref}': {file} is not a JSON table ({error})", path)
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         _refuse(f"dataset ref '{ref}': {file} is not a JSON array of row objects", path)
@@ -138,7 +146,7 @@ def render_chat(tok, messages: list[dict], path: str = "") -> str:
     """A conversation through the checkpoint's own chat template, less the template's leading BOS text.
 
     The template writes BOS as text; tokenizing with special tokens adds it again, so
-    it is removed here (SPEC.md "Positions: chat turns").
+    it is removed here (SPEC.md §2.3 Chat turns).
     """
     if not getattr(tok, "chat_template", None):
         _refuse("this row is a conversation and this checkpoint has no chat template, so there is no text to "

@@ -4,7 +4,7 @@
 reuses a seeded fixture; any other key is a hub key and revision). The compiler asks
 it for the tokenizer and for addresses (address.py) with no weights; the run asks it
 for `forward`: one nnsight trace over a left-padded batch in which every tap is
-issued in rank order, writes landing before reads at one address. SPEC.md "Runs".
+issued in rank order, writes landing before reads at one address. SPEC.md §4 Runs.
 """
 from __future__ import annotations
 
@@ -15,8 +15,6 @@ import torch
 
 from . import access, address, fixtures
 from .shapes import Model, Refusal
-
-ENGINES = ("nnterp",)
 
 
 def _mechanism(tap, current: torch.Tensor, operand) -> torch.Tensor:
@@ -29,17 +27,17 @@ def _mechanism(tap, current: torch.Tensor, operand) -> torch.Tensor:
                               "must have the same width", path=f"writes.{tap.name}", stage="run")
             return operand.to(current.dtype)
         return torch.full_like(current, float(operand))
-    raise Refusal(f"mechanism '{tap.mechanism}' is not implemented", stage="run")
+    raise Refusal(f"mechanism '{tap.mechanism}' is not implemented", path=f"writes.{tap.name}.mechanism",
+                  stage="run")
 
 
 class NNterpEngine:
     """One loaded checkpoint. `weights=False` is a meta load: config, module tree, tokenizer."""
 
-    def __init__(self, spec: Model, model, path: str, recipe: Optional[str], extra=None):
+    def __init__(self, spec: Model, model, recipe: Optional[str], extra=None):
         self.spec = spec
         self.extra = dict(extra or {})
         self.model = model
-        self.path = path
         self.recipe = recipe
         self.tokenizer = model.tokenizer
         if self.tokenizer.pad_token is None:
@@ -83,7 +81,9 @@ class NNterpEngine:
     def _current(self, tap, written: dict):
         """The tensor at the tap's address in the running trace (what an earlier write landed, if any)."""
         key = (tap.address.component, tap.address.layer)
-        return written[key] if key in written else access.value(self.model, tap.address)
+        if key in written:
+            return written[key]
+        return access.value(self.model, tap.address, path=f"sites.{tap.site}")
 
     def _act(self, tap, selection, operand, written: dict, current=None):
         """One tap inside a running trace: a write lands (and is remembered, so a later read at the same
@@ -94,7 +94,7 @@ class NNterpEngine:
         if tap.kind == "write":
             part = select.gather(current, selection)
             new = select.scatter(current, selection, _mechanism(tap, part, operand))
-            access.assign(self.model, tap.address, new)
+            access.assign(self.model, tap.address, new, path=f"sites.{tap.site}")
             written[key] = new
             return None
         return select.gather(current, selection).save()
@@ -205,7 +205,8 @@ def _right_aligned(selection, have: int, length: int, tap):
     """A prompt position at step 0 of a decode, where a tensor may hold only the last positions.
 
     During generation the head is computed at the last prompt position only; a window
-    that asks for an earlier one is refused rather than read from a neighbour.
+    that asks for an earlier one is refused rather than read from a neighbour. The refusal's
+    path is the tap's, relative to its intervention (the tap does not know which one).
     """
     if have == length:
         return selection
@@ -213,7 +214,8 @@ def _right_aligned(selection, have: int, length: int, tap):
     if any(p < shift for window in selection.windows for p in window):
         raise Refusal(f"{tap.kind} '{tap.name}' at {tap.address.label()}: during a decode the model computes this "
                       f"tensor at the last {have} prompt position(s) only, and {tap.pos.spelling()} asks for an "
-                      "earlier one. Read it at -1, or in an intervention without decode", stage="run")
+                      "earlier one. Read it at -1, or in an intervention without decode",
+                      path=f"{tap.kind}s.{tap.name}.pos", stage="run")
     return replace(selection, windows=tuple(tuple(p - shift for p in w) for w in selection.windows))
 
 
@@ -228,11 +230,29 @@ def _quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
+def checkpoint(spec: Model) -> tuple[str, Optional[str], dict[str, Any]]:
+    """Where a model block's checkpoint is: (directory or hub key, the fixture's recipe digest or None,
+    the extra `from_pretrained` arguments). A `fixture:` key is built or reused here (both engines)."""
+    if fixtures.is_fixture(spec.key):
+        return str(fixtures.checkpoint_dir(spec.key)), fixtures.recipe_digest(spec.key), {}
+    return spec.key, None, {"revision": spec.revision}
+
+
+def unloadable(spec: Model, error: Exception) -> Refusal:
+    """The refusal for a checkpoint the libraries could not load (both engines)."""
+    first = str(error).splitlines()[0] if str(error) else ""
+    return Refusal(f"model '{spec.key}' at revision '{spec.revision}' could not be loaded "
+                   f"({type(error).__name__}: {first}); "
+                   "a fixture is named 'fixture:tiny-llama', 'fixture:tiny-gpt2', 'fixture:tiny-gemma2' or "
+                   "'fixture:tiny-gptoss', any other key is loaded from the hub",
+                   path="model.key", stage="compile")
+
+
 def load(spec: Model, kind: str = "nnterp", weights: bool = True, extra=None) -> NNterpEngine:
     """The engine for a document's model block.
 
     `extra` is the load-time extension point: {name: (module path relative to the layer, order)}
-    adds places the component table does not have (Python only; SPEC.md "Locations").
+    adds places the component table does not have (Python only; SPEC.md §3 Locations, L23).
     """
     if kind == "hooks":
         from .hooks import HooksEngine
@@ -242,23 +262,12 @@ def load(spec: Model, kind: str = "nnterp", weights: bool = True, extra=None) ->
         raise Refusal(f"engine '{kind}' is not implemented yet; use --engine nnterp", path="--engine",
                       stage="compile")
     _quiet_transformers()
-    recipe = None
-    if fixtures.is_fixture(spec.key):
-        path = str(fixtures.checkpoint_dir(spec.key))
-        recipe = fixtures.recipe_digest(spec.key)
-        overrides = {}
-    else:
-        path = spec.key
-        overrides = {"revision": spec.revision}
+    path, recipe, overrides = checkpoint(spec)
     try:
         model = access.load(path, attn_implementation=spec.attn_implementation, weights=weights,
                             dtype=spec.dtype, **overrides)
     except Refusal:
         raise
     except Exception as error:
-        raise Refusal(f"model '{spec.key}' at revision '{spec.revision}' could not be loaded "
-                      f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); "
-                      "a fixture is named 'fixture:tiny-llama', 'fixture:tiny-gpt2', 'fixture:tiny-gemma2' or "
-                      "'fixture:tiny-gptoss', any other key is loaded from the hub",
-                      path="model.key", stage="compile") from None
-    return NNterpEngine(spec, model, path, recipe, extra=extra)
+        raise unloadable(spec, error) from None
+    return NNterpEngine(spec, model, recipe, extra=extra)

@@ -3,7 +3,7 @@
 A document names a fixture by a key that cannot be mistaken for a hub key
 (`fixture:tiny-llama`, `fixture:tiny-gpt2`, `fixture:tiny-gemma2`, `fixture:tiny-gptoss`);
 any other key is not a fixture and the caller loads it from the hub by key + revision.
-SPEC.md "Fixtures" describes the contract.
+SPEC.md §5 Fixtures describes the contract.
 
 Each fixture is a *recipe*: the architecture and config of one hub checkpoint
 (hf-internal-testing/tiny-random-LlamaForCausalLM, hf-internal-testing/tiny-random-gpt2,

@@ -4,14 +4,14 @@
 `.locate(component, layer, site)`, `.forward(ids, mask, items)`, `.run_record(...)`,
 `.describe_components()` — but its forward is an ordinary `AutoModelForCausalLM` call
 with `register_forward_pre_hook` / `register_forward_hook` (`with_kwargs=True`) on the
-modules the plan's taps name; nnsight never runs in the forward.  SPEC.md:117 [L6]:
+modules the plan's taps name; nnsight never runs in the forward.  SPEC.md L6:
 an address is a module, an io side and a rank, and that is all a hook needs.
 
 How an address becomes a hook (seed 004:100 "Both engines reach it"):
 
 * addresses are resolved exactly as the nnterp engine resolves them, by
   `address.locate` on a weightless nnterp `StandardizedTransformer` shell of the same
-  checkpoint (SPEC.md:116 [L5]); the shell is only a module tree;
+  checkpoint (SPEC.md L24); the shell is only a module tree;
 * the address's module (nnterp's standardized spelling, relative to the layer or the
   model root) is walked on the shell, and the envoy's underlying `torch.nn.Module` is
   found by identity in the shell's own `named_modules()`.  That dotted name is the
@@ -23,30 +23,30 @@ How an address becomes a hook (seed 004:100 "Both engines reach it"):
   pre-hook; the output side is the module's output, element 0 of a tuple, reached by
   a forward hook.  `logits` is the root module (empty path) and its output's
   `.logits` field — the same one rule with a different field (seed 004:100,
-  SPEC.md:120 [L9]);
+  SPEC.md L9);
 * taps at one boundary run in the order given (rank order, writes before reads,
-  SPEC.md:135 [R4]); each write gathers the current value, applies the mechanism,
+  SPEC.md R4); each write gathers the current value, applies the mechanism,
   scatters, and the boundary's value becomes the new tensor — so a later read at the
   same boundary, and everything downstream, sees the write.  Reads keep a detached
-  clone of the gathered value (select.py's rule, SPEC.md:124 [L13]); a read with
+  clone of the gathered value (select.py's rule, SPEC.md L13); a read with
   `"view": "logits"` is then put through the final norm, the head and Gemma-2's
-  softcap, as the nnterp engine does (SPEC.md:121 [L10]).
+  softcap, as the nnterp engine does (SPEC.md L10).
 
 What a hook cannot see (seed-tables B6 "interiors are nnterp-engine only";
-SPEC.md:123 [L12]): the four interiors are one argument of one call inside a module's
+SPEC.md L12): the four interiors are one argument of one call inside a module's
 forward, and are refused at compile by name.  `attention_probs` is refused too: under
 eager the attention module does hand its pattern out as output element 1, but as a
 by-product the values were already mixed with, so a write there would change nothing
-downstream (SPEC.md:122 [L11]; seed 004:123).
+downstream (SPEC.md L11; seed 004:123).
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 
-from . import access, address, fixtures, select
-from .engine import describe_components, logits_view, run_record
+from . import access, address, select
+from .engine import checkpoint, describe_components, logits_view, run_record, unloadable
 from .shapes import Model, Refusal
 
 INTERIOR = ("component '{name}' is an interior — one argument of one call inside a module's forward — and a "
@@ -57,9 +57,6 @@ PROBS = ("component 'attention_probs' is the attention pattern inside the attent
          "boundary: under eager the attention module hands it out only as a second output the values were already "
          "mixed with, so a hook could read a copy there but a write would change nothing downstream. It is "
          "addressed through nnterp's attention_probabilities; run this document on the nnterp engine.")
-
-_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-
 
 def _first_input(args: tuple, kwargs: dict):
     """(where, value): the module's first argument — positional 0, else the first keyword."""
@@ -79,11 +76,10 @@ class HooksEngine:
     `weights=False` loads the shell and the tokenizer only (compile, `model --engine hooks`).
     """
 
-    def __init__(self, spec: Model, shell, hf_model, path: str, recipe: Optional[str]):
+    def __init__(self, spec: Model, shell, hf_model, recipe: Optional[str]):
         self.spec = spec
         self.shell = shell
         self.hf_model = hf_model
-        self.path = path
         self.recipe = recipe
         self.tokenizer = shell.tokenizer
         if self.tokenizer.pad_token is None:
@@ -97,14 +93,7 @@ class HooksEngine:
         from .engine import _quiet_transformers
 
         _quiet_transformers()
-        recipe = None
-        if fixtures.is_fixture(spec.key):
-            path = str(fixtures.checkpoint_dir(spec.key))
-            recipe = fixtures.recipe_digest(spec.key)
-            overrides: dict[str, Any] = {}
-        else:
-            path = spec.key
-            overrides = {"revision": spec.revision}
+        path, recipe, overrides = checkpoint(spec)
         try:
             shell = access.load(path, attn_implementation=spec.attn_implementation, weights=False,
                                 dtype=spec.dtype, **overrides)
@@ -116,18 +105,14 @@ class HooksEngine:
                 # document's); GptOss's experts_implementation is read back from its config.json.
                 hf_model = AutoModelForCausalLM.from_pretrained(
                     path, attn_implementation=address.runs_attention(shell),
-                    dtype=_DTYPES.get(spec.dtype, torch.float32), device_map="cpu", trust_remote_code=False,
+                    dtype=access.torch_dtype(spec.dtype), device_map="cpu", trust_remote_code=False,
                     use_safetensors=True, **overrides)
                 hf_model.eval()
         except Refusal:
             raise
         except Exception as error:
-            raise Refusal(f"model '{spec.key}' at revision '{spec.revision}' could not be loaded "
-                          f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); "
-                          "a fixture is named 'fixture:tiny-llama', 'fixture:tiny-gpt2', 'fixture:tiny-gemma2' "
-                          "or 'fixture:tiny-gptoss', any other key is loaded from the hub",
-                          path="model.key", stage="compile") from None
-        return cls(spec, shell, hf_model, path, recipe)
+            raise unloadable(spec, error) from None
+        return cls(spec, shell, hf_model, recipe)
 
     # -------------------------------------------------------------- compile-time questions
 
@@ -173,9 +158,6 @@ class HooksEngine:
         # group the taps by boundary (module, side), keeping their order inside each group
         groups: dict[tuple[str, str], list] = {}
         for tap, selection, operand in items:
-            if tap.address.component == "input_ids" and tap.kind == "write":
-                raise Refusal("input_ids is read-only: it is the model's input, and a write naming it "
-                              "means nothing", stage="run")
             name = self.module_name(tap.address)
             side = "logits" if tap.address.component == "logits" else tap.address.io
             groups.setdefault((name, side), []).append((tap, selection, operand))
@@ -238,7 +220,7 @@ class HooksEngine:
         finally:
             for handle in handles:
                 handle.remove()
-        views = {tap.name: getattr(tap, "view", "raw") for tap, _s, _o in items}
+        views = {tap.name: tap.view for tap, _s, _o in items}
         return {name: self._viewed(value, views[name]) for name, value in saved.items()}
 
     def _viewed(self, value: torch.Tensor, view: str) -> torch.Tensor:
@@ -253,7 +235,7 @@ class HooksEngine:
     def generate(self, ids, mask, decode: int, items):
         """Decoding (the generated frame) is the nnterp engine's; refused here by name."""
         raise Refusal("decode > 0 (the generated frame) is not implemented on the hooks engine; run this "
-                      "document on the nnterp engine", stage="run")
+                      "document on the nnterp engine", path="decode", stage="run")
 
     def run_record(self, batch_size: Optional[int]) -> dict:
         head = self.hf_model.lm_head.weight if self.hf_model is not None else None

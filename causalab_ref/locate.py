@@ -13,7 +13,7 @@ wherever the model's tokenizer is and needs no model library of its own.
 Text is always decoded with special tokens kept (a chat prompt's `</s><s>` is part
 of its content, and a stop token needs a character span) and without clean-up of
 tokenization spaces (so every decoded prefix is a prefix of the whole).
-SPEC.md "Positions".
+SPEC.md §2 Positions.
 """
 from __future__ import annotations
 
@@ -22,8 +22,6 @@ from typing import Optional, Sequence
 import torch
 
 from causalab_ref import shapes
-
-REASONS = ("", "alignment_missing", "alignment_ambiguous", "out_of_range")
 
 # ---------------------------------------------------------------- decoding
 

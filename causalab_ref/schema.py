@@ -1,6 +1,6 @@
 """Schema: the document format as a JSON Schema (draft 2020-12), plain data.
 
-It states the shape validate.py checks (SPEC.md "Documents", "Positions", "Locations"):
+It states the shape validate.py checks (SPEC.md §1 Documents, §2 Positions, §3 Locations):
 every object closed (D2), the types of every field (D3), one cut per position (P4), the
 metric columns per kind (D14), and the sweep wrapper `{"sweep": [...] | {"range": [...]},
 "as": ...}` wherever a field other than `model` and `header` may be swept (D17). What

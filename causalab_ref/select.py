@@ -1,6 +1,6 @@
 """Select: gather and scatter the part of a tensor a `shapes.Selection` names (pure torch).
 
-This module owns the one slicing rule every read and write uses (SPEC.md section 3;
+This module owns the one slicing rule every read and write uses (SPEC.md §3 Locations;
 seed 004 "Heads and units"): positions along `selection.seq_axis`, one window per
 row, and the feature axis viewed as `(groups, -1)` keeping the groups in `take`.
 

@@ -96,8 +96,9 @@ class Where:
 
     @property
     def dynamic(self) -> bool:
-        """Whether resolving it needs the row's text (a scope) or the continuation."""
-        return self.scope is not None or self.frame == "generated"
+        """Whether the document leaves where it acts to the row: anything but a bare `index` cut of
+        the prompt (a scope, the continuation, or a last/span/all cut of a row's own content)."""
+        return self.scope is not None or self.frame == "generated" or self.cut != "index"
 
     def spelling(self) -> str:
         parts = []

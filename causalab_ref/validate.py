@@ -299,15 +299,15 @@ def _generated_rules(pos: Where, kind: str, name: str, decode: int, path: str, p
         return
     if decode <= 0:
         _fail(path, f"{prefix}{kind} '{name}': a generated position needs `decode` > 0")
-    if kind == "write":
-        if pos.scope is not None:
-            _fail(path, f"{prefix}write '{name}': a write in the continuation frame takes no scope; "
-                        f"{pos.spelling()} is only known once the decode has finished")
+    if kind == "write":  # the cut is judged before the scope, in A9's order
         if not (pos.all or (pos.index is not None and pos.index >= 0)):
             _fail(path, f"{prefix}write '{name}': a write in the continuation frame is at a step the decode "
                         "has reached — {'index': k} with k >= 0, or {'all': true}. "
                         f"{pos.spelling()} names a cut of the finished continuation, which is something to "
                         "read and not something to write into")
+        if pos.scope is not None:
+            _fail(path, f"{prefix}write '{name}': a write in the continuation frame takes no scope; "
+                        f"{pos.spelling()} is only known once the decode has finished")
     if pos.index is not None and pos.index >= decode:
         _fail(path, f"{prefix}{kind} '{name}': step {pos.index} of a {decode}-token decode")
 
@@ -335,10 +335,7 @@ def _site(raw: Any, path: str) -> Site:
         if len(value) > 1:
             _fail(f"{path}.layers", "layers must be a one-element band; a band spanning several layers is "
                                      "one address and is not implemented")
-        layer = _int(value[0], f"{path}.layers.0")
-        if layer < 0:
-            _fail(f"{path}.layers.0", f"layer {layer} is not a layer: layers count from 0")
-        layers = (layer,)
+        layers = (_int(value[0], f"{path}.layers.0"),)  # a layer outside the stack is refused at compile (L3)
     if raw.get("heads") is not None and raw.get("units") is not None:
         _fail(path, "a site names heads or units, not both: they slice the same axis")
     if raw.get("heads") is not None:
@@ -416,7 +413,6 @@ def _intervention(raw: Any, path: str, site_map: dict, roles: tuple) -> Interven
     decode = _int(raw.get("decode", 0), f"{path}.decode")
     if decode < 0:
         _fail(f"{path}.decode", f"decode {decode} is not a number of tokens: 0 is a single forward")
-    name = path.split(".", 1)[1]
     prefix = f"{path}: "
     reads = tuple((k, _read(v, f"{path}.reads.{k}")) for k, v in _mapping(raw["reads"], f"{path}.reads").items())
     writes = tuple((k, _write(v, f"{path}.writes.{k}"))
@@ -500,8 +496,17 @@ def _intervention(raw: Any, path: str, site_map: dict, roles: tuple) -> Interven
         if width != 1:
             _fail(f"{mp}.of", f"{prefix}metric '{m}' reads '{metric.of}', a window of "
                               f"{'varying' if width is None else width} positions; a metric scores one position per row")
-    del name
     return Intervention(reads=reads, writes=writes, models=tuple(models), metrics=metrics, decode=decode)
+
+
+def produced_names(names: tuple, interventions: dict) -> list[str]:
+    """What a step may save: its intervention's metric names; with several interventions each
+    metric is also `<intervention>/<metric>`, and the bare name only where it is unambiguous (F§10.1)."""
+    if len(names) == 1:
+        return sorted(m for m, _ in interventions[names[0]].metrics)
+    bare = [m for n in names for m, _ in interventions[n].metrics]
+    return sorted({f"{n}/{m}" for n in names for m, _ in interventions[n].metrics}
+                  | {m for m in bare if bare.count(m) == 1})
 
 
 def _step(raw: Any, path: str, interventions: dict, roles: tuple) -> Observe:
@@ -545,7 +550,7 @@ def _step(raw: Any, path: str, interventions: dict, roles: tuple) -> Observe:
     saves_raw = raw.get("saves", [])
     if not isinstance(saves_raw, list):
         _fail(f"{path}.saves", f"expected a list of saves, got {_type_name(saves_raw)}")
-    produced = sorted({m for n in names for m, _ in interventions[n].metrics})
+    produced = produced_names(names, interventions)
     saves = []
     for k, s in enumerate(saves_raw):
         sp = f"{path}.saves.{k}"
@@ -594,6 +599,13 @@ def document(raw: Any) -> Document:
     if not steps_raw:
         _fail("steps", "a document has at least one step")
     steps = tuple((k, _step(v, f"steps.{k}", dict(interventions), role_names)) for k, v in steps_raw.items())
+    written: dict[str, str] = {}
+    for k, step in steps:
+        for i, save in enumerate(step.saves):
+            if save.file_path in written:
+                _fail(f"steps.{k}.saves.{i}.file_path", f"'{save.file_path}' is already written by step "
+                      f"'{written[save.file_path]}'; name another file")
+            written[save.file_path] = k
     return Document(model=model, roles=tuple(roles), sites=sites, interventions=interventions,
                     steps=steps, description=description)
 

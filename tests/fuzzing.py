@@ -184,7 +184,9 @@ def check(argv: list[str]) -> tuple[bool, int, str]:
             try:
                 status = cli.main(argv)
             except SystemExit as leave:
-                status = leave.code if isinstance(leave.code, int) else 2
+                if not isinstance(leave.code, int):  # a message or None as the status is not the contract
+                    return False, -1, f"SystemExit({leave.code!r}) {err.getvalue()}"
+                status = leave.code
     except BaseException as error:  # anything escaping main is foreign
         return False, -1, f"escaped main: {type(error).__name__}: {error}"
     text = err.getvalue()

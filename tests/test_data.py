@@ -130,7 +130,7 @@ def test_an_answer_of_several_tokens_is_refused(llama, tmp_path):
     with pytest.raises(Refusal) as e:
         compiler.compile_document(_doc(), llama, _root(tmp_path, base=rows))
     assert e.value.message == ("answer ' Tuesday' is 3 tokens as ' Tuesday'; a metric column must resolve to "
-                               "exactly one token")
+                               "exactly one token (row 2, column 'cf_answer')")
     assert (e.value.path, e.value.stage) == ("interventions.patching.metrics.iia.expected", "compile")
 
 
@@ -138,7 +138,7 @@ def test_an_answer_of_several_tokens_is_refused(llama, tmp_path):
 
 
 def test_a_roles_prompts_are_one_left_padded_batch(llama):
-    """SPEC.md:143 [R2] — each role's prompts are one batch as wide as its longest row, padded on the
+    """SPEC.md:144 [R2] — each role's prompts are one batch as wide as its longest row, padded on the
     tokenizer's side (left on the fixtures) with the pad token, here the EOS set in its place."""
     tok = llama.tokenizer
     assert tok.padding_side == "left" and tok.pad_token == tok.eos_token == "</s>"
@@ -155,7 +155,7 @@ def test_a_roles_prompts_are_one_left_padded_batch(llama):
 
 
 def test_gpt2_has_no_pad_token_and_pads_with_eos():
-    """SPEC.md:143 [R2] — the GPT-2 fixture's tokenizer has no pad token; the engine sets it to EOS, and
+    """SPEC.md:144 [R2] — the GPT-2 fixture's tokenizer has no pad token; the engine sets it to EOS, and
     a batch pads on the left with that id."""
     from causalab_ref import fixtures
 
@@ -166,3 +166,17 @@ def test_gpt2_has_no_pad_token_and_pads_with_eos():
     ids, mask, _frame = locate.frame_of_texts(tok, ["If today is Thursday, tomorrow is", "Monday"])
     pad = len(mask[1]) - sum(mask[1])
     assert pad > 0 and ids[1][:pad] == (tok.eos_token_id,) * pad and mask[0] == (1,) * len(mask[0])
+
+
+@pytest.mark.parametrize("ref", ["weekdays/" + "x" * 300, "x" * 300 + "/train", "weekdays/" + "x" * 251])
+def test_an_over_long_dataset_ref_is_refused_with_its_path(ref, capsys):
+    """SPEC.md:156 [R14] a dataset ref whose folder or table name the file system cannot take is one
+    refusal at the ref's path (from the reader and from the CLI, status 2), never an OSError."""
+    from causalab_ref import cli
+
+    with pytest.raises(Refusal) as e:
+        data.rows_of(ref, DATA, "steps.score.rows.base")
+    assert (e.value.path, e.value.stage) == ("steps.score.rows.base", "compile") and ref in e.value.message
+    assert cli.main(["data", ref, "--data-root", str(DATA)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"compile: ref: dataset ref '{ref}'")

@@ -82,7 +82,7 @@ def _both(nn, hk, ids, mask, items):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_boundary_read_equals_the_nnterp_engines(engines, family):
-    """SPEC.md:119 [L6] / SPEC.md:120 [L7] / SPEC.md:145 [R4] / seed 004:100 / SPEC.md:137 [L24] — every boundary
+    """SPEC.md:119 [L6] / SPEC.md:120 [L7] / SPEC.md:146 [R4] / seed 004:100 / SPEC.md:137 [L24] — every boundary
     component that resolves (layer 0 and the last layer) reads the same values through a hook as
     through nnterp: at {"index": -1}, over every content position, over a rectangular window, and
     one head of attention_premix (SPEC.md:126 [L13])."""
@@ -132,7 +132,7 @@ def test_every_boundary_read_equals_the_nnterp_engines(engines, family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_swap_at_block_output_then_a_head_read_agree(engines, family):
-    """SPEC.md:145 [R4] / SPEC.md:126 [L13] — a swap (a tensor operand, and a number) at block_output[0]
+    """SPEC.md:146 [R4] / SPEC.md:126 [L13] — a swap (a tensor operand, and a number) at block_output[0]
     on the last token, then reads downstream and at the written address itself, equal on both engines;
     the write changed the head's output."""
     nn, hk = engines(family)
@@ -259,7 +259,7 @@ def _values(out: Path) -> dict:
 
 
 def test_patching_document_gives_the_same_numbers_on_both_engines(tmp_path):
-    """SPEC.md:150 [R9] / SPEC.md:145 [R4] — `run documents/patching.json --engine hooks` writes the same
+    """SPEC.md:151 [R9] / SPEC.md:146 [R4] — `run documents/patching.json --engine hooks` writes the same
     iia and logit_diff values as the nnterp engine, and run.json records which engine ran."""
     hooks_out, nnterp_out = tmp_path / "hooks", tmp_path / "nnterp"
     done = subprocess.run([sys.executable, "-m", "causalab_ref", "run", "documents/patching.json", "--engine",

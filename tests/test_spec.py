@@ -13,8 +13,8 @@ def test_every_citation_names_the_rule_on_its_line():
 
 
 def test_every_rule_is_cited_by_a_test():
-    """A rule no test cites is not yet tested."""
-    cited = {rule for *_, rule in citations()}
+    """A rule no test cites is not yet tested (a citation in the package's own source does not count)."""
+    cited = {rule for file, *_, rule in citations() if file.startswith("tests/")}
     uncited = sorted(set(rules()) - cited, key=lambda r: rules()[r])
     assert uncited == [], f"rules with no citing test: {uncited}"
 
