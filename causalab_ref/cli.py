@@ -42,8 +42,8 @@ def _read_document(path: str):
 
 def _engine_for(raw, engine_name: str, weights: bool):
     from . import engine
-    from .validate import _model
-    return engine.load(_model(raw["model"]), kind=engine_name, weights=weights)
+    from .validate import model_block
+    return engine.load(model_block(raw["model"]), kind=engine_name, weights=weights)
 
 
 def _compile(args, weights: bool = False):
@@ -130,12 +130,12 @@ def _document_tokens(args):
     """
     from . import compile as compiler
     from . import engine, locate
-    from .validate import _model
+    from .validate import model_block
     if args.key is not None or args.texts:
         raise Refusal("tokens takes either KEY TEXT... or --document DOC, not both", path="--document",
                       stage="validation")
     raw, _points = _read_document(args.document)
-    eng = engine.load(_model(raw["model"]), kind="nnterp", weights=False)
+    eng = engine.load(model_block(raw["model"]), kind="nnterp", weights=False)
     plan = compiler.compile_document(raw, eng, Path(args.data_root))
     leaf = plan.leaves()[0]
     if not leaf.steps:

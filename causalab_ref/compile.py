@@ -4,7 +4,7 @@ The plan is plain data (strings, integers, tuples): every site resolved to an
 address, every prompt tokenized into a left-padded batch, every metric's answer
 column tokenized to one id per row with its column eligibility, the forwards of
 each step in dependency order with their taps in forward order (writes before
-reads at one address). `explain` prints it. SPEC.md "Documents: compile".
+reads at one address). `explain` prints it. SPEC.md §4 Runs (R1-R5).
 """
 from __future__ import annotations
 
@@ -147,8 +147,6 @@ def _batch(tok, rows: list[dict], field: str, path: str):
     if any(chats) and not all(chats):
         raise Refusal(f"field '{field}': some rows are conversations and some are strings; a role is one or "
                       "the other", path=path, stage="compile")
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
     if not any(chats):
         ids, mask, _frame = locate.frame_of_texts(tok, values, char_map=False)
         return ids, mask, None, ""
@@ -222,7 +220,7 @@ def _stack(tap: Tap, decode: int, rows: int, path: str) -> Tap:
 
 
 def _check_selection(address: Address, site, name: str) -> None:
-    """Heads and units against the real counts at this address (SPEC.md "Locations: heads and units")."""
+    """Heads and units against the real counts at this address (SPEC.md §3 Locations (L15))."""
     path = f"sites.{name}"
     if site.heads is not None and address.heads is None:
         from .address import PER_HEAD

@@ -5,7 +5,7 @@ against the model's tokenizer (locate.py), decide eligibility (a read may skip a
 row, a write may not, a fixed-width cut that does not fit is refused), hand the
 engine its selections and operands, keep what it read. Then each metric over the
 rows both halves admit. A run writes into a temporary folder beside --out and moves
-it into place only when every step is done. SPEC.md "Runs".
+it into place only when every step is done. SPEC.md §4 Runs.
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ class Resolved:
 
 
 def place(frame, taps, dynamic: bool, path: str, offset: int = 0) -> dict[str, Resolved]:
-    """Every tap's windows on one frame, with the run-time refusals of SPEC.md "Positions: eligibility".
+    """Every tap's windows on one frame, with the run-time refusals of SPEC.md §2.9 Eligibility.
 
     `offset` is the frame's first row in the document's numbering (a --batch-size window)."""
     out = {}
@@ -157,7 +157,7 @@ def check_tokenizer(tok, forward: Forward, path: str) -> None:
     """The run's tokenizer must be the one that encoded the plan: row 0 decoded by both must agree.
 
     Decoded strings are compared, not re-encodings, because encode(decode(ids)) == ids is not a
-    property tokenizers have (SPEC.md "Positions: what is refused")."""
+    property tokenizers have (SPEC.md P52)."""
     here = tok.decode(list(forward.ids[0]), skip_special_tokens=False)
     if forward.check and here != forward.check:
         _refuse(f"the tokenizer at run time decodes row 0 of forward '{forward.model}' on '{forward.input}' as "
@@ -194,10 +194,21 @@ def _pass(engine, step: ObservePlan, path: str, offset: int):
                     operand = operand_value(tap, resolved, values, {k: v.windows for k, v in placed.items()}, path,
                                             offset)
                 items.append((tap, selection_of(tap, resolved[tap.name]), operand))
-            read = engine.forward(forward.ids, forward.mask, items)
+            read = _in_document(lambda: engine.forward(forward.ids, forward.mask, items), path)
         values.update(read)
         placed.update({tap.name: resolved[tap.name] for tap in forward.taps})
     return values, placed
+
+
+def _in_document(call, path: str):
+    """An engine's refusal names a place relative to the intervention (`reads.<r>.pos`); give it the
+    whole document path (`interventions.<i>.reads.<r>.pos`). Site paths are already whole."""
+    try:
+        return call()
+    except Refusal as refusal:
+        if refusal.path and not refusal.path.startswith(("sites.", "interventions.", "model.")):
+            refusal.path = f"{path}.{refusal.path}"
+        raise
 
 
 def _steps_of(tap: Tap, decode: int) -> tuple[int, ...]:
@@ -229,7 +240,7 @@ def decode_forward(engine, forward: Forward, resolved: dict, values: dict, place
             operand = operand_value(tap, resolved, values, {k: v.windows for k, v in placed.items()}, path, offset) \
                 if tap.pos.frame == "prompt" else _continuation_operand(tap, values, placed, rows, path)
         items.append((tap, selection, operand, _steps_of(tap, forward.decode)))
-    read, generated = engine.generate(forward.ids, forward.mask, forward.decode, items)
+    read, generated = _in_document(lambda: engine.generate(forward.ids, forward.mask, forward.decode, items), path)
     tok = engine.tokenizer
     frame = locate.frame_of_continuation(tok, generated, tok.eos_token_id)
     continuation = [t for t in forward.taps if t.pos.frame == "generated"]

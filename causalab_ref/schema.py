@@ -69,7 +69,7 @@ SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "$id": "causalab_ref/document.schema.json",
     "title": "causalab_ref document",
-    "description": "A plan-shaped intervention document (SPEC.md D1-D19, P1-P15, L1-L14).",
+    "description": "A plan-shaped intervention document (SPEC.md §1 Documents, §2 Positions, §3 Locations).",
     "$defs": {
         "sweep": _closed({
             "sweep": {"anyOf": [{"type": "array", "minItems": 1},

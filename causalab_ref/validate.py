@@ -315,7 +315,7 @@ def _generated_rules(pos: Where, kind: str, name: str, decode: int, path: str, p
 # ---------------------------------------------------------------- blocks
 
 
-def _model(raw: Any) -> Model:
+def model_block(raw: Any) -> Model:
     _object(raw, "model", ("key", "revision", "dtype", "attn_implementation"), ("key", "revision", "dtype"))
     attn = raw.get("attn_implementation")
     if attn is not None:
@@ -511,7 +511,7 @@ def produced_names(names: tuple, interventions: dict) -> list[str]:
 
 def _step(raw: Any, path: str, interventions: dict, roles: tuple) -> Observe:
     # A fit/weights step has its own keys (params, objective, names, ...): refuse it by name
-    # before the observe step's key check would call one of those keys unknown (SPEC D12).
+    # before the observe step's key check would call one of those keys unknown (SPEC.md D12).
     kind = raw.get("kind") if isinstance(raw, dict) else None
     if kind in ("fit", "weights"):
         _fail(f"{path}.kind", f"a '{kind}' step trains or saves featurizers; causalab_ref implements "
@@ -575,7 +575,7 @@ def document(raw: Any) -> Document:
         _fail(".".join(str(p) for p in path), "a sweep wrapper must be lowered before validation")
     header = _object(raw.get("header", {}), "header", ("description",))
     description = _str(header.get("description", ""), "header.description")
-    model = _model(raw["model"])
+    model = model_block(raw["model"])
     roles = []
     for k, v in _mapping(raw["roles"], "roles").items():
         _object(v, f"roles.{k}", ("field",), ("field",))

@@ -193,8 +193,9 @@ def test_an_earlier_prompt_position_of_the_head_during_a_decode_is_refused(llama
     an earlier one is refused rather than read from a neighbour."""
     doc = copy.deepcopy(GENERATED)
     doc["interventions"]["generation"]["reads"]["early"] = {"site": "head", "pos": -2, "input": "base"}
-    with pytest.raises(Refusal, match="computes this tensor at the last 1 prompt position"):
+    with pytest.raises(Refusal, match="computes this tensor at the last 1 prompt position") as refusal:
         _run(llama, doc)
+    assert refusal.value.path == "interventions.generation.reads.early.pos"
 
 
 def test_other_continuation_cuts_stack_every_step_and_cut_per_row(llama):
