@@ -77,10 +77,23 @@ def cmd_run(args):
                           progress=not args.quiet)
     lines = list(written)
     for path in written:
-        summary = run.summary_line(Path(path))
+        summary = summary_line(Path(path))
         if summary:
             lines.append(summary)
     return {"text": "\n".join(lines), "written": written}
+
+
+def summary_line(path: Path) -> str:
+    """One line per written metric table: its per-row values and the mean over scored rows."""
+    if path.name in ("document.json", "run.json") or path.suffix != ".json":
+        return ""
+    rows = json.loads(path.read_text(encoding="utf-8"))
+    values = [r["value"] for r in rows]
+    scored = [v for v in values if v is not None]
+    mean = sum(scored) / len(scored) if scored else None
+    shown = ", ".join("null" if v is None else f"{v:.6g}" for v in values)
+    return (f"{path}: {rows[0]['metric']} per row [{shown}]; mean {mean:.6g} over {len(scored)} of "
+            f"{len(rows)} rows ({rows[0]['unit']})" if mean is not None else f"{path}: no row scored")
 
 
 def cmd_vocab(args):

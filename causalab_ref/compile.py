@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from . import data, locate, validate
-from .shapes import Address, Document, Refusal, Where
+from .shapes import Address, Document, Refusal, Where, features_label
 
 UNITS = {
     "match": ("fraction", "match/v1"),
@@ -41,9 +41,7 @@ class Tap:
 
     def line(self) -> str:
         where = f"at {self.address.label()} pos={self.pos.spelling()}"
-        features = ""
-        if self.groups is not None:
-            features = f" features=[{', '.join(str(t) for t in self.take)}]/{self.groups}"
+        features = features_label(self.groups, self.take)
         if self.kind == "write":
             return f"write '{self.name}' {where}{features} {self.mechanism}({self.operand}) via 'identity'"
         tail = " as logits" if self.view == "logits" else ""

@@ -34,6 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any, Optional
+from .shapes import features_label
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = ROOT / "tests" / "conformance"
@@ -67,8 +68,7 @@ def plan_json(plan, engine) -> list[dict]:
                     entry = {"kind": tap.kind, "name": tap.name, "site": tap.site, "component": a.component,
                              "layer": a.layer, "module": a.module, "io": a.io, "op": a.op, "width": a.width,
                              "heads": a.heads, "pos": tap.pos.spelling(),
-                             "features": (f"[{', '.join(str(t) for t in tap.take)}]/{tap.groups}"
-                                          if tap.groups is not None else None),
+                             "features": features_label(tap.groups, tap.take).split("=", 1)[-1] or None,
                              "view": tap.view, "stacked": tap.stacked,
                              "operand": tap.operand if tap.kind == "write" else None}
                     if tap.pos.frame == "prompt":

@@ -422,19 +422,6 @@ def _progress(total: int, show: bool, what: str):
     return tqdm(total=total, desc=what, unit="pass", leave=False, file=sys.stderr)
 
 
-def summary_line(path: Path) -> str:
-    """One line per written metric table: its per-row values and the mean over scored rows."""
-    if path.name in ("document.json", "run.json") or path.suffix != ".json":
-        return ""
-    rows = json.loads(path.read_text(encoding="utf-8"))
-    values = [r["value"] for r in rows]
-    scored = [v for v in values if v is not None]
-    mean = sum(scored) / len(scored) if scored else None
-    shown = ", ".join("null" if v is None else f"{v:.6g}" for v in values)
-    return (f"{path}: {rows[0]['metric']} per row [{shown}]; mean {mean:.6g} over {len(scored)} of "
-            f"{len(rows)} rows ({rows[0]['unit']})" if mean is not None else f"{path}: no row scored")
-
-
 def execute(plan: Plan, engine, out: Path, batch_size: Optional[int] = None, replace: bool = False,
             progress: bool = True) -> list[str]:
     """Run every leaf of the plan and write its files; returns the written paths in write order.
