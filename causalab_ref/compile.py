@@ -246,8 +246,10 @@ def _check_vocabulary_wide(name: str, read, sites, addresses, metric: str, path:
     whole = site.heads is None and site.units is None
     if read.view == "logits" or (site.component in ("lm_head", "logits") and whole):
         return
+    narrowed = (f" (heads {list(site.heads)})" if site.heads is not None
+                else f" (units {list(site.units)})" if site.units is not None else "")
     raise Refusal(f"metric '{metric}' scores token ids, and its read '{name}' "
-                  f"at {addresses[read.site].label()} does not hold the vocabulary's logits; read lm_head or logits "
+                  f"at {addresses[read.site].label()}{narrowed} does not hold the vocabulary's logits; read lm_head or logits "
                   "(whole), or the residual stream with \"view\": \"logits\"", path=f"{path}.of", stage="compile")
 
 

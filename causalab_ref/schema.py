@@ -82,7 +82,7 @@ SCHEMA: dict[str, Any] = {
             "component": _sw(STR),
             "layers": _sw({"anyOf": [{"type": "null"},
                                      {"type": "array", "minItems": 1, "maxItems": 1,
-                                      "items": {"type": "integer", "minimum": 0}}]}),
+                                      "items": {"type": "integer"}}]}),  # a layer's range is the model's (L3)
             "heads": _sw({"anyOf": [{"type": "null"}, INDEX_LIST]}),
             "units": _sw({"anyOf": [{"type": "null"}, INDEX_LIST]}),
         }, ("component",)),

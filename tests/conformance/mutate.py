@@ -119,6 +119,40 @@ MUTANTS = [
      "walk(row, near, path, row_index)"),
     ("the chat template's BOS text kept", "P10", "data.py",
      "    if bos and text.startswith(bos):", "    if False and bos and text.startswith(bos):"),
+    # Rules added or sharpened after the corpus was first written (D16, D20, L3, L26, P32, P36, P42).
+    ("qualified save names resolved to whichever intervention has the metric", "D16", "compile.py",
+     '            saves = tuple((s.value.split("/", 1)[1] if s.value.startswith(f"{i_name}/") else s.value, s.file_path)\n'
+     '                          for s in step.saves\n'
+     '                          if s.value in mine or (s.value.startswith(f"{i_name}/") and s.value.split("/", 1)[1] in mine))',
+     '            saves = tuple((s.value.split("/", 1)[-1], s.file_path) for s in step.saves\n'
+     '                          if s.value.split("/", 1)[-1] in mine)'),
+    ("an ambiguous bare metric name accepted", "D16", "validate.py",
+     "| {m for m in bare if bare.count(m) == 1})", "| set(bare))"),
+    ("two steps may save to one file", "D16", "validate.py",
+     "            if save.file_path in written:", "            if False:"),
+    ("a metric may read any tensor", "D20", "compile.py",
+     'if read.view == "logits" or (site.component in ("lm_head", "logits") and whole):', "if True:"),
+    ("a metric may read lm_head narrowed by heads or units", "D20", "compile.py",
+     '(site.component in ("lm_head", "logits") and whole)', '(site.component in ("lm_head", "logits"))'),
+    ("a negative layer accepted", "L3", "address.py",
+     "if layer is not None and not 0 <= layer < n_layers:", "if layer is not None and not layer < n_layers:"),
+    ("write/operand feature width mismatch accepted at compile", "L26", "compile.py",
+     "if want is not None and have is not None and want != have:", "if False:"),
+    ("a pass is dynamic only for a scope or the continuation, not a last/span/all cut", "P32", "shapes.py",
+     'return self.scope is not None or self.frame == "generated" or self.cut != "index"',
+     'return self.scope is not None or self.frame == "generated"'),
+    ("the decode bound ignores the prompt's length", "P36", "compile.py",
+     "if decode and limit and length + decode > limit:", "if decode and limit and decode > limit:"),
+    ("a decode that exactly fills the positions refused", "P36", "compile.py",
+     "if decode and limit and length + decode > limit:", "if decode and limit and length + decode >= limit:"),
+    ("a continuation write's scope judged before its cut", "P42", "validate.py",
+     "    if kind == \"write\":  # the cut is judged before the scope, in A9's order\n"
+     "        if not (pos.all or (pos.index is not None and pos.index >= 0)):",
+     "    if kind == \"write\":\n"
+     "        if pos.scope is not None:\n"
+     "            _fail(path, f\"{prefix}write '{name}': a write in the continuation frame takes no scope; \"\n"
+     "                        f\"{pos.spelling()} is only known once the decode has finished\")\n"
+     "        if not (pos.all or (pos.index is not None and pos.index >= 0)):"),
 ]
 
 
