@@ -8,18 +8,13 @@ import pytest
 import torch
 
 from causalab_ref import compile as compiler
-from causalab_ref import engine, run, validate
+from causalab_ref import run
 from causalab_ref.shapes import Refusal
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "documents" / "data"
 ENTITY = json.loads((ROOT / "documents" / "entity_patch.json").read_text())
 GENERATED = json.loads((ROOT / "documents" / "generated_answer.json").read_text())
-
-
-@pytest.fixture(scope="module")
-def llama():
-    return engine.load(validate.document(ENTITY).model, weights=True)
 
 
 def _step(llama, doc, root=DATA):

@@ -21,11 +21,6 @@ def _doc(name):
 
 
 @pytest.fixture(scope="module")
-def llama():
-    return engine.load(validate.document(validate.points(_doc("head_patching"))[0][1]).model, weights=True)
-
-
-@pytest.fixture(scope="module")
 def llama_eager():
     spec = validate.document(validate.points(_doc("attention_pattern_patching"))[0][1]).model
     return engine.load(spec, weights=True)

@@ -14,18 +14,13 @@ import pytest
 import torch
 
 from causalab_ref import compile as compiler
-from causalab_ref import engine, fixtures, locate, run, validate
+from causalab_ref import fixtures, locate, run
 from causalab_ref.shapes import Anchor, Refusal, Where
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "documents" / "data"
 GENERATED = json.loads((ROOT / "documents" / "generated_answer.json").read_text())
 PROMPTS = [f"If today is {d}, tomorrow is" for d in ("Thursday", "Friday", "Saturday", "Sunday")]
-
-
-@pytest.fixture(scope="module")
-def llama():
-    return engine.load(validate.document(GENERATED).model, weights=True)
 
 
 def _greedy(llama, decode):

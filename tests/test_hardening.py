@@ -29,11 +29,6 @@ PATCHING = json.loads((ROOT / "documents" / "patching.json").read_text(encoding=
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 
 
-@pytest.fixture(scope="module")
-def llama():
-    return engine.load(validate.document(PATCHING).model, weights=True)
-
-
 def _refused(raw, match_path: str):
     with pytest.raises(Refusal) as caught:
         for _label, point in validate.points(raw):

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from causalab_ref import compile as compiler
-from causalab_ref import engine, run, validate
+from causalab_ref import run, validate
 from causalab_ref.shapes import Refusal
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,11 +29,6 @@ ENTITY = {"index": -1, "scope": {"variable": "entity"}}
 FIXED_WIDTH_TAIL = ("A position of a fixed width names the same number of tokens on every row, so a row it does "
                     "not fit is refused rather than skipped; a position anchored to the row's own text may skip a "
                     "row, and says why")
-
-
-@pytest.fixture(scope="module")
-def llama():
-    return engine.load(validate.document(PATCHING).model, weights=True)
 
 
 def _rows_root(tmp_path: Path, rows: list[dict]) -> Path:

@@ -18,11 +18,6 @@ PATCHING = json.loads((ROOT / "documents" / "patching.json").read_text())
 GENERATED = json.loads((ROOT / "documents" / "generated_answer.json").read_text())
 
 
-@pytest.fixture(scope="module")
-def llama():
-    return engine.load(validate.document(PATCHING).model, weights=True)
-
-
 def _two_interventions(saves):
     doc = copy.deepcopy(PATCHING)
     other = copy.deepcopy(doc["interventions"]["patching"])

@@ -14,18 +14,13 @@ import pytest
 import torch
 
 from causalab_ref import compile as compiler
-from causalab_ref import engine, fixtures, run, validate
+from causalab_ref import fixtures, run, validate
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "documents" / "data"
 PATCHING = json.loads((ROOT / "documents" / "patching.json").read_text())
 KEYS = ["example_id", "metric", "value", "eligible", "positions", "reason", "tokens", "unit",
         "estimand_version", "produced_by"]
-
-
-@pytest.fixture(scope="module")
-def llama():
-    return engine.load(validate.document(PATCHING).model, weights=True)
 
 
 @pytest.fixture(scope="module")
