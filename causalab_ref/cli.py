@@ -61,7 +61,7 @@ def cmd_validate(args):
 
 
 def cmd_explain(args):
-    from .conform import plan_json
+    from .plan import plan_json
     _raw, eng, plan = _compile(args)
     return {"text": plan.text(), "steps": [leaf.label or step.name for leaf in plan.leaves() for step in leaf.steps],
             "plan": plan_json(plan, eng)}
@@ -225,7 +225,7 @@ def _where_each_lands(eng, layer: int):
 def cmd_conform(args):
     from .conform import conform
     result = conform(args.impl, cases_dir=args.cases, only=args.only, fail_fast=args.fail_fast,
-                     record=args.record, quiet=args.quiet)
+                     record=args.record, quiet=args.quiet, main=main)
     if not result["ok"]:
         print(result["summary"])
         raise SystemExit(1)

@@ -1,4 +1,4 @@
-"""Compile: a validated document + a weightless model + the rows on disk -> a plan.
+"""Compile: a validated document + a weightless model + the rows on disk -> a plan (plan.py).
 
 The plan is plain data (strings, integers, tuples): every site resolved to an
 address, every prompt tokenized into a left-padded batch, every metric's answer
@@ -8,12 +8,13 @@ reads at one address). `explain` prints it. SPEC.md §4 Runs (R1-R5).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
 from . import data, locate, validate
-from .shapes import Address, Document, Refusal, Where, features_label
+from .plan import Forward, MetricPlan, ObservePlan, Plan, Tap
+from .shapes import Address, Document, Refusal, Where
 
 UNITS = {
     "match": ("fraction", "match/v1"),
@@ -22,105 +23,6 @@ UNITS = {
     "token_logit": ("logit", "token_logit/v1"),
     "token_prob": ("probability", "token_prob/v1"),
 }
-
-
-@dataclass(frozen=True)
-class Tap:
-    kind: str  # "read" or "write"
-    name: str
-    site: str
-    address: Address
-    pos: Where
-    groups: Optional[int] = None
-    take: Optional[tuple[int, ...]] = None
-    mechanism: Optional[str] = None
-    operand: Any = None
-    anchors: Optional[tuple[Optional[str], ...]] = None
-    view: str = "raw"
-    stacked: int = 0  # decode steps a continuation read is buffered over (0: not stacked)
-
-    def line(self) -> str:
-        where = f"at {self.address.label()} pos={self.pos.spelling()}"
-        features = features_label(self.groups, self.take)
-        if self.kind == "write":
-            return f"write '{self.name}' {where}{features} {self.mechanism}({self.operand}) via 'identity'"
-        tail = " as logits" if self.view == "logits" else ""
-        if self.stacked:
-            tail += f"  (stacked over {self.stacked} decode steps, cut against the continuation)"
-        return f"read  '{self.name}' {where}{features} via 'identity'{tail}"
-
-
-@dataclass(frozen=True)
-class Forward:
-    model: str
-    input: str
-    ids: tuple[tuple[int, ...], ...]
-    mask: tuple[tuple[int, ...], ...]
-    taps: tuple[Tap, ...]
-    segments: Optional[tuple[dict, ...]] = None
-    sample: str = ""
-    check: str = ""  # row 0 decoded by the tokenizer that encoded the plan
-
-    decode: int = 0
-
-    def line(self) -> str:
-        tail = f", then {self.decode} decode steps" if self.decode else ""
-        return f"forward '{self.model}' on '{self.input}'  ({len(self.ids)} rows x {len(self.ids[0])} tokens{tail})"
-
-
-@dataclass(frozen=True)
-class MetricPlan:
-    name: str
-    kind: str
-    of: str
-    answers: tuple[tuple[str, tuple[Optional[int], ...]], ...]  # column field -> per-row token id
-    eligible: tuple[bool, ...]  # the column half
-    unit: str
-    estimand_version: str
-
-
-@dataclass(frozen=True)
-class ObservePlan:
-    name: str
-    intervention: str
-    forwards: tuple[Forward, ...]
-    metrics: tuple[MetricPlan, ...]
-    saves: tuple[tuple[str, str], ...]
-    example_ids: tuple[str, ...]
-    dynamic: bool
-    decode: int = 0
-
-    def lines(self, indent: str) -> list[str]:
-        metrics = [f"{m.name}/{m.kind}" for m in self.metrics]
-        saves = [path for _, path in self.saves]
-        out = [f"{indent}{self.name}: Observe  metrics={metrics}  saves={saves}"]
-        for forward in self.forwards:
-            out.append(f"{indent}    {forward.line()}")
-            out += [f"{indent}      {tap.line()}" for tap in forward.taps]
-        return out
-
-
-@dataclass(frozen=True)
-class Plan:
-    label: str
-    digest: str
-    raw: Any
-    steps: tuple[ObservePlan, ...] = ()
-    points: tuple["Plan", ...] = ()
-
-    def lines(self, indent: str = "") -> list[str]:
-        out = [f"{indent}{self.label or '<root>'}: Plan"]
-        for point in self.points:
-            out += point.lines(indent + "  ")
-        for step in self.steps:
-            out += step.lines(indent + "  ")
-        return out
-
-    def text(self) -> str:
-        return "\n".join(self.lines())
-
-    def leaves(self) -> list["Plan"]:
-        return [self] if not self.points else [p for point in self.points for p in point.leaves()]
 
 
 # ---------------------------------------------------------------- pieces

@@ -15,10 +15,10 @@ temporary folder, invokes the implementation through the CLI contract of SPEC.md
 * a refusal: exit 2 and the one stderr line `<stage>: <path>: <message>`, exact.
 
 An implementation that exits 3 says it does not implement what the case uses: the case is
-reported not applicable. With no --impl the implementation is causalab_ref itself, called
-in-process (cli.main with captured streams) so the corpus runs in seconds; an --impl is
-always a subprocess. This module also owns the structured `plan` that `explain --json`
-prints (`plan_json`), since that shape is part of the contract.
+reported not applicable. With no --impl the implementation is a command-line entry point
+the caller hands in (`main`: argv -> exit status; the CLI passes its own), called in-process
+with captured streams so the corpus runs in seconds; an --impl is always a subprocess. This
+module imports no cli: the structured plan `explain --json` prints lives in plan.py.
 """
 from __future__ import annotations
 
@@ -33,8 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Optional
-from .shapes import features_label
+from typing import Any, Callable, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = ROOT / "tests" / "conformance"
@@ -42,73 +41,22 @@ VERBS = ("run", "explain", "validate", "model")
 NOT_APPLICABLE = 3
 
 
-# ---------------------------------------------------------------- explain's structured plan
-
-
-def plan_json(plan, engine) -> list[dict]:
-    """The compiled plan as plain data: per leaf (sweep point), per step, per forward, per tap.
-
-    Prompt-frame taps carry their resolved positions (absolute indices into the padded
-    batch), each row's reason and the repr of the window's decoded text, resolved exactly
-    as the run resolves them but with no refusal; a continuation tap's positions are only
-    known after the decode, so they are null.
-    """
-    from . import locate
-    tok = engine.tokenizer
-    leaves = []
-    for leaf in plan.leaves():
-        steps = []
-        for step in leaf.steps:
-            forwards = []
-            for forward in step.forwards:
-                frame = locate.frame_of_ids(tok, forward.ids, forward.mask, segments=forward.segments)
-                taps = []
-                for tap in forward.taps:
-                    a = tap.address
-                    entry = {"kind": tap.kind, "name": tap.name, "site": tap.site, "component": a.component,
-                             "layer": a.layer, "module": a.module, "io": a.io, "op": a.op, "width": a.width,
-                             "heads": a.heads, "pos": tap.pos.spelling(),
-                             "features": features_label(tap.groups, tap.take).split("=", 1)[-1] or None,
-                             "view": tap.view, "stacked": tap.stacked,
-                             "operand": tap.operand if tap.kind == "write" else None}
-                    if tap.pos.frame == "prompt":
-                        windows, reasons = locate.locate(frame, tap.pos, tap.anchors)
-                        entry["positions"] = [list(w) for w in windows]
-                        entry["reasons"] = list(reasons)
-                        entry["tokens"] = [locate.tokens_of(frame, w, r) for r, w in enumerate(windows)]
-                    else:
-                        entry["positions"] = entry["reasons"] = entry["tokens"] = None
-                    taps.append(entry)
-                forwards.append({"model": forward.model, "input": forward.input, "rows": len(forward.ids),
-                                 "tokens": len(forward.ids[0]), "decode": forward.decode,
-                                 "starts": list(frame.starts),
-                                 "segments": ([{k: list(v) for k, v in s.items()} for s in forward.segments]
-                                              if forward.segments is not None else None),
-                                 "taps": taps})
-            steps.append({"name": step.name, "intervention": step.intervention, "dynamic": step.dynamic,
-                          "example_ids": list(step.example_ids),
-                          "metrics": [{"name": m.name, "kind": m.kind, "of": m.of, "unit": m.unit,
-                                       "estimand_version": m.estimand_version, "eligible": list(m.eligible)}
-                                      for m in step.metrics],
-                          "saves": [list(s) for s in step.saves], "forwards": forwards})
-        leaves.append({"label": leaf.label, "produced_by": leaf.digest, "steps": steps})
-    return leaves
-
-
 # ---------------------------------------------------------------- invoking an implementation
 
 
 class InProcess:
-    """causalab_ref itself: cli.main with captured stdout and stderr."""
+    """An entry point called in this process (`main(argv) -> status`) with captured stdout and stderr."""
 
     name = "causalab_ref (in-process)"
 
+    def __init__(self, main: Callable[[list[str]], int]):
+        self.main = main
+
     def __call__(self, argv: list[str], cwd: Path) -> tuple[int, str, str]:
-        from . import cli
         out, err = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
-                status = cli.main(argv)
+                status = self.main(argv)
             except SystemExit as exit_:  # argparse usage errors
                 status = exit_.code if isinstance(exit_.code, int) else 1
         return status, out.getvalue(), err.getvalue()
@@ -278,9 +226,13 @@ def unknown_rules(cases: list[dict]) -> list[str]:
 
 
 def conform(impl_command: Optional[str] = None, cases_dir: Optional[str] = None, only: Optional[str] = None,
-            fail_fast: bool = False, record: bool = False, quiet: bool = False, stream=None) -> dict:
+            fail_fast: bool = False, record: bool = False, quiet: bool = False, stream=None,
+            main: Optional[Callable[[list[str]], int]] = None) -> dict:
+    """Run the corpus against `impl_command` (a subprocess) or, with none, in-process against `main`."""
     stream = stream or sys.stdout
-    impl = Subprocess(impl_command) if impl_command else InProcess()
+    if not impl_command and main is None:
+        raise ValueError("conform needs an implementation: a command (impl_command) or an entry point (main)")
+    impl = Subprocess(impl_command) if impl_command else InProcess(main)
     cases = load_cases(Path(cases_dir) if cases_dir else CASES)
     if only:
         cases = [c for c in cases if only in c["name"] or only in Path(c["_file"]).name]

@@ -24,7 +24,7 @@ from typing import Any, Optional
 import torch
 
 from . import locate
-from .compile import Forward, ObservePlan, Plan, Tap
+from .plan import Forward, ObservePlan, Plan, Tap
 from .shapes import Refusal, Selection
 
 FIXED_WIDTH = ("{kind} '{name}' at {spelling} has no position on row(s) {rows}. A position of a fixed width "

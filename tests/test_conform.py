@@ -25,7 +25,7 @@ def test_corpus_passes_on_causalab_ref():
     """SPEC.md:172 [C1] `conform` with no --impl checks causalab_ref itself and must pass
     (SPEC.md:173 [C2], SPEC.md:174 [C3], SPEC.md:175 [C4], SPEC.md:176 [C5], SPEC.md:177 [C6])."""
     out = io.StringIO()
-    result = conform.conform(stream=out, quiet=True)
+    result = conform.conform(stream=out, quiet=True, main=cli.main)
     assert result["ok"], out.getvalue()
     assert result["passed"] == len(CASES) and len(CASES) >= 60
 

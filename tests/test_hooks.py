@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from causalab_ref import address, cli, engine, locate
-from causalab_ref.compile import Tap
+from causalab_ref.plan import Tap
 from causalab_ref.hooks import HooksEngine
 from causalab_ref.shapes import Model, Refusal, Selection, Where
 

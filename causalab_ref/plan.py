@@ -1,0 +1,165 @@
+"""The plan: what compile produces and every later stage reads, and its two renderings.
+
+The dataclasses (Tap, Forward, MetricPlan, ObservePlan, Plan) are plain data: strings,
+integers, tuples, resolved addresses and positions. `Plan.text()` is `explain`'s text
+(SPEC.md §4 Runs, R5); `plan_json` is the structured plan `explain --json` prints, part of
+the CLI contract (SPEC.md §6 Conformance, C3). cli and conform both import this module.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from . import locate
+from .shapes import Address, Where, features_label
+
+
+@dataclass(frozen=True)
+class Tap:
+    kind: str  # "read" or "write"
+    name: str
+    site: str
+    address: Address
+    pos: Where
+    groups: Optional[int] = None
+    take: Optional[tuple[int, ...]] = None
+    mechanism: Optional[str] = None
+    operand: Any = None
+    anchors: Optional[tuple[Optional[str], ...]] = None
+    view: str = "raw"
+    stacked: int = 0  # decode steps a continuation read is buffered over (0: not stacked)
+
+    def line(self) -> str:
+        where = f"at {self.address.label()} pos={self.pos.spelling()}"
+        features = features_label(self.groups, self.take)
+        if self.kind == "write":
+            return f"write '{self.name}' {where}{features} {self.mechanism}({self.operand}) via 'identity'"
+        tail = " as logits" if self.view == "logits" else ""
+        if self.stacked:
+            tail += f"  (stacked over {self.stacked} decode steps, cut against the continuation)"
+        return f"read  '{self.name}' {where}{features} via 'identity'{tail}"
+
+
+@dataclass(frozen=True)
+class Forward:
+    model: str
+    input: str
+    ids: tuple[tuple[int, ...], ...]
+    mask: tuple[tuple[int, ...], ...]
+    taps: tuple[Tap, ...]
+    segments: Optional[tuple[dict, ...]] = None
+    sample: str = ""
+    check: str = ""  # row 0 decoded by the tokenizer that encoded the plan
+
+    decode: int = 0
+
+    def line(self) -> str:
+        tail = f", then {self.decode} decode steps" if self.decode else ""
+        return f"forward '{self.model}' on '{self.input}'  ({len(self.ids)} rows x {len(self.ids[0])} tokens{tail})"
+
+
+@dataclass(frozen=True)
+class MetricPlan:
+    name: str
+    kind: str
+    of: str
+    answers: tuple[tuple[str, tuple[Optional[int], ...]], ...]  # column field -> per-row token id
+    eligible: tuple[bool, ...]  # the column half
+    unit: str
+    estimand_version: str
+
+
+@dataclass(frozen=True)
+class ObservePlan:
+    name: str
+    intervention: str
+    forwards: tuple[Forward, ...]
+    metrics: tuple[MetricPlan, ...]
+    saves: tuple[tuple[str, str], ...]
+    example_ids: tuple[str, ...]
+    dynamic: bool
+    decode: int = 0
+
+    def lines(self, indent: str) -> list[str]:
+        metrics = [f"{m.name}/{m.kind}" for m in self.metrics]
+        saves = [path for _, path in self.saves]
+        out = [f"{indent}{self.name}: Observe  metrics={metrics}  saves={saves}"]
+        for forward in self.forwards:
+            out.append(f"{indent}    {forward.line()}")
+            out += [f"{indent}      {tap.line()}" for tap in forward.taps]
+        return out
+
+
+@dataclass(frozen=True)
+class Plan:
+    label: str
+    digest: str
+    raw: Any
+    steps: tuple[ObservePlan, ...] = ()
+    points: tuple["Plan", ...] = ()
+
+    def lines(self, indent: str = "") -> list[str]:
+        out = [f"{indent}{self.label or '<root>'}: Plan"]
+        for point in self.points:
+            out += point.lines(indent + "  ")
+        for step in self.steps:
+            out += step.lines(indent + "  ")
+        return out
+
+    def text(self) -> str:
+        return "\n".join(self.lines())
+
+    def leaves(self) -> list["Plan"]:
+        return [self] if not self.points else [p for point in self.points for p in point.leaves()]
+
+
+# ---------------------------------------------------------------- explain's structured plan
+
+
+def plan_json(plan, engine) -> list[dict]:
+    """The compiled plan as plain data: per leaf (sweep point), per step, per forward, per tap.
+
+    Prompt-frame taps carry their resolved positions (absolute indices into the padded
+    batch), each row's reason and the repr of the window's decoded text, resolved exactly
+    as the run resolves them but with no refusal; a continuation tap's positions are only
+    known after the decode, so they are null.
+    """
+    tok = engine.tokenizer
+    leaves = []
+    for leaf in plan.leaves():
+        steps = []
+        for step in leaf.steps:
+            forwards = []
+            for forward in step.forwards:
+                frame = locate.frame_of_ids(tok, forward.ids, forward.mask, segments=forward.segments)
+                taps = []
+                for tap in forward.taps:
+                    a = tap.address
+                    entry = {"kind": tap.kind, "name": tap.name, "site": tap.site, "component": a.component,
+                             "layer": a.layer, "module": a.module, "io": a.io, "op": a.op, "width": a.width,
+                             "heads": a.heads, "pos": tap.pos.spelling(),
+                             "features": features_label(tap.groups, tap.take).split("=", 1)[-1] or None,
+                             "view": tap.view, "stacked": tap.stacked,
+                             "operand": tap.operand if tap.kind == "write" else None}
+                    if tap.pos.frame == "prompt":
+                        windows, reasons = locate.locate(frame, tap.pos, tap.anchors)
+                        entry["positions"] = [list(w) for w in windows]
+                        entry["reasons"] = list(reasons)
+                        entry["tokens"] = [locate.tokens_of(frame, w, r) for r, w in enumerate(windows)]
+                    else:
+                        entry["positions"] = entry["reasons"] = entry["tokens"] = None
+                    taps.append(entry)
+                forwards.append({"model": forward.model, "input": forward.input, "rows": len(forward.ids),
+                                 "tokens": len(forward.ids[0]), "decode": forward.decode,
+                                 "starts": list(frame.starts),
+                                 "segments": ([{k: list(v) for k, v in s.items()} for s in forward.segments]
+                                              if forward.segments is not None else None),
+                                 "taps": taps})
+            steps.append({"name": step.name, "intervention": step.intervention, "dynamic": step.dynamic,
+                          "example_ids": list(step.example_ids),
+                          "metrics": [{"name": m.name, "kind": m.kind, "of": m.of, "unit": m.unit,
+                                       "estimand_version": m.estimand_version, "eligible": list(m.eligible)}
+                                      for m in step.metrics],
+                          "saves": [list(s) for s in step.saves], "forwards": forwards})
+        leaves.append({"label": leaf.label, "produced_by": leaf.digest, "steps": steps})
+    return leaves
