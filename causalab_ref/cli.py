@@ -232,6 +232,16 @@ def cmd_conform(args):
     return {"text": result["summary"], **result}
 
 
+def cmd_fixtures(args):
+    """`fixtures export DIR`: each fixture as an ordinary checkpoint folder, and DIR/manifest.json (X15)."""
+    from . import exported
+    done = exported.export(Path(args.dir), keys=args.key or None)
+    lines = [f"{key} -> {folder} ({'reused' if reused else 'exported'})" for key, folder, reused in done]
+    lines.append(f"manifest: {Path(args.dir) / exported.MANIFEST}")
+    return {"text": "\n".join(lines), "manifest": str(Path(args.dir) / exported.MANIFEST),
+            "folders": {key: str(folder) for key, folder, _reused in done}}
+
+
 def cmd_schema(args):
     from .schema import schema
     return {"text": json.dumps(schema(), indent=1), "schema": schema()}
@@ -286,6 +296,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fail-fast", action="store_true", help="stop at the first failed case")
     p.add_argument("--record", action="store_true", help="write causalab_ref's results into the cases' expect")
     p.add_argument("--quiet", action="store_true", help="print failed and not-applicable cases only")
+    p = verb("fixtures", cmd_fixtures, "write the fixtures as ordinary checkpoint folders with a manifest")
+    p.add_argument("action", choices=("export",))
+    p.add_argument("dir", help="the folder to write <name>/ checkpoint folders and manifest.json into")
+    p.add_argument("--key", action="append", default=None, help="export only this fixture key (repeatable)")
     verb("schema", cmd_schema, "the document format as a JSON Schema")
     return parser
 

@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import torch
 
-from . import access, address, fixtures
+from . import access, address, exported, fixtures
 from .shapes import Model, Refusal
 
 
@@ -232,7 +232,11 @@ def _quiet_transformers() -> None:
 
 def checkpoint(spec: Model) -> tuple[str, Optional[str], dict[str, Any]]:
     """Where a model block's checkpoint is: (directory or hub key, the fixture's recipe digest or None,
-    the extra `from_pretrained` arguments). A `fixture:` key is built or reused here (both engines)."""
+    the extra `from_pretrained` arguments). A `fixture:` key is built or reused here (both engines), unless
+    the key names a local folder (a path key, or a key `$CONFORM_CHECKPOINTS` maps; exported.py)."""
+    folder = exported.folder_for(spec.key)
+    if folder is not None:
+        return str(folder), exported.recipe_of(folder), {}
     if fixtures.is_fixture(spec.key):
         return str(fixtures.checkpoint_dir(spec.key)), fixtures.recipe_digest(spec.key), {}
     return spec.key, None, {"revision": spec.revision}
