@@ -7,7 +7,8 @@ uses on an address: `value(model, address)` (the tensor held there, to read or
 inside a `with model.trace(...)` block, and — nnsight's rule — in forward order
 (`Address.rank`), reads and writes interleaved as the forward meets them.
 
-How each kind of place is reached (SPEC.md §3 Locations; stack-facts "Tracing rules"):
+How each kind of place is reached — the component table's `reach` column, dispatched on by
+`REACH` (SPEC.md §3 Locations; stack-facts "Tracing rules"):
 
 * a module boundary: the envoy's `.input` (first argument) or `.output`; a tuple
   output is its element 0, and a write puts the new value in that slot;
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from .address import TABLE, reach, runs_attention
 from .shapes import Address, Refusal
 
 # ---------------------------------------------------------------- loading
@@ -123,8 +125,6 @@ def _envoy(model, address: Address):
 
 
 def _eager(model) -> bool:
-    from .address import runs_attention
-
     return runs_attention(model) == "eager"
 
 
@@ -148,59 +148,78 @@ def _softmax(model, address: Address, path: str = ""):
     return getattr(inner, names[0])
 
 
-_ARG = {"attention_query": 1, "attention_key": 2}
+def _call_arg(k: int):
+    """The reach of argument `k` of the attention call: read it, or replace it in the call's inputs."""
+    def get(model, address, path):
+        return _op(model, address).inputs[0][k]
+
+    def put(model, address, new, path):
+        op = _op(model, address)
+        args, kwargs = op.inputs
+        args = list(args)
+        args[k] = new
+        op.inputs = (tuple(args), kwargs)
+    return get, put
 
 
-def value(model, address: Address, path: str = ""):
-    """The tensor held at `address` in the running trace (read it, or `.save()` it).
+def _put_call_output(model, address, new, path):
+    op = _op(model, address)
+    out = op.output
+    op.output = (new, *out[1:]) if isinstance(out, tuple) else new
 
-    `path` is the document path a refusal here carries (the site's, `sites.<site>`)."""
-    name = address.component
-    if name in _ARG:
-        return _op(model, address).inputs[0][_ARG[name]]
-    if name == "attention_z":
-        return _op(model, address).output[0]
-    if name == "attention_scores":
-        return _softmax(model, address, path).input
-    if name == "attention_probs":
-        return model.attention_probabilities[address.layer]
-    if name == "logits":
-        return model.output.logits
+
+def _put_softmax_input(model, address, new, path):
+    _softmax(model, address, path).input = new
+
+
+def _put_pattern(model, address, new, path):
+    model.attention_probabilities[address.layer] = new
+
+
+def _put_model_logits(model, address, new, path):
+    model.output.logits = new
+
+
+def _get_boundary(model, address, path):
     env = _envoy(model, address)
     got = env.input if address.io == "input" else env.output
     return got[0] if isinstance(got, tuple) else got
 
 
-def assign(model, address: Address, new, path: str = "") -> None:
-    """Replace the tensor at `address` with `new` in the running trace (`path` as for `value`)."""
-    name = address.component
-    if name == "input_ids":
-        raise Refusal("input_ids is read-only: it is the model's input, and a write naming it "
-                      "means nothing", path=path, stage="run")
-    if name in _ARG:
-        op = _op(model, address)
-        args, kwargs = op.inputs
-        args = list(args)
-        args[_ARG[name]] = new
-        op.inputs = (tuple(args), kwargs)
-        return
-    if name == "attention_z":
-        op = _op(model, address)
-        out = op.output
-        op.output = (new, *out[1:]) if isinstance(out, tuple) else new
-        return
-    if name == "attention_scores":
-        _softmax(model, address, path).input = new
-        return
-    if name == "attention_probs":
-        model.attention_probabilities[address.layer] = new
-        return
-    if name == "logits":
-        model.output.logits = new
-        return
+def _put_boundary(model, address, new, path):
     env = _envoy(model, address)
     if address.io == "input":
         env.input = new
         return
     out = env.output
     env.output = (new, *out[1:]) if isinstance(out, tuple) else new
+
+
+#: the component table's `reach` column -> (read, write): how a trace reaches each kind of place
+REACH = {
+    "boundary": (_get_boundary, _put_boundary),
+    "call_arg1": _call_arg(1),
+    "call_arg2": _call_arg(2),
+    "call_output": (lambda model, address, path: _op(model, address).output[0], _put_call_output),
+    "softmax_input": (lambda model, address, path: _softmax(model, address, path).input, _put_softmax_input),
+    "pattern": (lambda model, address, path: model.attention_probabilities[address.layer], _put_pattern),
+    "model_logits": (lambda model, address, path: model.output.logits, _put_model_logits),
+}
+
+
+def value(model, address: Address, path: str = ""):
+    """The tensor held at `address` in the running trace (read it, or `.save()` it).
+
+    `path` is the document path a refusal here carries (the site's, `sites.<site>`)."""
+    get, _ = REACH[reach(address.component)]
+    return get(model, address, path)
+
+
+def assign(model, address: Address, new, path: str = "") -> None:
+    """Replace the tensor at `address` with `new` in the running trace (`path` as for `value`)."""
+    row = TABLE.get(address.component)
+    if row is not None and row.read_only:
+        raise Refusal(f"{address.component} is read-only: it is the model's input, and a write naming it "
+                      "means nothing", path=path, stage="run")
+    _, put = REACH[reach(address.component)]
+    put(model, address, new, path)

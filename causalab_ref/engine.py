@@ -155,7 +155,7 @@ def describe_components(engine, name: str, attention: str, detail) -> dict:
              f"padding_side={engine.tokenizer.padding_side}, {attention} attention"]
     answers: dict[str, Any] = {}
     for component, row in address.TABLE.items():
-        for layer in (range(engine.num_layers) if row["layered"] else [None]):
+        for layer in (range(engine.num_layers) if row.layered else [None]):
             label = component if layer is None else f"{component}[{layer}]"
             try:
                 a = engine.locate(component, layer)

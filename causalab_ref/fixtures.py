@@ -34,7 +34,8 @@ Tokenizers:
   repository. It is copied into the cache directory, never into the repo.
 - tiny-gpt2 and tiny-gptoss use a 1000-id byte-level BPE trained from
   fixture_data/bpe_corpus.txt; the trained vocab.json / merges.txt are committed under
-  fixture_data/bpe/ and `train_bpe()` regenerates them (never run by a build).
+  fixture_data/bpe/. No build trains: tests/bpe_trainer.py regenerates them, and a test checks
+  that it reproduces the committed files.
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ import os
 import pathlib
 import shutil
 import tempfile
-from typing import Any, Optional
+from typing import Any
 
 from .shapes import Refusal
 
@@ -62,8 +63,6 @@ HUB_TIMEOUT_S = 5.0
 _PKG_DIR = pathlib.Path(__file__).resolve().parent
 DATA_DIR = _PKG_DIR / "fixture_data"
 BPE_DIR = DATA_DIR / "bpe"
-BPE_CORPUS = DATA_DIR / "bpe_corpus.txt"
-BPE_VOCAB_SIZE = 1000
 EOT = "<|endoftext|>"
 
 # The standard Llama-2 chat template (meta-llama/Llama-2-7b-chat-hf). Rendering
@@ -505,59 +504,3 @@ def tokenizer(key: str):
 
         _TOKENIZERS[d] = AutoTokenizer.from_pretrained(str(d))
     return _TOKENIZERS[d]
-
-
-# ---------------------------------------------------------------- BPE training (not run by builds)
-
-
-def _bytes_to_unicode_order() -> list[str]:
-    """GPT-2's byte -> printable-char map, in GPT-2's vocab order (printable bytes first)."""
-    bs = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-          + list(range(ord("®"), ord("ÿ") + 1)))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return [chr(c) for c in cs]
-
-
-def train_bpe(corpus: Optional[pathlib.Path] = None, out_dir: Optional[pathlib.Path] = None) -> pathlib.Path:
-    """Regenerate fixture_data/bpe/{vocab.json,merges.txt} from the committed corpus.
-
-    Id 0 is `<|endoftext|>`, ids 1..256 the bytes in GPT-2's order (so 'I'=41, 'f'=70 as on
-    the real tokenizer), then 743 merges in rank order. The merge "I f" is refused (so "If"
-    splits in two as on the real one), with every merge that would depend on it. The corpus
-    avoids the word "Friday", so " Friday" stays several tokens. Never run by a build.
-    """
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
-    corpus = corpus or BPE_CORPUS
-    out_dir = out_dir or BPE_DIR
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=4 * BPE_VOCAB_SIZE, min_frequency=1, special_tokens=[EOT],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
-    )
-    tok.train_from_iterator(corpus.read_text(encoding="utf-8").splitlines(keepends=True), trainer)
-    merges = json.loads(tok.to_str())["model"]["merges"]
-    vocab = {EOT: 0}
-    for ch in _bytes_to_unicode_order():
-        vocab[ch] = len(vocab)
-    kept = []
-    for a, b in merges:
-        if len(vocab) == BPE_VOCAB_SIZE:
-            break
-        if (a, b) == ("I", "f") or a not in vocab or b not in vocab or a + b in vocab:
-            continue
-        kept.append(f"{a} {b}")
-        vocab[a + b] = len(vocab)
-    if len(vocab) != BPE_VOCAB_SIZE:
-        raise RuntimeError(f"corpus too small: {len(vocab)} ids, want {BPE_VOCAB_SIZE}")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False) + "\n", encoding="utf-8")
-    (out_dir / "merges.txt").write_text("#version: 0.2\n" + "\n".join(kept) + "\n", encoding="utf-8")
-    return out_dir

@@ -344,11 +344,11 @@ def _site(raw: Any, path: str) -> Site:
         units = _index_list(raw["units"], f"{path}.units", "units")
     facts = address.TABLE.get(component)
     if facts is not None:
-        if facts["layered"] and layers is None:
+        if facts.layered and layers is None:
             _fail(path, f"'{component}' is addressed at one layer: say which with \"layers\": [i]")
-        if not facts["layered"] and layers is not None:
+        if not facts.layered and layers is not None:
             _fail(f"{path}.layers", f"'{component}' is one per model and takes no layers")
-        if heads is not None and not facts["per_head"]:
+        if heads is not None and not facts.per_head:
             _fail(f"{path}.heads", f"'{component}' is not a per-head tensor; `heads` applies at "
                                     f"{list(address.PER_HEAD)}")
     return Site(component=component, layers=layers, heads=heads, units=units)
@@ -459,7 +459,7 @@ def _intervention(raw: Any, path: str, site_map: dict, roles: tuple) -> Interven
             _fail(f"{wp}.site", f"{prefix}write '{w}': undeclared site '{write.site}'")
         component = site_map[write.site].component
         facts = address.TABLE.get(component)
-        if facts is not None and facts["read_only"]:
+        if facts is not None and facts.read_only:
             _fail(f"{wp}.site", f"{prefix}write '{w}': '{component}' is read-only — the model's input, not an activation")
         if write.featurizer != "identity":
             _fail(f"{wp}.featurizer", f"{prefix}write '{w}': featurizer '{write.featurizer}' — featurizers are "

@@ -210,8 +210,8 @@ def test_model_answers_every_component_at_every_layer():
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("fixture:tiny-gptoss via nnterp: 2 layers, padding_side=left")
     rows = {line.split()[0]: line for line in lines[1:]}
-    labels = [n if not r["layered"] else f"{n}[{i}]" for n, r in address.TABLE.items()
-              for i in (range(2) if r["layered"] else [0])]
+    labels = [n if not r.layered else f"{n}[{i}]" for n, r in address.TABLE.items()
+              for i in (range(2) if r.layered else [0])]
     assert sorted(rows) == sorted(labels)
     assert rows["attention_query[1]"].split()[1:] == ["ok", "width=64", "op=attention_interface_0"]
     assert rows["attention_key[0]"].split()[1:] == ["ok", "width=32", "op=attention_interface_0"]

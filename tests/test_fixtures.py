@@ -84,7 +84,9 @@ def test_gpt2_bpe():
 
 def test_committed_bpe_matches_training(tmp_path):
     """SPEC.md:167 [X3] — the committed vocab.json / merges.txt are what train_bpe() produces."""
-    out = fixtures.train_bpe(out_dir=tmp_path)
+    from bpe_trainer import train_bpe
+
+    out = train_bpe(out_dir=tmp_path)
     for fn in ("vocab.json", "merges.txt"):
         assert (out / fn).read_bytes() == (fixtures.BPE_DIR / fn).read_bytes(), fn
 

@@ -91,7 +91,7 @@ def test_every_boundary_read_equals_the_nnterp_engines(engines, family):
     last, every, rect = _windows(ids, frame)
     items, resolved = [], []
     for name in BOUNDARY:
-        layers = (0, nn.num_layers - 1) if address.TABLE[name]["layered"] else (None,)
+        layers = (0, nn.num_layers - 1) if address.TABLE[name].layered else (None,)
         for layer in layers:
             try:
                 addr = nn.locate(name, layer)
