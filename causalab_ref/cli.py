@@ -25,7 +25,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _read_document(path: str):
-    from . import validate
+    from . import reader, sweeps, validate
     file = Path(path)
     try:
         if not file.is_file():
@@ -33,8 +33,8 @@ def _read_document(path: str):
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:  # unreadable, or a name the file system will not take
         raise Refusal(f"cannot read {path}: {error}", path="document", stage="validation") from None
-    raw = validate.load_json(text, path)
-    points = validate.points(raw)
+    raw = reader.load_json(text, path)
+    points = sweeps.points(raw)
     for _label, point in points:
         validate.document(point)
     return raw, points

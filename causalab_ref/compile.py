@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
-from . import data, locate, validate
+from . import data, locate, reader, sweeps, validate
 from .plan import Forward, MetricPlan, ObservePlan, Plan, Tap
 from .shapes import Address, Document, Refusal, Where
 
@@ -303,7 +303,7 @@ def compile_point(raw: Any, label: str, engine, data_root: Path, cache: Optional
             steps.append(ObservePlan(name=name, intervention=i_name, forwards=tuple(forwards),
                                      metrics=tuple(metrics), saves=saves, example_ids=data.example_ids(base_rows),
                                      dynamic=dynamic, decode=intervention.decode))
-    return Plan(label=label, digest=validate.digest(raw), raw=raw, steps=tuple(steps))
+    return Plan(label=label, digest=reader.digest(raw), raw=raw, steps=tuple(steps))
 
 
 def _tap(kind, name, op, sites, addresses, rows, field, path) -> Tap:
@@ -327,9 +327,9 @@ def _tap(kind, name, op, sites, addresses, rows, field, path) -> Tap:
 
 def compile_document(raw: Any, engine, data_root: Path) -> Plan:
     """The root plan: one leaf per sweep point (or the document itself when unswept)."""
-    pts = validate.points(raw)
+    pts = sweeps.points(raw)
     if len(pts) == 1 and pts[0][0] == "":
         return compile_point(raw, "", engine, data_root)
     cache: dict = {}
     leaves = tuple(compile_point(point, label, engine, data_root, cache) for label, point in pts)
-    return Plan(label="", digest=validate.digest(raw), raw=raw, points=leaves)
+    return Plan(label="", digest=reader.digest(raw), raw=raw, points=leaves)

@@ -373,7 +373,7 @@ def _versions() -> dict:
 def _confined(base: Path, file_path: str, path: str, root: Path) -> Path:
     """A save's file (or a sweep point's folder) under `base`, never outside `root` (SPEC.md R12).
 
-    The name itself was judged at validation (validate._inside_out: no absolute path, `..`,
+    The name itself was judged at validation (names.inside_out: no absolute path, `..`,
     empty or over-long part); what only the disk knows is a link that resolves outside."""
     target = base / file_path
     try:

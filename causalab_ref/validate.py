@@ -3,18 +3,18 @@
 Hand-rolled: every object at every depth rejects unknown keys, every field is
 type-checked, and the rules that need no model, no tokenizer and no data (SPEC.md
 "Documents", the validation rows of "Positions: what is refused" and "Locations:
-what is refused") are decided here. Sweeps are lowered first (`points`), so each
-point is an ordinary document. What the format describes but this reference does
+what is refused") are decided here. Sweeps are lowered before (sweeps.py), so each
+point is an ordinary document; JSON text is read by reader.py. What the format describes but this reference does
 not implement yet (featurizers, fits, outputs, most mechanisms) is refused by name.
 """
 from __future__ import annotations
 
-import hashlib
-import itertools
-import json
 from typing import Any
 
 from . import address
+from .names import inside_out
+from .reader import type_name
+from .sweeps import find_wrappers
 from .shapes import (Anchor, Document, IntervenedModel, Intervention, Metric, Model,
                      Observe, Read, Refusal, Role, Save, Site, Where, Write)
 
@@ -29,6 +29,7 @@ MECHANISMS = ("swap",)
 LATER_MECHANISMS = ("add_scaled", "lerp", "gaussian", "clamp", "renormalize")
 DTYPES = ("fp32", "bf16")
 ATTN = ("eager", "sdpa")
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 # ---------------------------------------------------------------- raw JSON helpers
@@ -38,25 +39,9 @@ def _fail(path: str, message: str):
     raise Refusal(message, path=path, stage="validation")
 
 
-def _type_name(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "a list"
-    return "an object"
-
-
 def _object(raw: Any, path: str, allowed: tuple, required: tuple = ()) -> dict:
     if not isinstance(raw, dict):
-        _fail(path, f"expected an object, got {_type_name(raw)}")
+        _fail(path, f"expected an object, got {type_name(raw)}")
     for key in raw:
         if key not in allowed:
             where = f"{path}.{key}" if path else str(key)
@@ -70,19 +55,19 @@ def _object(raw: Any, path: str, allowed: tuple, required: tuple = ()) -> dict:
 
 def _mapping(raw: Any, path: str) -> dict:
     if not isinstance(raw, dict):
-        _fail(path, f"expected an object of named entries, got {_type_name(raw)}")
+        _fail(path, f"expected an object of named entries, got {type_name(raw)}")
     return raw
 
 
 def _str(raw: Any, path: str) -> str:
     if not isinstance(raw, str):
-        _fail(path, f"expected a string, got {_type_name(raw)}")
+        _fail(path, f"expected a string, got {type_name(raw)}")
     return raw
 
 
 def _int(raw: Any, path: str) -> int:
     if isinstance(raw, bool) or not isinstance(raw, int):
-        _fail(path, f"expected an integer, got {_type_name(raw)}")
+        _fail(path, f"expected an integer, got {type_name(raw)}")
     return raw
 
 
@@ -103,138 +88,6 @@ def _index_list(raw: Any, path: str, what: str) -> tuple[int, ...]:
     if len(set(raw)) != len(raw):
         _fail(path, message)
     return tuple(raw)
-
-
-# ---------------------------------------------------------------- confinement
-
-
-def _inside_out(name: str, path: str, what: str, folder: bool = False) -> None:
-    """A name that becomes a path under --out stays there: no absolute path, no `..` or `.`,
-    no empty part, no NUL, each part a file name (at most 255 bytes); a sweep point's
-    folder is one name, so it has no separator at all (SPEC.md R12)."""
-    parts = name.replace("\\", "/").split("/")
-    if (not name or name.startswith("/") or "\x00" in name or any(p in ("", ".", "..") for p in parts)
-            or (folder and len(parts) > 1)
-            or any(len(p.encode("utf-8", "surrogatepass")) > 255 for p in parts)
-            or any(0xD800 <= ord(c) <= 0xDFFF for c in name)):
-        _fail(path, f"{what} '{name[:200]}' would leave --out or is not a file name: an absolute path, '..', "
-                    "a separator in a folder name, an empty part and a part over 255 bytes are refused; results stay "
-                    "inside --out")
-
-
-MAX_POINTS = 10_000
-FLOAT32_MAX = 3.4028234663852886e38
-
-
-# ---------------------------------------------------------------- sweeps
-
-
-def _is_wrapper(raw: Any) -> bool:
-    return isinstance(raw, dict) and "sweep" in raw and set(raw) <= {"sweep", "as"}
-
-
-def _find_wrappers(raw: Any, path: tuple) -> list:
-    found = []
-    if _is_wrapper(raw):
-        return [(path, raw)]
-    if isinstance(raw, dict):
-        for key, value in raw.items():
-            found += _find_wrappers(value, path + (key,))
-    elif isinstance(raw, list):
-        for k, value in enumerate(raw):
-            found += _find_wrappers(value, path + (k,))
-    return found
-
-
-def _sweep_values(wrapper: dict, where: str) -> list:
-    values = wrapper["sweep"]
-    if isinstance(values, dict):
-        _object(values, f"{where}.sweep", ("range",), ("range",))
-        bounds = values["range"]
-        if (not isinstance(bounds, list) or len(bounds) not in (2, 3)
-                or any(isinstance(b, bool) or not isinstance(b, int) for b in bounds)
-                or (len(bounds) == 3 and bounds[2] == 0)):
-            _fail(f"{where}.sweep.range", "a range is [start, stop] or [start, stop, step] of integers, step not 0")
-        try:
-            count = len(range(*bounds))
-        except OverflowError:  # more values than a C integer counts
-            count = MAX_POINTS + 1
-        if count > MAX_POINTS:
-            _fail(f"{where}.sweep.range", f"a range of more than {MAX_POINTS} values; a sweep has at most "
-                                          f"{MAX_POINTS} points")
-        values = list(range(*bounds))
-    if not isinstance(values, list) or not values:
-        _fail(f"{where}.sweep", "a sweep lists at least one value")
-    if "as" in wrapper:
-        _str(wrapper["as"], f"{where}.as")
-    return values
-
-
-def _label_value(value: Any) -> str:
-    if isinstance(value, list) and len(value) == 1:
-        value = value[0]
-    return json.dumps(value, separators=(",", ":"))
-
-
-def _replace(raw: Any, path: tuple, value: Any) -> Any:
-    if not path:
-        return value
-    head, rest = path[0], path[1:]
-    if isinstance(raw, dict):
-        copy = dict(raw)
-    else:
-        copy = list(raw)
-    copy[head] = _replace(raw[head], rest, value)
-    return copy
-
-
-def points(raw: Any) -> list[tuple[str, Any]]:
-    """Lower sweep wrappers: one (label, document) per point; an unswept document is [("", raw)]."""
-    if not isinstance(raw, dict):
-        _fail("", f"a document is a JSON object, got {_type_name(raw)}")
-    wrappers = _find_wrappers(raw, ())
-    if not wrappers:
-        return [("", raw)]
-    axes: dict[str, list] = {}
-    order: list[str] = []
-    for path, wrapper in wrappers:
-        where = ".".join(str(p) for p in path)
-        if not path:
-            _fail("", "the document itself is a sweep wrapper; sweep a field inside it")
-        if path[0] in ("model", "header"):
-            _fail(where, f"{where} is swept; a sweep may not change the model or the header — "
-                         "those are the identity of the run, not a coordinate in it")
-        values = _sweep_values(wrapper, where)
-        name = wrapper.get("as") or next(str(p) for p in reversed(path) if isinstance(p, str))
-        key = f"as:{wrapper['as']}" if "as" in wrapper else f"path:{where}"
-        if key not in axes:
-            axes[key] = []
-            order.append(key)
-        members = axes[key]
-        if members and len(members[0][2]) != len(values):
-            _fail(where, f"the axis '{name}' moves {len(members[0][2])} values here and {len(values)} there; "
-                         "wrappers on one axis have equal lengths")
-        members.append((path, name, values))
-    total = 1
-    for k in order:
-        total *= len(axes[k][0][2])
-    if total > MAX_POINTS:
-        _fail(".".join(str(p) for p in wrappers[0][0]), f"the sweeps make {total} points; a sweep has at most "
-                                                         f"{MAX_POINTS} points")
-    result = []
-    for choice in itertools.product(*(range(len(axes[k][0][2])) for k in order)):
-        point, labels = raw, []
-        for key, k in zip(order, choice):
-            members = axes[key]
-            labels.append(f"{members[0][1]}={_label_value(members[0][2][k])}")
-            _inside_out(labels[-1], ".".join(str(p) for p in members[0][0]), "the sweep point's folder", True)
-            for path, _name, values in members:
-                point = _replace(point, path, values[k])
-        label = ",".join(labels)
-        # The label is the point's folder under --out (SPEC.md R6, R12).
-        _inside_out(label, ".".join(str(p) for p in axes[order[0]][0][0]), "the sweep point's folder", True)
-        result.append((label, point))
-    return result
 
 
 # ---------------------------------------------------------------- positions
@@ -380,7 +233,7 @@ def _write(raw: Any, path: str) -> Write:
         _fail(f"{path}.operand", "an operand {\"ref\": …} names an output of an earlier step; step outputs "
                                   "are not implemented by causalab_ref yet")
     if isinstance(operand, bool) or not isinstance(operand, (str, int, float)):
-        _fail(f"{path}.operand", f"an operand is a read name or a number, got {_type_name(operand)}")
+        _fail(f"{path}.operand", f"an operand is a read name or a number, got {type_name(operand)}")
     if not isinstance(operand, str) and not (abs(operand) <= FLOAT32_MAX):  # also NaN, and ints past float
         _fail(f"{path}.operand", f"operand {operand!r:.40} is not a finite number a float32 activation can hold "
                                  f"(|x| <= {FLOAT32_MAX:.6g})")
@@ -389,7 +242,7 @@ def _write(raw: Any, path: str) -> Write:
                                    "not implemented by causalab_ref yet")
     params = raw.get("params", {})
     if not isinstance(params, dict):
-        _fail(f"{path}.params", f"expected an object, got {_type_name(params)}")
+        _fail(f"{path}.params", f"expected an object, got {type_name(params)}")
     if params:
         _fail(f"{path}.params", f"mechanism '{mechanism}' takes no params {sorted(params)}")
     featurizer = _str(raw.get("featurizer", "identity"), f"{path}.featurizer")
@@ -424,7 +277,7 @@ def _intervention(raw: Any, path: str, site_map: dict, roles: tuple) -> Interven
             _fail(mp, "'original' is the model with no writes, and is reserved")
         _object(v, mp, ("input", "writes"), ("input", "writes"))
         if not isinstance(v["writes"], list):
-            _fail(f"{mp}.writes", f"expected a list of write names, got {_type_name(v['writes'])}")
+            _fail(f"{mp}.writes", f"expected a list of write names, got {type_name(v['writes'])}")
         models.append((k, IntervenedModel(input=_str(v["input"], f"{mp}.input"),
                                           writes=tuple(_str(w, f"{mp}.writes.{i}") for i, w in enumerate(v["writes"])))))
     metrics = tuple((k, _metric(v, f"{path}.metrics.{k}"))
@@ -549,7 +402,7 @@ def _step(raw: Any, path: str, interventions: dict, roles: tuple) -> Observe:
                                  "causalab_ref yet")
     saves_raw = raw.get("saves", [])
     if not isinstance(saves_raw, list):
-        _fail(f"{path}.saves", f"expected a list of saves, got {_type_name(saves_raw)}")
+        _fail(f"{path}.saves", f"expected a list of saves, got {type_name(saves_raw)}")
     produced = produced_names(names, interventions)
     saves = []
     for k, s in enumerate(saves_raw):
@@ -560,7 +413,7 @@ def _step(raw: Any, path: str, interventions: dict, roles: tuple) -> Observe:
             _fail(f"{sp}.value", f"step '{step}': saves '{value}', which it does not produce (it produces {produced})")
         if not file_path.endswith(".json"):
             _fail(f"{sp}.file_path", f"a metric is saved as a JSON table; '{file_path}' does not end in .json")
-        _inside_out(file_path, f"{sp}.file_path", "a save's file_path")
+        inside_out(file_path, f"{sp}.file_path", "a save's file_path")
         if file_path in ("document.json", "run.json") or file_path in [x.file_path for x in saves]:
             _fail(f"{sp}.file_path", f"'{file_path}' is already written by this run; name another file")
         saves.append(Save(value=value, file_path=file_path))
@@ -571,7 +424,7 @@ def document(raw: Any) -> Document:
     """Validate one (already lowered) document."""
     _object(raw, "", ("header", "model", "roles", "sites", "featurizers", "interventions", "steps"),
             ("model", "roles", "sites", "interventions", "steps"))
-    for path, wrapper in _find_wrappers(raw, ()):
+    for path, wrapper in find_wrappers(raw, ()):
         _fail(".".join(str(p) for p in path), "a sweep wrapper must be lowered before validation")
     header = _object(raw.get("header", {}), "header", ("description",))
     description = _str(header.get("description", ""), "header.description")
@@ -608,36 +461,3 @@ def document(raw: Any) -> Document:
             written[save.file_path] = k
     return Document(model=model, roles=tuple(roles), sites=sites, interventions=interventions,
                     steps=steps, description=description)
-
-
-def digest(raw: Any) -> str:
-    """produced_by: sha256 of the document without its header, keys sorted, compact separators.
-
-    The bare-integer sugar is expanded first, so `"pos": -1` and `"pos": {"index": -1}` are one experiment.
-    """
-    def expand(value: Any, key: str = "") -> Any:
-        if key == "pos" and isinstance(value, int) and not isinstance(value, bool):
-            return {"index": value}
-        if isinstance(value, dict):
-            return {k: expand(v, k) for k, v in value.items()}
-        if isinstance(value, list):
-            return [expand(v) for v in value]
-        return value
-    body = {k: expand(v, k) for k, v in raw.items() if k != "header"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-def load_json(text: str, path: str = "document") -> Any:
-    """Parse JSON, refusing broken JSON with its line and column rather than a traceback."""
-    try:
-        raw = json.loads(text)
-        json.dumps(raw, ensure_ascii=False).encode("utf-8")  # a lone surrogate is JSON but not text
-        return raw
-    except UnicodeEncodeError as error:
-        raise Refusal(f"{path} holds a string that is not valid Unicode text ({error.reason})",
-                      stage="validation") from None
-    except json.JSONDecodeError as error:
-        raise Refusal(f"{path} is not JSON: {error.msg} at line {error.lineno} column {error.colno}",
-                      stage="validation") from None
-    except RecursionError:
-        raise Refusal(f"{path} nests too deeply to read", stage="validation") from None

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from causalab_ref import compile as compiler
-from causalab_ref import engine, run, validate
+from causalab_ref import engine, reader, run, sweeps, validate
 from causalab_ref.shapes import Refusal
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,7 +22,7 @@ def _doc(name):
 
 @pytest.fixture(scope="module")
 def llama_eager():
-    spec = validate.document(validate.points(_doc("attention_pattern_patching"))[0][1]).model
+    spec = validate.document(sweeps.points(_doc("attention_pattern_patching"))[0][1]).model
     return engine.load(spec, weights=True)
 
 
@@ -56,13 +56,13 @@ def test_a_swept_run_writes_one_directory_per_point(llama, tmp_path):
     point = json.loads((tmp_path / "heads" / "heads=1" / "document.json").read_text())
     assert point["sites"]["target"]["heads"] == [1]
     rows = json.loads((tmp_path / "heads" / "heads=1" / "iia.json").read_text())
-    assert {r["produced_by"] for r in rows} == {validate.digest(point)}
+    assert {r["produced_by"] for r in rows} == {reader.digest(point)}
 
 
 def test_one_head_swap_leaves_the_other_heads(llama):
     """SPEC.md:126 [L13] a scatter writes the named head back and leaves the others: patching head 0 of
     attention_premix changes only its 4 features of the 16."""
-    doc = validate.points(_doc("head_patching"))[0][1]
+    doc = sweeps.points(_doc("head_patching"))[0][1]
     doc = copy.deepcopy(doc)
     iv = doc["interventions"]["patching"]
     doc["sites"]["whole"] = {"component": "attention_premix", "layers": [0]}
@@ -109,7 +109,7 @@ def test_the_pattern_under_sdpa_is_refused_saying_what_to_write(llama):
 def test_logit_lens_at_the_last_layer_equals_the_head(llama):
     """SPEC.md:123 [L10] "view": "logits" pushes the residual through the final norm and the head: at the
     last block it is the head's own output."""
-    doc = validate.points(_doc("layer_sweep"))[1][1]
+    doc = sweeps.points(_doc("layer_sweep"))[1][1]
     doc = copy.deepcopy(doc)
     doc["sites"]["head"] = {"component": "lm_head"}
     doc["interventions"]["lens"]["reads"]["head"] = {"site": "head", "pos": -1, "input": "base"}

@@ -51,12 +51,12 @@ def test_a_sweep_of_too_many_points_is_refused_not_built():
     """SPEC.md:156 [R14] A range of 10**100 values is refused at validation, not expanded."""
     import json
 
-    from causalab_ref import validate
+    from causalab_ref import sweeps
     from causalab_ref.shapes import Refusal
     raw = json.loads((fuzzing.REPO / "documents" / "patching.json").read_text(encoding="utf-8"))
     raw["sites"]["target"]["layers"] = [{"sweep": {"range": [0, 10 ** 100]}}]
     try:
-        validate.points(raw)
+        sweeps.points(raw)
     except Refusal as refusal:
         assert refusal.path == "sites.target.layers.0.sweep.range"
         assert "at most 10000 points" in refusal.message

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from causalab_ref import compile as compiler
-from causalab_ref import data, engine, fixtures, run, validate
+from causalab_ref import data, engine, fixtures, run, sweeps, validate
 from causalab_ref.shapes import Model, Refusal
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,7 +31,7 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHON
 
 def _refused(raw, match_path: str):
     with pytest.raises(Refusal) as caught:
-        for _label, point in validate.points(raw):
+        for _label, point in sweeps.points(raw):
             validate.document(point)
     assert caught.value.path == match_path, (caught.value.path, caught.value.message)
     return caught.value

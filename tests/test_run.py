@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from causalab_ref import compile as compiler
-from causalab_ref import fixtures, run, validate
+from causalab_ref import fixtures, reader, run
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "documents" / "data"
@@ -121,10 +121,10 @@ def test_produced_by_is_the_digest_and_ignores_the_header(written):
     """SPEC.md:31 [D19] produced_by is the header-free digest; the header never changes it."""
     out, _ = written
     rows = json.loads((out / "iia.json").read_text())
-    assert {r["produced_by"] for r in rows} == {validate.digest(PATCHING)}
+    assert {r["produced_by"] for r in rows} == {reader.digest(PATCHING)}
     other = copy.deepcopy(PATCHING)
     other["header"]["description"] = "another note"
-    assert validate.digest(other) == validate.digest(PATCHING)
+    assert reader.digest(other) == reader.digest(PATCHING)
 
 
 def test_run_json_records_the_fixture_recipe_and_versions(written):

@@ -13,7 +13,7 @@ import pathlib
 
 import pytest
 
-from causalab_ref import validate
+from causalab_ref import reader, sweeps, validate
 from causalab_ref.shapes import Document, Refusal, Where
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -53,7 +53,7 @@ def test_shipped_document_validates():
     assert parsed.model.key == "fixture:tiny-llama"
     assert [k for k, _ in parsed.roles] == ["base", "counterfactual"]
     assert [k for k, _ in parsed.steps] == ["score"]
-    assert validate.points(raw) == [("", raw)]
+    assert sweeps.points(raw) == [("", raw)]
 
 
 def test_unknown_key_is_refused_with_its_dotted_path():
@@ -741,14 +741,14 @@ def test_logits_view_is_not_an_operand():
 
 
 def _labels(raw) -> list[str]:
-    return [label for label, _ in validate.points(raw)]
+    return [label for label, _ in sweeps.points(raw)]
 
 
 def test_heads_sweep_points_are_labelled_by_element():
     """SPEC.md:30 [D18] `heads: {"sweep": [[0],[1]]}` -> heads=0, heads=1; each point is a document; seed 004:13."""
     raw = doc()
     raw["sites"]["target"] = {"component": "attention_premix", "layers": [0], "heads": {"sweep": [[0], [1]]}}
-    pts = validate.points(raw)
+    pts = sweeps.points(raw)
     assert [label for label, _ in pts] == ["heads=0", "heads=1"]
     assert [p["sites"]["target"]["heads"] for _, p in pts] == [[0], [1]]
     for _, point in pts:
@@ -767,7 +767,7 @@ def test_range_sweep_is_python_range():
     """SPEC.md:29 [D17] `{"sweep": {"range": [a, b(, s)]}}` is Python's range; name = last key on the path."""
     raw = doc()
     raw["sites"]["target"]["layers"] = [{"sweep": {"range": [0, 2]}}]
-    pts = validate.points(raw)
+    pts = sweeps.points(raw)
     assert [label for label, _ in pts] == ["layers=0", "layers=1"]
     assert [p["sites"]["target"]["layers"] for _, p in pts] == [[0], [1]]
     raw["sites"]["target"]["layers"] = [{"sweep": {"range": [0, 6, 2]}}]
@@ -778,9 +778,9 @@ def test_malformed_range_and_empty_sweep_are_refused():
     """SPEC.md:29 [D17] A range of non-integers or step 0, and an empty sweep, are refused at the wrapper."""
     raw = doc()
     raw["sites"]["target"]["layers"] = [{"sweep": {"range": [0, 4, 0]}}]
-    assert refused(raw, validate.points).path == "sites.target.layers.0.sweep.range"
+    assert refused(raw, sweeps.points).path == "sites.target.layers.0.sweep.range"
     raw["sites"]["target"]["layers"] = [{"sweep": []}]
-    assert refused(raw, validate.points).path == "sites.target.layers.0.sweep"
+    assert refused(raw, sweeps.points).path == "sites.target.layers.0.sweep"
 
 
 def test_independent_sweeps_form_a_cross_product():
@@ -796,7 +796,7 @@ def test_same_axis_as_moves_together():
     raw = doc()
     iv(raw)["reads"]["v_cf"]["pos"] = {"sweep": [-1, -2], "as": "pos"}
     iv(raw)["writes"]["patch"]["pos"] = {"sweep": [-1, -2], "as": "pos"}
-    pts = validate.points(raw)
+    pts = sweeps.points(raw)
     assert [label for label, _ in pts] == ["pos=-1", "pos=-2"]
     for _, p in pts:
         assert iv(p)["reads"]["v_cf"]["pos"] == iv(p)["writes"]["patch"]["pos"]
@@ -808,7 +808,7 @@ def test_same_axis_of_unequal_lengths_is_refused():
     raw = doc()
     iv(raw)["reads"]["v_cf"]["pos"] = {"sweep": [-1, -2], "as": "pos"}
     iv(raw)["writes"]["patch"]["pos"] = {"sweep": [-1, -2, -3], "as": "pos"}
-    r = refused(raw, validate.points)
+    r = refused(raw, sweeps.points)
     assert r.path == f"{IV}.writes.patch.pos"
     assert "the axis 'pos' moves 2 values here and 3 there" in r.message
 
@@ -817,7 +817,7 @@ def test_sweeping_model_is_refused_with_the_format_text():
     """SPEC.md:29 [D17] `model` may not be swept; F§11/§20 text."""
     raw = doc()
     raw["model"]["dtype"] = {"sweep": ["fp32", "bf16"]}
-    r = refused(raw, validate.points)
+    r = refused(raw, sweeps.points)
     assert r.path == "model.dtype"
     assert r.message == ("model.dtype is swept; a sweep may not change the model or the header — those are the "
                          "identity of the run, not a coordinate in it")
@@ -827,14 +827,14 @@ def test_sweeping_header_is_refused():
     """SPEC.md:29 [D17] `header` may not be swept either."""
     raw = doc()
     raw["header"]["description"] = {"sweep": ["a", "b"]}
-    r = refused(raw, validate.points)
+    r = refused(raw, sweeps.points)
     assert r.path == "header.description"
     assert r.message.startswith("header.description is swept; a sweep may not change the model or the header")
 
 
 def test_document_that_is_itself_a_sweep_is_refused():
     """SPEC.md:29 [D17] Only fields are swept; a document that is one wrapper is refused, not a crash."""
-    r = refused({"sweep": [doc(), doc()]}, validate.points)
+    r = refused({"sweep": [doc(), doc()]}, sweeps.points)
     assert r.path == ""
     assert "sweep" in r.message
 
@@ -854,11 +854,11 @@ def test_unlowered_wrapper_is_refused_by_document():
 def test_digest_is_independent_of_header():
     """SPEC.md:31 [D19] produced_by ignores the header: changed or removed, the digest is the same."""
     raw = doc()
-    before = validate.digest(raw)
+    before = reader.digest(raw)
     raw["header"]["description"] = "something else entirely"
-    assert validate.digest(raw) == before
+    assert reader.digest(raw) == before
     del raw["header"]
-    assert validate.digest(raw) == before
+    assert reader.digest(raw) == before
 
 
 def test_digest_equal_for_bare_and_object_index():
@@ -868,7 +868,7 @@ def test_digest_equal_for_bare_and_object_index():
     for r in spelled["interventions"]["patching"]["reads"].values():
         r["pos"] = {"index": -1}
     spelled["interventions"]["patching"]["writes"]["patch"]["pos"] = {"index": -1}
-    assert validate.digest(raw) == validate.digest(spelled)
+    assert reader.digest(raw) == reader.digest(spelled)
 
 
 def test_digest_is_sha256_of_sorted_compact_json():
@@ -877,12 +877,12 @@ def test_digest_is_sha256_of_sorted_compact_json():
     body = {k: v for k, v in raw.items() if k != "header"}
     text = json.dumps(body, sort_keys=True, separators=(",", ":"))
     text = text.replace('"pos":-1', '"pos":{"index":-1}')
-    assert validate.digest(raw) == hashlib.sha256(text.encode()).hexdigest()
+    assert reader.digest(raw) == hashlib.sha256(text.encode()).hexdigest()
 
 
 def test_digest_differs_per_point():
     """SPEC.md:31 [D19] Each sweep point is its own experiment with its own digest."""
     raw = doc()
     iv(raw)["reads"]["logits"]["pos"] = {"sweep": [-1, -2]}
-    digests = {validate.digest(p) for _, p in validate.points(raw)}
+    digests = {reader.digest(p) for _, p in sweeps.points(raw)}
     assert len(digests) == 2
