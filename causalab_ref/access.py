@@ -1,11 +1,10 @@
-"""Access: loading a checkpoint as an nnterp StandardizedTransformer, and reaching an
-`Address` inside an nnsight trace on it.
+"""Access: reaching an `Address` inside an nnsight trace on a StandardizedTransformer.
 
-This module owns the per-family load arguments (`load`) and the two verbs a trace
-uses on an address: `value(model, address)` (the tensor held there, to read or
-`.save()`) and `assign(model, address, new)` (replace it).  Both must be called
-inside a `with model.trace(...)` block, and — nnsight's rule — in forward order
-(`Address.rank`), reads and writes interleaved as the forward meets them.
+(Loading one is checkpoint.py's.) This module owns the two verbs a trace uses on an
+address: `value(model, address)` (the tensor held there, to read or `.save()`) and
+`assign(model, address, new)` (replace it).  Both must be called inside a
+`with model.trace(...)` block, and — nnsight's rule — in forward order (`Address.rank`),
+reads and writes interleaved as the forward meets them.
 
 How each kind of place is reached — the component table's `reach` column, dispatched on by
 `REACH` (SPEC.md §3 Locations; stack-facts "Tracing rules"):
@@ -25,92 +24,8 @@ How each kind of place is reached — the component table's `reach` column, disp
 """
 from __future__ import annotations
 
-from typing import Any, Optional
-
 from .address import TABLE, reach, runs_attention
 from .shapes import Address, Refusal
-
-# ---------------------------------------------------------------- loading
-
-#: the document's dtypes (SPEC.md D5) as torch's names; the one map both engines load with
-DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
-
-
-def torch_dtype(name: str):
-    """The torch dtype of a document's `dtype` (`fp32`, `bf16`)."""
-    import torch
-
-    return getattr(torch, DTYPES[name])
-
-
-def _gpt2_probs_source():
-    from nnterp.rename_utils import AttnProbFunction
-
-    class GPT2AttnProbs(AttnProbFunction):
-        """nnterp 1.3.0 looks for module_attn_dropout_0, which this transformers does not
-        have; the dispatched eager function calls nn.functional.dropout."""
-
-        def get_attention_prob_source(self, attention_module, return_module_source=False):
-            src = attention_module.source.attention_interface_0.source
-            return src if return_module_source else src.nn_functional_dropout_0
-
-    return GPT2AttnProbs()
-
-
-def load_kwargs(model_type: str, attn_implementation: Optional[str] = None,
-                weights: bool = True) -> dict[str, Any]:
-    """The StandardizedTransformer keyword arguments for one family.
-
-    eager => enable_attention_probs=True (and nnterp's validation trace, which needs
-    weights; without weights it validates by scan).  GPT-2 gets a fixed attention-prob
-    source; GptOss cannot run nnterp's probability check (its sink makes rows sum < 1)
-    and needs the batched_mm experts implementation to run on CPU or meta.
-    """
-    kw: dict[str, Any] = {"device_map": "cpu", "dispatch": bool(weights)}
-    if model_type == "gpt_oss":
-        kw["experts_implementation"] = "batched_mm"
-    if attn_implementation == "eager":
-        kw["enable_attention_probs"] = True
-        kw["check_attn_probs_with_trace"] = bool(weights) and model_type != "gpt_oss"
-        if model_type == "gpt2":
-            from nnterp.rename_utils import RenameConfig
-
-            kw["rename_config"] = RenameConfig(attn_prob_source=_gpt2_probs_source())
-    elif attn_implementation is not None:
-        kw["attn_implementation"] = attn_implementation
-    return kw
-
-
-def load(path: str, attn_implementation: Optional[str] = None, weights: bool = True,
-         dtype: Optional[str] = None, **overrides):
-    """Load a checkpoint directory (or hub key) as a StandardizedTransformer.
-
-    `attn_implementation` None keeps the family's default; `weights=False` is a meta
-    load (config and module tree only; the first trace dispatches).
-    """
-    from transformers import AutoConfig
-    from nnterp import StandardizedTransformer
-
-    model_type = AutoConfig.from_pretrained(path, trust_remote_code=False,
-                                            revision=overrides.get("revision")).model_type
-    kw = load_kwargs(model_type, attn_implementation, weights)
-    # Never a checkpoint's own code, and only safetensors weights (SPEC.md R13).
-    kw["trust_remote_code"] = False
-    if weights:
-        kw["use_safetensors"] = True
-    if dtype is not None:
-        kw["dtype"] = torch_dtype(dtype)
-    kw.update(overrides)
-    dispatch_after = False
-    if model_type == "gpt_oss" and kw.get("enable_attention_probs") and kw.get("dispatch"):
-        # nnterp's scan check of the pattern sums rows to 1 on real values, which a sink
-        # breaks: check on the meta model, then load the weights.
-        kw["dispatch"], dispatch_after = False, True
-    model = StandardizedTransformer(path, **kw)
-    if dispatch_after:
-        model.dispatch()
-    return model
-
 
 # ---------------------------------------------------------------- reaching an address
 

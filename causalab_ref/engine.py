@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import torch
 
-from . import access, address, exported, fixtures
+from . import access, address, checkpoint
 from .shapes import Model, Refusal
 
 
@@ -223,35 +223,6 @@ def _unwrap(value):
     return getattr(value, "value", value) if not isinstance(value, torch.Tensor) else value
 
 
-def _quiet_transformers() -> None:
-    """Loading chatter (progress bars, config warnings) is not a result; keep stderr for refusals."""
-    from transformers.utils import logging as hf_logging
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-
-
-def checkpoint(spec: Model) -> tuple[str, Optional[str], dict[str, Any]]:
-    """Where a model block's checkpoint is: (directory or hub key, the fixture's recipe digest or None,
-    the extra `from_pretrained` arguments). A `fixture:` key is built or reused here (both engines), unless
-    the key names a local folder (a path key, or a key `$CONFORM_CHECKPOINTS` maps; exported.py)."""
-    folder = exported.folder_for(spec.key)
-    if folder is not None:
-        return str(folder), exported.recipe_of(folder), {}
-    if fixtures.is_fixture(spec.key):
-        return str(fixtures.checkpoint_dir(spec.key)), fixtures.recipe_digest(spec.key), {}
-    return spec.key, None, {"revision": spec.revision}
-
-
-def unloadable(spec: Model, error: Exception) -> Refusal:
-    """The refusal for a checkpoint the libraries could not load (both engines)."""
-    first = str(error).splitlines()[0] if str(error) else ""
-    return Refusal(f"model '{spec.key}' at revision '{spec.revision}' could not be loaded "
-                   f"({type(error).__name__}: {first}); "
-                   "a fixture is named 'fixture:tiny-llama', 'fixture:tiny-gpt2', 'fixture:tiny-gemma2' or "
-                   "'fixture:tiny-gptoss', any other key is loaded from the hub",
-                   path="model.key", stage="compile")
-
-
 def load(spec: Model, kind: str = "nnterp", weights: bool = True, extra=None) -> NNterpEngine:
     """The engine for a document's model block.
 
@@ -265,13 +236,5 @@ def load(spec: Model, kind: str = "nnterp", weights: bool = True, extra=None) ->
     if kind != "nnterp":
         raise Refusal(f"engine '{kind}' is not implemented yet; use --engine nnterp", path="--engine",
                       stage="compile")
-    _quiet_transformers()
-    path, recipe, overrides = checkpoint(spec)
-    try:
-        model = access.load(path, attn_implementation=spec.attn_implementation, weights=weights,
-                            dtype=spec.dtype, **overrides)
-    except Refusal:
-        raise
-    except Exception as error:
-        raise unloadable(spec, error) from None
+    model, _none, recipe = checkpoint.load(spec, weights=weights)
     return NNterpEngine(spec, model, recipe, extra=extra)

@@ -45,8 +45,8 @@ from typing import Optional
 
 import torch
 
-from . import access, address, select
-from .engine import checkpoint, describe_components, logits_view, run_record, unloadable
+from . import access, address, checkpoint, select
+from .engine import describe_components, logits_view, run_record
 from .shapes import Model, Refusal
 
 INTERIOR = ("component '{name}' is an interior — one argument of one call inside a module's forward — and a "
@@ -90,28 +90,7 @@ class HooksEngine:
 
     @classmethod
     def load(cls, spec: Model, weights: bool = True) -> "HooksEngine":
-        from .engine import _quiet_transformers
-
-        _quiet_transformers()
-        path, recipe, overrides = checkpoint(spec)
-        try:
-            shell = access.load(path, attn_implementation=spec.attn_implementation, weights=False,
-                                dtype=spec.dtype, **overrides)
-            hf_model = None
-            if weights:
-                from transformers import AutoModelForCausalLM
-
-                # The shell says which attention the document gets (the family default, or the
-                # document's); GptOss's experts_implementation is read back from its config.json.
-                hf_model = AutoModelForCausalLM.from_pretrained(
-                    path, attn_implementation=address.runs_attention(shell),
-                    dtype=access.torch_dtype(spec.dtype), device_map="cpu", trust_remote_code=False,
-                    use_safetensors=True, **overrides)
-                hf_model.eval()
-        except Refusal:
-            raise
-        except Exception as error:
-            raise unloadable(spec, error) from None
+        shell, hf_model, recipe = checkpoint.load(spec, weights=weights, hooked=True)
         return cls(spec, shell, hf_model, recipe)
 
     # -------------------------------------------------------------- compile-time questions

@@ -1,29 +1,23 @@
-"""Run: walk a compiled plan on an engine, score the metrics, write the result files.
+"""Run: walk a compiled plan on an engine, score the metrics, hand the tables to the results folder.
 
 Per observe step, each forward in dependency order: resolve every tap's positions
 against the model's tokenizer (locate.py), decide eligibility (a read may skip a
 row, a write may not, a fixed-width cut that does not fit is refused), hand the
 engine its selections and operands, keep what it read. Then each metric over the
-rows both halves admit. A run writes into a temporary folder beside --out and moves
-it into place only when every step is done. SPEC.md §4 Runs.
+rows both halves admit. The tables go to results.py's folder, which knows about files
+(staging, confinement, the move into place). SPEC.md §4 Runs.
 """
 from __future__ import annotations
 
-import functools
-import hashlib
-import json
 import math
-import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 
-from . import locate
+from . import locate, results
 from .plan import Forward, ObservePlan, Plan, Tap
 from .shapes import Refusal, Selection
 
@@ -335,145 +329,44 @@ def metric_table(step: ObservePlan, results: dict, name: str, digest: str) -> li
     return rows
 
 
-# ---------------------------------------------------------------- files
-
-
-def _dump(path: Path, obj: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(obj, indent=1) + "\n", encoding="utf-8")
-
-
-@functools.lru_cache(maxsize=None)
-def package_digest() -> str:
-    """sha256 over this package's own .py files in path order."""
-    h = hashlib.sha256()
-    root = Path(__file__).resolve().parent
-    for file in sorted(root.glob("*.py")):
-        h.update(file.name.encode())
-        h.update(file.read_bytes())
-    return h.hexdigest()
-
-
-@functools.lru_cache(maxsize=None)
-def _versions_cached() -> tuple:
-    from importlib import metadata
-    out = []
-    for name in ("torch", "transformers", "nnsight", "nnterp"):
-        try:
-            out.append((name, metadata.version(name)))
-        except metadata.PackageNotFoundError:
-            out.append((name, "not installed"))
-    return tuple(out)
-
-
-def _versions() -> dict:
-    return dict(_versions_cached())
-
-
-def _confined(base: Path, file_path: str, path: str, root: Path) -> Path:
-    """A save's file (or a sweep point's folder) under `base`, never outside `root` (SPEC.md R12).
-
-    The name itself was judged at validation (names.inside_out: no absolute path, `..`,
-    empty or over-long part); what only the disk knows is a link that resolves outside."""
-    target = base / file_path
-    try:
-        inside = root.resolve() in target.resolve().parents
-    except (OSError, RuntimeError, ValueError):
-        inside = False
-    if not inside:
-        raise Refusal(f"'{file_path}' resolves outside --out ({target.resolve()}); results stay inside --out",
-                      path=path, stage="run")
-    return target
-
-
-def _stale(out: Path) -> None:
-    """Staging folders a killed run left beside --out (`.NAME.partial-*`) are never results: removed here."""
-    for old in out.parent.glob(f".{out.name}.partial-*"):
-        if old.is_dir() and not old.is_symlink():
-            try:
-                pid = int(old.name.rsplit("-pid", 1)[1].split("-")[0])
-            except (IndexError, ValueError):
-                pid = None
-            if pid is not None and pid != os.getpid() and _alive(pid):
-                continue  # another run is writing it
-            shutil.rmtree(old, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
-
-
-def _progress(total: int, show: bool, what: str):
-    """A tqdm bar on stderr when it is a terminal and the run is not --quiet; otherwise nothing."""
-    import sys
-    if not show or total <= 1 or not sys.stderr.isatty():
-        return None
-    from tqdm import tqdm
-    return tqdm(total=total, desc=what, unit="pass", leave=False, file=sys.stderr)
-
-
 def execute(plan: Plan, engine, out: Path, batch_size: Optional[int] = None, replace: bool = False,
             progress: bool = True) -> list[str]:
-    """Run every leaf of the plan and write its files; returns the written paths in write order.
-
-    Everything is written into a temporary folder beside `out` and moved into place at
-    the end, so a refused or interrupted run leaves no result folder behind. A staging
-    folder that a killed run left (`.<out>.partial-*`) is removed by the next run beside it.
-    """
+    """Run every leaf of the plan and hand its tables to the results folder; returns the written
+    paths in write order (results.py writes them, and moves the folder into place at the end)."""
     started = time.perf_counter()
-    out = Path(out)
-    if (out.exists() or out.is_symlink()) and not replace:
-        raise Refusal(f"--out {out} already exists; choose a new folder or say --replace", stage="run")
-    if out.is_symlink() or (out.exists() and not out.is_dir()):
-        raise Refusal(f"--out {out} is a link or a file, not a results folder; choose a new folder", stage="run")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    _stale(out)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-pid{os.getpid()}-", dir=out.parent))
-    written: list[str] = []
     leaves = plan.leaves()
-    bar = None
-    try:
+    with results.Folder(out, replace) as folder:
         # Every destination is checked before any forward runs (SPEC.md R12).
         for leaf in leaves:
-            base = _confined(staging, leaf.label, f"sweep point '{leaf.label}'", staging) if leaf.label else staging
+            if leaf.label:
+                folder.confine(leaf.label, f"sweep point '{leaf.label}'")
             for step in leaf.steps:
                 for k, (_value, file_path) in enumerate(step.saves):
-                    _confined(base, file_path, f"steps.{step.name}.saves.{k}.file_path", staging)
+                    folder.confine(_within(leaf.label, file_path), f"steps.{step.name}.saves.{k}.file_path")
         passes = sum(-(-len(step.example_ids) // (batch_size or len(step.example_ids) or 1))
                      for leaf in leaves for step in leaf.steps)
-        bar = _progress(passes, progress, "run")
-        _dump(staging / "document.json", plan.raw)
-        written.append("document.json")
-        for leaf in leaves:
-            base = staging / leaf.label if leaf.label else staging
-            prefix = f"{leaf.label}/" if leaf.label else ""
-            if leaf.label:
-                _dump(base / "document.json", leaf.raw)
-                written.append(prefix + "document.json")
-            for step in leaf.steps:
-                results = run_step(engine, step, batch_size, bar)
-                for value, file_path in step.saves:
-                    target = _confined(base, file_path, f"steps.{step.name}.saves", staging)
-                    _dump(target, metric_table(step, results, value, leaf.digest))
-                    written.append(prefix + file_path)
-        record = engine.run_record(batch_size) | {"causalab_ref": package_digest(), "versions": _versions()}
-        record["dtype"] = record.get("served_dtype") or record.get("model", {}).get("dtype")
-        record["wall_seconds"] = round(time.perf_counter() - started, 3)
-        _dump(staging / "run.json", record)
-        written.insert(1, "run.json")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    finally:
-        if bar is not None:
-            bar.close()
-    return [str(out / w) for w in written]
+        bar = results.progress(passes, progress, "run")
+        try:
+            folder.write("document.json", plan.raw)
+            for leaf in leaves:
+                if leaf.label:
+                    folder.write(_within(leaf.label, "document.json"), leaf.raw)
+                for step in leaf.steps:
+                    outcome = run_step(engine, step, batch_size, bar)
+                    for value, file_path in step.saves:
+                        folder.write(_within(leaf.label, file_path), metric_table(step, outcome, value, leaf.digest),
+                                     path=f"steps.{step.name}.saves")
+            record = engine.run_record(batch_size) | {"causalab_ref": results.package_digest(),
+                                                      "versions": results.versions()}
+            record["dtype"] = record.get("served_dtype") or record.get("model", {}).get("dtype")
+            record["wall_seconds"] = round(time.perf_counter() - started, 3)
+            folder.write("run.json", record, at=1)
+        finally:
+            if bar is not None:
+                bar.close()
+        return folder.commit()
+
+
+def _within(label: str, file_path: str) -> str:
+    """A file's name inside the results folder: under its sweep point's folder, if it has one."""
+    return f"{label}/{file_path}" if label else file_path

@@ -1,4 +1,4 @@
-"""address.py (the component table, locate) and access.py (load, value, assign) on the
+"""address.py (the component table, locate) and access.py (value, assign), checkpoint.py (load) on the
 four fixture families."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from causalab_ref import access, address, fixtures
+from causalab_ref import access, address, checkpoint, fixtures
 from causalab_ref.shapes import Refusal
 
 FAMILIES = ("llama", "gpt2", "gemma2", "gptoss")
@@ -30,7 +30,7 @@ def eager():
     """One eager load (weights, attention probabilities enabled) per family."""
     def get(family):
         if family not in _EAGER:
-            _EAGER[family] = access.load(_dir(family), attn_implementation="eager")
+            _EAGER[family] = checkpoint.standardized(_dir(family), attn_implementation="eager")
         return _EAGER[family]
     yield get
     _EAGER.clear()
@@ -39,13 +39,13 @@ def eager():
 @pytest.fixture(scope="module")
 def llama_meta():
     """The Llama fixture at its default attention (sdpa), no weights."""
-    return access.load(_dir("llama"), weights=False)
+    return checkpoint.standardized(_dir("llama"), weights=False)
 
 
 @pytest.fixture(scope="module")
 def gemma2_meta():
     """Gemma-2 at its default attention (eager) without enable_attention_probs, no weights."""
-    return access.load(_dir("gemma2"), weights=False)
+    return checkpoint.standardized(_dir("gemma2"), weights=False)
 
 
 def _located(model):
@@ -455,7 +455,7 @@ def test_a_parallel_block_has_no_block_mid_and_no_mlp_input_norm(tmp_path):
     layers keep a post_attention_layernorm, but it norms the block input, so the config flag decides:
     block_mid and mlp_input_norm are refused with a sentence at every layer, the rest resolves. Without
     the flag the same module tree resolves both, and block_mid == block_input + attention_output."""
-    m = access.load(_neox(tmp_path, parallel=True), weights=False)
+    m = checkpoint.standardized(_neox(tmp_path, parallel=True), weights=False)
     for layer in range(2):
         for name in ("block_mid", "mlp_input_norm"):
             with pytest.raises(Refusal) as e:
@@ -468,7 +468,7 @@ def test_a_parallel_block_has_no_block_mid_and_no_mlp_input_norm(tmp_path):
     refused = [n for n, a in address.where_each_lands(m) if isinstance(a, str)]
     assert refused == ["attention_scores", "attention_probs", "block_mid", "mlp_input_norm"]  # sdpa + parallel
 
-    s = access.load(_neox(tmp_path, parallel=False), attn_implementation="eager")
+    s = checkpoint.standardized(_neox(tmp_path, parallel=False), attn_implementation="eager")
     assert address.locate(s, "block_mid", 0).module == "post_attention_layernorm"
     _, g = _read_all(s)
     assert torch.allclose(g["block_mid"], g["block_input"] + g["attention_output"], atol=1e-6)

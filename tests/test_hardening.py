@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from causalab_ref import compile as compiler
-from causalab_ref import data, engine, fixtures, run, sweeps, validate
+from causalab_ref import data, engine, fixtures, results, run, sweeps, validate
 from causalab_ref.shapes import Model, Refusal
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,9 +125,9 @@ def test_a_save_through_a_link_out_of_out_is_refused(tmp_path):
     (tmp_path / "elsewhere").mkdir()
     os.symlink(tmp_path / "elsewhere", base / "link")
     with pytest.raises(Refusal) as caught:
-        run._confined(base, "link/x.json", "steps.score.saves.0.file_path", base)
+        results.confined(base, "link/x.json", "steps.score.saves.0.file_path", base)
     assert caught.value.path == "steps.score.saves.0.file_path" and "link/x.json" in caught.value.message
-    assert run._confined(base, "sub/x.json", "p", base) == base / "sub" / "x.json"
+    assert results.confined(base, "sub/x.json", "p", base) == base / "sub" / "x.json"
 
 
 def test_an_out_that_is_a_link_is_refused(llama, tmp_path):
@@ -224,13 +224,13 @@ def test_progress_shows_on_a_terminal_only(monkeypatch):
     """SPEC.md:158 [R16] a bar over several passes on a terminal; none with --quiet, off a terminal,
     or for a single pass."""
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
-    bar = run._progress(4, True, "run")
+    bar = results.progress(4, True, "run")
     assert bar is not None and bar.total == 4
     bar.close()
-    assert run._progress(4, False, "run") is None
-    assert run._progress(1, True, "run") is None
+    assert results.progress(4, False, "run") is None
+    assert results.progress(1, True, "run") is None
     monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
-    assert run._progress(4, True, "run") is None
+    assert results.progress(4, True, "run") is None
 
 
 def test_quiet_run_off_a_terminal_prints_no_bar(tmp_path):

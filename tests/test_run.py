@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from causalab_ref import compile as compiler
-from causalab_ref import fixtures, reader, run
+from causalab_ref import fixtures, reader, results, run
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "documents" / "data"
@@ -135,7 +135,7 @@ def test_run_json_records_the_fixture_recipe_and_versions(written):
     assert record["fixture_recipe"] == fixtures.recipe_digest("fixture:tiny-llama")
     assert record["model"]["key"] == "fixture:tiny-llama"
     assert set(record["versions"]) == {"torch", "transformers", "nnsight", "nnterp"}
-    assert record["causalab_ref"] == run.package_digest()
+    assert record["causalab_ref"] == results.package_digest()
     text = (out / "run.json").read_text()
     assert str(Path.home()) not in text and "/tmp" not in text
 
