@@ -30,7 +30,8 @@ from .shapes import Address, Refusal
 # ---------------------------------------------------------------- reaching an address
 
 
-def _envoy(model, address: Address):
+def envoy(model, address: Address):
+    """The envoy of an address's module (relative to its layer, or to the model root)."""
     base = model if address.layer is None else model.layers[address.layer]
     cur = base
     if address.module:
@@ -96,13 +97,13 @@ def _put_model_logits(model, address, new, path):
 
 
 def _get_boundary(model, address, path):
-    env = _envoy(model, address)
+    env = envoy(model, address)
     got = env.input if address.io == "input" else env.output
     return got[0] if isinstance(got, tuple) else got
 
 
 def _put_boundary(model, address, new, path):
-    env = _envoy(model, address)
+    env = envoy(model, address)
     if address.io == "input":
         env.input = new
         return

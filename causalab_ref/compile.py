@@ -157,7 +157,7 @@ def _check_vocabulary_wide(name: str, read, sites, addresses, metric: str, path:
 
 def _check_decode_fits(engine, length: int, decode: int, path: str) -> None:
     """A decode that would run past the model's positions is refused before it starts."""
-    config = engine.model.config if hasattr(engine, "model") else engine.shell.config
+    config = engine.config
     limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
     if decode and limit and length + decode > limit:
         raise Refusal(f"decode {decode} after a {length}-token prompt runs past the model's {limit} positions; "

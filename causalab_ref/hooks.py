@@ -45,8 +45,8 @@ from typing import Optional
 
 import torch
 
-from . import access, address, checkpoint, select
-from .engine import describe_components, logits_view, run_record
+from . import access, address, checkpoint, seam
+from .contract import Batch, Engine
 from .shapes import Model, Refusal
 
 INTERIOR = ("component '{name}' is an interior — one argument of one call inside a module's forward — and a "
@@ -57,6 +57,7 @@ PROBS = ("component 'attention_probs' is the attention pattern inside the attent
          "boundary: under eager the attention module hands it out only as a second output the values were already "
          "mixed with, so a hook could read a copy there but a write would change nothing downstream. It is "
          "addressed through nnterp's attention_probabilities; run this document on the nnterp engine.")
+
 
 def _first_input(args: tuple, kwargs: dict):
     """(where, value): the module's first argument — positional 0, else the first keyword."""
@@ -70,20 +71,73 @@ def _first_input(args: tuple, kwargs: dict):
     raise RuntimeError("a forward pre-hook saw a call with no tensor argument")
 
 
-class HooksEngine:
+class _Hooked:
+    """The hooks of one forward, or of every step of a decode: each boundary's actions through the seam.
+
+    `step` counts the model's forwards (a pre-hook on the root, registered first); `length` is the
+    prompt's length in a decode (0: a plain forward, no per-step placement)."""
+
+    def __init__(self, actions, length: int = 0):
+        self.reads = seam.Reads(actions)
+        self.length = length
+        self.step = -1
+
+    def count(self, module, args):
+        self.step += 1
+
+    def fire(self, group, current: torch.Tensor) -> Optional[torch.Tensor]:
+        """The boundary's actions at this step on `current`; the new tensor, or None when nothing was written."""
+        acting = seam.firing(group, self.step)
+        if not acting:
+            return None
+        if self.length:
+            acting = [seam.at_step(a, current.shape[a.address.seq_axis], self.length) for a in acting]
+        landed = seam.apply(current, acting, self.step)
+        self.reads.keep(landed)
+        return landed.value if landed.changed else None
+
+    def on_input(self, group):
+        def hook(module, args, kwargs):
+            where, current = _first_input(args, kwargs)
+            new = self.fire(group, current)
+            if new is None:
+                return None
+            if where[0] == "arg":
+                return (new, *args[1:]), kwargs
+            return args, {**kwargs, where[1]: new}
+        return hook
+
+    def on_output(self, group):
+        def hook(module, args, kwargs, output):
+            new = self.fire(group, output[0] if isinstance(output, tuple) else output)
+            if new is None:
+                return None
+            return (new, *output[1:]) if isinstance(output, tuple) else new
+        return hook
+
+    def on_logits(self, group):
+        def hook(module, args, kwargs, output):
+            new = self.fire(group, output.logits)
+            if new is None:
+                return None
+            output.logits = new
+            return output
+        return hook
+
+
+class HooksEngine(Engine):
     """One checkpoint: a weightless nnterp shell for addresses, a transformers model for the forward.
 
     `weights=False` loads the shell and the tokenizer only (compile, `model --engine hooks`).
     """
 
+    name = "hooks"
+    record_name = "HooksEngine"
+
     def __init__(self, spec: Model, shell, hf_model, recipe: Optional[str]):
-        self.spec = spec
+        super().__init__(spec, shell.tokenizer, recipe)
         self.shell = shell
         self.hf_model = hf_model
-        self.recipe = recipe
-        self.tokenizer = shell.tokenizer
-        if self.tokenizer.pad_token is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
         self._names = {id(m): n for n, m in shell._model.named_modules()}
 
     # -------------------------------------------------------------- loading
@@ -96,8 +150,15 @@ class HooksEngine:
     # -------------------------------------------------------------- compile-time questions
 
     @property
+    def config(self):
+        return self.shell.config
+
+    @property
     def num_layers(self) -> int:
         return int(self.shell.num_layers)
+
+    def attention(self) -> str:
+        return address.runs_attention(self.shell)
 
     def locate(self, component: str, layer: Optional[int], site: str = "target"):
         """The nnterp engine's address, minus what a hook cannot reach (seed-tables B6)."""
@@ -105,117 +166,64 @@ class HooksEngine:
             raise Refusal(INTERIOR.format(name=component), path=f"sites.{site}", stage="compile")
         if component == "attention_probs":
             raise Refusal(PROBS, path=f"sites.{site}", stage="compile")
-        return address.locate(self.shell, component, layer, site=site,
-                              attn_implementation=address.runs_attention(self.shell))
+        return address.locate(self.shell, component, layer, site=site, attn_implementation=self.attention())
 
     def module_name(self, addr) -> str:
         """The transformers module name of an address's module ('' is the root)."""
-        env = access._envoy(self.shell, addr)
+        env = access.envoy(self.shell, addr)
         name = self._names.get(id(env._module))
         if name is None:
             raise RuntimeError(f"{addr.label()}: module '{addr.module}' is not in the model's module tree")
         return name
 
-    def describe_components(self) -> dict:
-        """Every component at every layer: width and operation, or the reason it is not there."""
-        def detail(a):
-            module = self.module_name(a)
-            return {"module": module, "io": a.io}, f"  hook={module or '<root>'}.{a.io}"
-        return describe_components(self, "hooks", address.runs_attention(self.shell), detail)
+    def detail(self, a) -> tuple[dict, str]:
+        module = self.module_name(a)
+        return {"module": module, "io": a.io}, f"  hook={module or '<root>'}.{a.io}"
 
-    # -------------------------------------------------------------- run-time
+    def final_modules(self):
+        return (self.hf_model.get_submodule(self.module_name(self.locate("ln_final", None))),
+                self.hf_model.get_submodule(self.module_name(self.locate("lm_head", None))))
 
-    def forward(self, ids, mask, items) -> dict[str, torch.Tensor]:
-        """One forward with hooks: each (tap, selection, operand) in the order given (rank order).
+    def head_weight(self):
+        return self.hf_model.lm_head.weight if self.hf_model is not None else None
 
-        Returns each read's gathered value, detached, on the CPU.
-        """
-        from .engine import _mechanism
+    # -------------------------------------------------------------- run-time: reaching an address
 
+    def _boundaries(self, actions) -> dict[tuple[str, str], list]:
+        """The actions grouped by boundary (module name, side), keeping their order inside each group."""
+        out: dict[tuple[str, str], list] = {}
+        for action in actions:
+            side = "logits" if action.address.component == "logits" else action.address.io
+            out.setdefault((self.module_name(action.address), side), []).append(action)
+        return out
+
+    def _hook(self, hooked: _Hooked, actions) -> list:
+        """Register the hooks (the step counter first); returns their handles."""
         if self.hf_model is None:
             raise Refusal("this engine was loaded without weights and cannot run a forward", stage="run")
-        # group the taps by boundary (module, side), keeping their order inside each group
-        groups: dict[tuple[str, str], list] = {}
-        for tap, selection, operand in items:
-            name = self.module_name(tap.address)
-            side = "logits" if tap.address.component == "logits" else tap.address.io
-            groups.setdefault((name, side), []).append((tap, selection, operand))
+        handles = [self.hf_model.register_forward_pre_hook(hooked.count)]
+        for (name, side), group in self._boundaries(actions).items():
+            module = self.hf_model.get_submodule(name)
+            if side == "input":
+                handles.append(module.register_forward_pre_hook(hooked.on_input(group), with_kwargs=True))
+            else:
+                hook = hooked.on_logits(group) if side == "logits" else hooked.on_output(group)
+                handles.append(module.register_forward_hook(hook, with_kwargs=True))
+        return handles
 
-        saved: dict[str, torch.Tensor] = {}
-
-        def apply(current: torch.Tensor, taps) -> tuple[torch.Tensor, bool]:
-            changed = False
-            for tap, selection, operand in taps:
-                if tap.kind == "write":
-                    part = select.gather(current, selection)
-                    current = select.scatter(current, selection, _mechanism(tap, part, operand))
-                    changed = True
-                else:
-                    saved[tap.name] = select.gather(current, selection).detach().clone().cpu()
-            return current, changed
-
-        def pre_hook(taps):
-            def hook(module, args, kwargs):
-                where, current = _first_input(args, kwargs)
-                new, changed = apply(current, taps)
-                if not changed:
-                    return None
-                if where[0] == "arg":
-                    return (new, *args[1:]), kwargs
-                return args, {**kwargs, where[1]: new}
-            return hook
-
-        def out_hook(taps):
-            def hook(module, args, kwargs, output):
-                current = output[0] if isinstance(output, tuple) else output
-                new, changed = apply(current, taps)
-                if not changed:
-                    return None
-                return (new, *output[1:]) if isinstance(output, tuple) else new
-            return hook
-
-        def logits_hook(taps):
-            def hook(module, args, kwargs, output):
-                new, changed = apply(output.logits, taps)
-                if changed:
-                    output.logits = new
-                return output if changed else None
-            return hook
-
-        handles = []
+    def forward(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """One forward with hooks: the actions in rank order. Returns each read's value, detached, on the CPU."""
+        hooked = _Hooked(batch.actions)
+        handles = self._hook(hooked, batch.actions)
         try:
-            for (name, side), taps in groups.items():
-                module = self.hf_model.get_submodule(name)
-                if side == "input":
-                    handles.append(module.register_forward_pre_hook(pre_hook(taps), with_kwargs=True))
-                elif side == "logits":
-                    handles.append(module.register_forward_hook(logits_hook(taps), with_kwargs=True))
-                else:
-                    handles.append(module.register_forward_hook(out_hook(taps), with_kwargs=True))
-            inputs = {"input_ids": torch.tensor(ids, dtype=torch.long),
-                      "attention_mask": torch.tensor(mask, dtype=torch.long)}
             with torch.no_grad():
-                self.hf_model(**inputs, use_cache=False)
+                self.hf_model(**self.inputs(batch.ids, batch.mask), use_cache=False)
         finally:
             for handle in handles:
                 handle.remove()
-        views = {tap.name: tap.view for tap, _s, _o in items}
-        return {name: self._viewed(value, views[name]) for name, value in saved.items()}
+        return hooked.reads.result(self.viewed)
 
-    def _viewed(self, value: torch.Tensor, view: str) -> torch.Tensor:
-        """`"view": "logits"`: the gathered residual through the final norm, the head, and the family's
-        final logit softcapping where it has one (Gemma-2) — the nnterp engine's rule, on the same modules."""
-        if view != "logits":
-            return value
-        norm = self.hf_model.get_submodule(self.module_name(self.locate("ln_final", None)))
-        head = self.hf_model.get_submodule(self.module_name(self.locate("lm_head", None)))
-        return logits_view(value, view, norm, head, self.hf_model.config)
-
-    def generate(self, ids, mask, decode: int, items):
+    def generate(self, batch: Batch):
         """Decoding (the generated frame) is the nnterp engine's; refused here by name."""
         raise Refusal("decode > 0 (the generated frame) is not implemented on the hooks engine; run this "
                       "document on the nnterp engine", path="decode", stage="run")
-
-    def run_record(self, batch_size: Optional[int]) -> dict:
-        head = self.hf_model.lm_head.weight if self.hf_model is not None else None
-        return run_record("HooksEngine", self.spec, batch_size, self.recipe, head)

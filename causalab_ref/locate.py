@@ -105,6 +105,13 @@ def frame_of_ids(tok, ids, mask, segments=None, char_map=True) -> shapes.Frame:
     )
 
 
+def with_pad(tok):
+    """The tokenizer, with a missing pad token set to its EOS token (SPEC.md R2); the one place this is done."""
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
 def frame_of_texts(tok, texts: Sequence[str], char_map: bool = True):
     """Tokenize a batch as the run does — padding=True on the tokenizer's own side,
     special tokens added, a missing pad token set to eos — and frame it (with no
@@ -112,9 +119,7 @@ def frame_of_texts(tok, texts: Sequence[str], char_map: bool = True):
 
     Returns (ids, mask, frame) with ids and mask as tuples of tuples of ints.
     """
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    enc = tok(list(texts), padding=True, add_special_tokens=True)
+    enc = with_pad(tok)(list(texts), padding=True, add_special_tokens=True)
     ids = tuple(tuple(int(i) for i in row) for row in enc["input_ids"])
     mask = tuple(tuple(int(m) for m in row) for row in enc["attention_mask"])
     return ids, mask, frame_of_ids(tok, ids, mask, char_map=char_map)

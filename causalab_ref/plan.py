@@ -25,6 +25,7 @@ class Tap:
     take: Optional[tuple[int, ...]] = None
     mechanism: Optional[str] = None
     operand: Any = None
+    params: tuple[tuple[str, float], ...] = ()  # a write's mechanism params (mechanisms.TABLE)
     anchors: Optional[tuple[Optional[str], ...]] = None
     view: str = "raw"
     stacked: int = 0  # decode steps a continuation read is buffered over (0: not stacked)

@@ -19,6 +19,7 @@ import torch
 
 from . import locate, results
 from .plan import Forward, ObservePlan, Plan, Tap
+from .contract import Action, Batch
 from .shapes import Refusal, Selection
 
 FIXED_WIDTH = ("{kind} '{name}' at {spelling} has no position on row(s) {rows}. A position of a fixed width "
@@ -181,14 +182,13 @@ def _pass(engine, step: ObservePlan, path: str, offset: int):
         if forward.decode:
             resolved, read = decode_forward(engine, forward, resolved, values, placed, path, offset)
         else:
-            items = []
-            for tap in forward.taps:
-                operand = None
-                if tap.kind == "write":
-                    operand = operand_value(tap, resolved, values, {k: v.windows for k, v in placed.items()}, path,
-                                            offset)
-                items.append((tap, selection_of(tap, resolved[tap.name]), operand))
-            read = _in_document(lambda: engine.forward(forward.ids, forward.mask, items), path)
+            windows = {k: v.windows for k, v in placed.items()}
+            actions = tuple(Action(tap=tap, selection=selection_of(tap, resolved[tap.name]),
+                                   operand=operand_value(tap, resolved, values, windows, path, offset)
+                                   if tap.kind == "write" else None)
+                            for tap in forward.taps)
+            batch = Batch(ids=forward.ids, mask=forward.mask, actions=actions)
+            read = _in_document(lambda: engine.forward(batch), path)
         values.update(read)
         placed.update({tap.name: resolved[tap.name] for tap in forward.taps})
     return values, placed
@@ -214,6 +214,28 @@ def _steps_of(tap: Tap, decode: int) -> tuple[int, ...]:
     return tuple(range(decode))
 
 
+def _decode_actions(forward: Forward, resolved: dict, values: dict, placed: dict, path: str,
+                   offset: int) -> tuple[Action, ...]:
+    """A decoding forward's actions: prompt taps over their windows at step 0, continuation taps at
+    their steps (the engine places them on the one position each step computes)."""
+    rows = len(forward.ids)
+    windows = {k: v.windows for k, v in placed.items()}
+    actions = []
+    for tap in forward.taps:
+        prompt = tap.pos.frame == "prompt"
+        if prompt:
+            selection = selection_of(tap, resolved[tap.name])
+        else:
+            selection = Selection(windows=tuple((0,) for _ in range(rows)), seq_axis=tap.address.seq_axis,
+                                  groups=tap.groups, take=tap.take)
+        operand = None
+        if tap.kind == "write":
+            operand = (operand_value(tap, resolved, values, windows, path, offset) if prompt
+                       else _continuation_operand(tap, values, placed, rows, path))
+        actions.append(Action(tap=tap, selection=selection, operand=operand, steps=_steps_of(tap, forward.decode)))
+    return tuple(actions)
+
+
 def decode_forward(engine, forward: Forward, resolved: dict, values: dict, placed: dict, path: str,
                    offset: int = 0):
     """A forward that decodes: prompt taps at step 0, continuation taps at their steps, then the cut.
@@ -222,19 +244,9 @@ def decode_forward(engine, forward: Forward, resolved: dict, values: dict, place
     continuation frame (generated ids cut at each row's first stop token) afterwards.
     """
     rows = len(forward.ids)
-    items = []
-    for tap in forward.taps:
-        if tap.pos.frame == "prompt":
-            selection = selection_of(tap, resolved[tap.name])
-        else:
-            selection = Selection(windows=tuple((0,) for _ in range(rows)), seq_axis=tap.address.seq_axis,
-                                  groups=tap.groups, take=tap.take)
-        operand = None
-        if tap.kind == "write":
-            operand = operand_value(tap, resolved, values, {k: v.windows for k, v in placed.items()}, path, offset) \
-                if tap.pos.frame == "prompt" else _continuation_operand(tap, values, placed, rows, path)
-        items.append((tap, selection, operand, _steps_of(tap, forward.decode)))
-    read, generated = _in_document(lambda: engine.generate(forward.ids, forward.mask, forward.decode, items), path)
+    batch = Batch(ids=forward.ids, mask=forward.mask, decode=forward.decode,
+                  actions=_decode_actions(forward, resolved, values, placed, path, offset))
+    read, generated = _in_document(lambda: engine.generate(batch), path)
     tok = engine.tokenizer
     frame = locate.frame_of_continuation(tok, generated, tok.eos_token_id)
     continuation = [t for t in forward.taps if t.pos.frame == "generated"]

@@ -16,6 +16,7 @@ import torch
 
 from causalab_ref import address, cli, engine, locate
 from causalab_ref.plan import Tap
+from causalab_ref.contract import Action, Batch
 from causalab_ref.hooks import HooksEngine
 from causalab_ref.shapes import Model, Refusal, Selection, Where
 
@@ -49,14 +50,14 @@ def _batch(tok):
 
 def _read(name, addr, windows, ragged=False, groups=None, take=None):
     tap = Tap(kind="read", name=name, site=name, address=addr, pos=Where(index=-1))
-    return (tap, Selection(windows=windows, seq_axis=addr.seq_axis, ragged=ragged, groups=groups, take=take), None)
+    return Action(tap, Selection(windows=windows, seq_axis=addr.seq_axis, ragged=ragged, groups=groups, take=take))
 
 
 def _write(name, addr, windows, operand, ragged=False, groups=None, take=None):
     tap = Tap(kind="write", name=name, site=name, address=addr, pos=Where(index=-1), mechanism="swap",
               operand="cf" if isinstance(operand, torch.Tensor) else operand)
-    return (tap, Selection(windows=windows, seq_axis=addr.seq_axis, ragged=ragged, groups=groups, take=take),
-            operand)
+    return Action(tap, Selection(windows=windows, seq_axis=addr.seq_axis, ragged=ragged, groups=groups, take=take),
+                  operand)
 
 
 def _windows(ids, frame):
@@ -70,11 +71,12 @@ def _windows(ids, frame):
 
 
 def _sorted(items):
-    return sorted(items, key=lambda item: (item[0].address.rank, 0 if item[0].kind == "write" else 1))
+    return sorted(items, key=lambda item: (item.address.rank, 0 if item.tap.kind == "write" else 1))
 
 
 def _both(nn, hk, ids, mask, items):
-    return nn.forward(ids, mask, items), hk.forward(ids, mask, items)
+    batch = Batch(ids=ids, mask=mask, actions=tuple(items))
+    return nn.forward(batch), hk.forward(batch)
 
 
 # ---------------------------------------------------------------- reads
@@ -113,7 +115,7 @@ def test_every_boundary_read_equals_the_nnterp_engines(engines, family):
     if family != "gptoss":
         assert {"mlp_activation[0]", "mlp_neuron_output[0]"} <= set(resolved)
     got_nn, got_hk = _both(nn, hk, ids, mask, _sorted(items))
-    assert set(got_nn) == set(got_hk) == {item[0].name for item in items}
+    assert set(got_nn) == set(got_hk) == {item.name for item in items}
     for name in got_nn:
         a, b = got_nn[name], got_hk[name]
         assert a.shape == b.shape, name
@@ -140,7 +142,7 @@ def test_a_swap_at_block_output_then_a_head_read_agree(engines, family):
     last, every, _rect = _windows(ids, frame)
     out0, head = nn.locate("block_output", 0), nn.locate("lm_head", None)
     operand = torch.randn(len(TEXTS), 1, out0.width, generator=torch.Generator().manual_seed(0))
-    clean = hk.forward(ids, mask, [_read("head", head, last)])["head"]
+    clean = hk.forward(Batch(ids=ids, mask=mask, actions=(_read("head", head, last),)))["head"]
     for value in (operand, 3.0):
         items = _sorted([_write("patch", out0, last, value), _read("at", out0, every, ragged=True),
                          _read("head", head, last)])
@@ -200,8 +202,8 @@ def test_a_logits_view_read_agrees(engines, family):
     ids, mask, frame = _batch(nn.tokenizer)
     last, _every, _rect = _windows(ids, frame)
     out = nn.locate("block_output", nn.num_layers - 1)
-    lens = (Tap(kind="read", name="lens", site="resid", address=out, pos=Where(index=-1), view="logits"),
-            Selection(windows=last, seq_axis=1), None)
+    lens = Action(Tap(kind="read", name="lens", site="resid", address=out, pos=Where(index=-1), view="logits"),
+                  Selection(windows=last, seq_axis=1))
     items = _sorted([lens, _read("logits", nn.locate("logits", None), last)])
     got_nn, got_hk = _both(nn, hk, ids, mask, items)
     assert got_hk["lens"].shape == got_hk["logits"].shape

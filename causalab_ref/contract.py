@@ -1,0 +1,186 @@
+"""The engine contract: what compile and run may ask of an engine, and the data that crosses into it.
+
+Compile asks `tokenizer`, `config`, `num_layers`, `locate` and `width`; the run asks
+`forward(batch)` and `generate(batch)` for one forward of the plan, and `run_record`;
+the `model` verb asks `describe_components`. `Engine` implements everything that is
+the same for every engine once — the inputs of a forward, the logits view, the run
+record, the component description, the pad token — and an engine (engine.py's
+nnterp engine, hooks.py's torch-hooks engine) implements only how the tensor at an
+address is reached and replaced, calling the one write seam (seam.py) there.
+
+A forward crosses into an engine as a `Batch` of `Action`s: each a plan tap with its
+run-time selection, operand and the decode steps it fires at, in rank order.
+SPEC.md §12 How it is built.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Protocol
+
+import torch
+
+from . import address, locate
+from .shapes import Address, Model, Refusal, Selection
+
+
+class Featurizer(Protocol):
+    """A change of basis around a write: `featurize(x) -> (f, err)`, `inverse(f', err, x) -> x'`
+    (language-reference §1; featurizers plug in here, identity is the default)."""
+
+    def featurize(self, x: torch.Tensor) -> tuple[torch.Tensor, Any]: ...
+
+    def inverse(self, f: torch.Tensor, err: Any, x: torch.Tensor) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class Action:
+    """One tap of a forward made concrete for this batch of rows.
+
+    `tap` is the plan's tap (plan.Tap); `selection` the rows' positions and features;
+    `operand` what a write lands (a tensor, a number, or None); `steps` the decode steps
+    it fires at (0 is the prompt's own forward); `featurizer` None is identity."""
+
+    tap: Any
+    selection: Selection
+    operand: Any = None
+    steps: tuple[int, ...] = (0,)
+    featurizer: Optional[Featurizer] = None
+
+    @property
+    def name(self) -> str:
+        return self.tap.name
+
+    @property
+    def address(self) -> Address:
+        return self.tap.address
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One forward of the plan on one window of rows: left-padded ids and mask, the actions in
+    rank order (writes before reads at one address), and the decode bound (0: no decode)."""
+
+    ids: tuple[tuple[int, ...], ...]
+    mask: tuple[tuple[int, ...], ...]
+    actions: tuple[Action, ...]
+    decode: int = 0
+
+
+class Engine:
+    """What every engine shares. A subclass sets `name`, `record_name`, `tokenizer` (through
+    `__init__`) and implements `config`, `num_layers`, `locate`, `forward`, `generate`,
+    `final_modules`, `head_weight` and `detail`."""
+
+    name = "engine"
+    record_name = "Engine"
+
+    def __init__(self, spec: Model, tokenizer, recipe: Optional[str], extra=None):
+        self.spec = spec
+        self.recipe = recipe
+        self.extra = dict(extra or {})
+        self.tokenizer = locate.with_pad(tokenizer)
+
+    # -------------------------------------------------------------- asked by compile
+
+    @property
+    def config(self):
+        """The checkpoint's transformers config."""
+        raise NotImplementedError
+
+    @property
+    def num_layers(self) -> int:
+        raise NotImplementedError
+
+    def locate(self, component: str, layer: Optional[int], site: str = "target") -> Address:
+        raise NotImplementedError
+
+    def width(self, component: str, layer: Optional[int], site: str = "target") -> Optional[int]:
+        """Features per position at a place (None where the width is not a fact about the model)."""
+        return self.locate(component, layer, site=site).width
+
+    def attention(self) -> str:
+        """The attention implementation the model runs."""
+        raise NotImplementedError
+
+    # -------------------------------------------------------------- asked by run
+
+    def forward(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """One forward: each read's value (detached, on the CPU, its view applied)."""
+        raise NotImplementedError
+
+    def generate(self, batch: Batch) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """A greedy decode of `batch.decode` tokens: (reads, generated ids (rows, decode))."""
+        raise NotImplementedError
+
+    def final_modules(self) -> tuple[Any, Any]:
+        """(final norm, head) as torch modules, for the logits view."""
+        raise NotImplementedError
+
+    def head_weight(self):
+        """The head's weight (its dtype is what the run served), or None without weights."""
+        raise NotImplementedError
+
+    def detail(self, a: Address) -> tuple[dict, str]:
+        """What `describe_components` adds for a resolved place: (answer fields, line text)."""
+        return {}, ""
+
+    # -------------------------------------------------------------- shared
+
+    def inputs(self, ids, mask) -> dict[str, torch.Tensor]:
+        """A forward's keyword inputs: the left-padded ids and their attention mask."""
+        return {"input_ids": torch.tensor(ids, dtype=torch.long),
+                "attention_mask": torch.tensor(mask, dtype=torch.long)}
+
+    def viewed(self, value: torch.Tensor, view: str) -> torch.Tensor:
+        """`"view": "logits"`: the gathered residual through the final norm, the head, and the family's
+        final logit softcapping where it has one (Gemma-2). Other views pass through."""
+        if view != "logits":
+            return value
+        norm, head = self.final_modules()
+        with torch.no_grad():
+            logits = head(norm(value.to(head.weight.dtype)))
+            cap = getattr(self.config, "final_logit_softcapping", None)
+            if cap:
+                logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    def run_record(self, batch_size: Optional[int]) -> dict:
+        """What run.json says about the engine and the model."""
+        spec = self.spec
+        record: dict[str, Any] = {
+            "engine": self.record_name,
+            "remote": False,
+            "batch_size": batch_size,
+            "model": {"key": spec.key, "revision": spec.revision, "dtype": spec.dtype,
+                      "attn_implementation": spec.attn_implementation},
+            "device": "cpu",
+        }
+        if self.recipe is not None:
+            record["fixture_recipe"] = self.recipe
+        weight = self.head_weight()
+        if weight is not None and weight.device.type != "meta":
+            record["served_dtype"] = str(weight.dtype)
+        return record
+
+    def describe_components(self) -> dict:
+        """The `model` verb's answer: each component at each layer, its width and what `detail` adds,
+        or the reason the place is not there."""
+        tok = self.tokenizer
+        lines = [f"{self.spec.key} via {self.name}: {self.num_layers} layers, "
+                 f"padding_side={tok.padding_side}, {self.attention()} attention"]
+        answers: dict[str, Any] = {}
+        for component, row in address.TABLE.items():
+            for layer in (range(self.num_layers) if row.layered else [None]):
+                label = component if layer is None else f"{component}[{layer}]"
+                try:
+                    a = self.locate(component, layer)
+                except Refusal as refusal:
+                    answers[label] = {"resolves": False, "why": refusal.message}
+                    lines.append(f"  {label:24s} --   {refusal.message}")
+                    continue
+                fields, text = self.detail(a)
+                answers[label] = {"resolves": True, "width": a.width, "op": a.op, **fields}
+                width = f"width={a.width}" if a.width is not None else "no width (no featurizer here)"
+                lines.append(f"  {label:24s} ok   {width}{text}")
+        return {"text": "\n".join(lines), "key": self.spec.key, "engine": self.name, "num_layers": self.num_layers,
+                "padding_side": tok.padding_side, "components": answers}

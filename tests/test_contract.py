@@ -1,0 +1,185 @@
+"""SPEC §12: the engine contract, the write seam and the mechanism table, through the contract.
+
+Each seam test runs the same `Batch` on both engines (the nnterp engine and the hooks engine
+on the Llama fixture) and checks the values against numbers computed here, not by the seam.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from causalab_ref import compile as compiler
+from causalab_ref import contract, engine, locate, mechanisms, run
+from causalab_ref.plan import Tap
+from causalab_ref.contract import Action, Batch, Engine
+from causalab_ref.hooks import HooksEngine
+from causalab_ref.shapes import Model, Refusal, Selection, Where
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "documents" / "data"
+PATCHING = json.loads((ROOT / "documents" / "patching.json").read_text())
+TEXTS = ["If today is Thursday, tomorrow is", "Monday comes"]
+
+
+class OnlyTheContract(Engine):
+    """An engine that offers compile and run nothing but the contract: every answer delegated."""
+
+    name = "delegate"
+    record_name = "OnlyTheContract"
+
+    def __init__(self, inner):
+        super().__init__(inner.spec, inner.tokenizer, inner.recipe)
+        self._inner = inner
+
+    config = property(lambda self: self._inner.config)
+    num_layers = property(lambda self: self._inner.num_layers)
+
+    def attention(self):
+        return self._inner.attention()
+
+    def locate(self, component, layer, site="target"):
+        return self._inner.locate(component, layer, site=site)
+
+    def forward(self, batch):
+        return self._inner.forward(batch)
+
+    def generate(self, batch):
+        return self._inner.generate(batch)
+
+    def final_modules(self):
+        return self._inner.final_modules()
+
+    def head_weight(self):
+        return self._inner.head_weight()
+
+
+@pytest.fixture(scope="module")
+def hooks():
+    return engine.load(Model(key="fixture:tiny-llama", revision="seeded", dtype="fp32"), kind="hooks")
+
+
+def _batch(llama, *actions):
+    ids, mask, _frame = locate.frame_of_texts(llama.tokenizer, TEXTS)
+    return Batch(ids=ids, mask=mask, actions=tuple(actions))
+
+
+def _last(llama):
+    ids, _mask, _frame = locate.frame_of_texts(llama.tokenizer, TEXTS)
+    return tuple((len(ids[0]) - 1,) for _ in ids)
+
+
+def _read(llama, name, component, layer=None, view="raw"):
+    a = llama.locate(component, layer)
+    return Action(Tap(kind="read", name=name, site=name, address=a, pos=Where(index=-1), view=view),
+                  Selection(windows=_last(llama), seq_axis=a.seq_axis))
+
+
+def _write(llama, name, component, layer, mechanism, operand, featurizer=None, params=()):
+    a = llama.locate(component, layer)
+    tap = Tap(kind="write", name=name, site=name, address=a, pos=Where(index=-1), mechanism=mechanism,
+              operand=operand if not isinstance(operand, torch.Tensor) else "cf", params=params)
+    return Action(tap, Selection(windows=_last(llama), seq_axis=a.seq_axis), operand, featurizer=featurizer)
+
+
+def test_compile_and_run_need_nothing_but_the_contract(llama):
+    """SPEC.md:231 [E1] — an engine that offers only the contract (no `model`, no `shell`) compiles
+    documents/patching.json to the same plan and runs it to the same values as the nnterp engine."""
+    only = OnlyTheContract(llama)
+    assert not hasattr(only, "model") and not hasattr(only, "shell")
+    plan = compiler.compile_document(PATCHING, only, DATA)
+    assert plan == compiler.compile_document(PATCHING, llama, DATA)
+    got, want = run.run_step(only, plan.steps[0]), run.run_step(llama, plan.steps[0])
+    assert got["scores"] == want["scores"]
+    assert only.width("block_output", 0) == llama.locate("block_output", 0).width == 16
+
+
+def test_actions_and_batches_are_frozen_dataclasses(llama):
+    """SPEC.md:232 [E2] — what crosses into an engine is a frozen Batch of frozen Actions, each naming its tap,
+    selection, operand, steps and featurizer; the engines read them by field."""
+    action = _read(llama, "head", "lm_head")
+    batch = _batch(llama, action)
+    for value, field in ((action, "operand"), (batch, "decode")):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(value, field, 1)
+    assert [f.name for f in dataclasses.fields(Action)] == ["tap", "selection", "operand", "steps", "featurizer"]
+    assert [f.name for f in dataclasses.fields(Batch)] == ["ids", "mask", "actions", "decode"]
+    assert set(llama.forward(batch)) == {"head"}
+
+
+class Doubled:
+    """A featurizer for the test: f = 2x, x' = f'/2 (so a swap of c in feature space lands c/2)."""
+
+    def featurize(self, x):
+        return 2 * x, None
+
+    def inverse(self, f, err, x):
+        return f / 2
+
+
+def test_a_featurized_write_goes_through_featurize_and_inverse_on_both_engines(llama, hooks):
+    """SPEC.md:233 [E3] — a swap of 3.0 in the space of a featurizer that doubles lands 1.5 at the site, read
+    back identically on both engines (the same seam), and changes the head the same way."""
+    batch = _batch(llama, _write(llama, "w", "block_output", 0, "swap", 3.0, featurizer=Doubled()),
+                   _read(llama, "at", "block_output", 0), _read(llama, "head", "lm_head"))
+    got_nn, got_hk = llama.forward(batch), hooks.forward(batch)
+    assert torch.equal(got_nn["at"], torch.full_like(got_nn["at"], 1.5))
+    for name in ("at", "head"):
+        assert torch.allclose(got_nn[name], got_hk[name], atol=1e-6, rtol=0), name
+
+
+def test_a_row_added_to_the_mechanism_table_is_landed_by_both_engines(llama, hooks, monkeypatch):
+    """SPEC.md:234 [E4] — a mechanism added as a row of mechanisms.TABLE (here f' = f·scale + o, with a
+    default scale) is landed by both engines through the seam, its params over its defaults."""
+    def formula(f, operand, params, context):
+        return f * params["scale"] + operand
+
+    row = mechanisms.Mechanism(name="scale_add", formula=formula, operand=True, optional=(("scale", 2.0),))
+    monkeypatch.setitem(mechanisms.TABLE, "scale_add", row)
+    clean = llama.forward(_batch(llama, _read(llama, "at", "block_output", 0)))["at"]
+    for params, scale in (((), 2.0), ((("scale", -1.0),), -1.0)):
+        batch = _batch(llama, _write(llama, "w", "block_output", 0, "scale_add", 0.5, params=params),
+                       _read(llama, "at", "block_output", 0))
+        for eng in (llama, hooks):
+            assert torch.allclose(eng.forward(batch)["at"], clean * scale + 0.5, atol=1e-6), (eng.name, scale)
+
+
+def test_the_mechanism_context_holds_the_value_as_it_arrived(llama, hooks, monkeypatch):
+    """SPEC.md:234 [E4] — `context.f0()` is the tap's value before its first write: after a swap of 9.0, a
+    second write returning 2·f0 lands twice the clean value, not 18. A number operand reaches the formula
+    as a 0-d float32 tensor; a tensor operand of another shape is refused with the seam's text."""
+    seen = []
+
+    def formula(f, operand, params, context):
+        seen.append(operand)
+        return 2 * context.f0()
+
+    monkeypatch.setitem(mechanisms.TABLE, "twice_f0", mechanisms.Mechanism("twice_f0", formula, operand=True))
+    clean = llama.forward(_batch(llama, _read(llama, "at", "block_output", 0)))["at"]
+    batch = _batch(llama, _write(llama, "nine", "block_output", 0, "swap", 9.0),
+                   _write(llama, "w", "block_output", 0, "twice_f0", 1.0), _read(llama, "at", "block_output", 0))
+    for eng in (llama, hooks):
+        assert torch.allclose(eng.forward(batch)["at"], 2 * clean, atol=1e-6), eng.name
+    assert all(o.shape == () and o.dtype == torch.float32 for o in seen)
+    wrong = _write(llama, "w", "block_output", 0, "swap", torch.zeros(2, 1, 3))
+    for eng in (llama, hooks):
+        with pytest.raises(Refusal) as refused:
+            eng.forward(_batch(llama, wrong))
+        assert refused.value.message == ("write 'w' lands (2, 1, 16) values but its operand 'cf' holds (2, 1, 3); "
+                                         "the site and the operand's site must have the same width")
+        assert (refused.value.stage, refused.value.path) == ("run", "writes.w")
+
+
+def test_the_shared_parts_exist_once_in_the_contract():
+    """SPEC.md:235 [E5] — neither engine overrides the logits view, the inputs, the run record, the
+    component description or the width; the pad-token fix-up is locate.with_pad, used by both."""
+    for cls in (engine.NNterpEngine, HooksEngine):
+        for name in ("viewed", "inputs", "run_record", "describe_components", "width"):
+            assert getattr(cls, name) is getattr(contract.Engine, name), (cls.__name__, name)
+
+    class NoPad:
+        pad_token, eos_token = None, "</s>"
+    assert locate.with_pad(NoPad()).pad_token == "</s>"
