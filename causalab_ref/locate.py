@@ -128,11 +128,12 @@ def frame_of_texts(tok, texts: Sequence[str], char_map: bool = True):
 def segments_of(text: str, messages: Sequence[dict]) -> dict:
     """The character span of each message's content in a rendered chat prompt.
 
-    Each content is searched forward from the end of the previous one (as itself,
-    then stripped, since templates trim). Turns are named `role[k]` for the k-th
-    message of that role; the bare `role` is added only for a role that spoke once.
-    A content that cannot be found gets no segment (asking for it is then
-    alignment_missing).
+    Each content is found as itself, searched forward from the end of the previous
+    one (SPEC.md P11): a template that rewrites a content (trims it, say) leaves that
+    turn unfound, recorded with no span (None), and asking for it is alignment_missing.
+    Turns are named `role[k]` for the k-th message of that role; the bare `role` is
+    added only for a role that spoke once, so asking for the bare name of a role that
+    spoke twice is alignment_ambiguous whether or not its turns were found (P12).
     """
     spans: dict = {}
     seen: dict = {}
@@ -141,14 +142,11 @@ def segments_of(text: str, messages: Sequence[dict]) -> dict:
         role, content = message["role"], message["content"]
         k = seen.get(role, 0)
         seen[role] = k + 1
-        for spelling in (content, content.strip()):
-            lo = text.find(spelling, at)
-            if lo >= 0:
-                spans[f"{role}[{k}]"] = (lo, lo + len(spelling))
-                at = lo + len(spelling)
-                break
+        lo = text.find(content, at)
+        spans[f"{role}[{k}]"] = None if lo < 0 else (lo, lo + len(content))
+        at = at if lo < 0 else lo + len(content)
     for role, count in seen.items():
-        if count == 1 and f"{role}[0]" in spans:
+        if count == 1:
             spans[role] = spans[f"{role}[0]"]
     return spans
 
@@ -214,15 +212,12 @@ def _search(text: str, lo: int, hi: int, value: str):
 def _tokens_over(offsets: tuple[int, ...], lo: int, hi: int) -> tuple[int, int]:
     """The content tokens overlapping characters [lo, hi), as a half-open token range.
 
-    A zero-width token (a byte-fallback piece opening a character) is taken to
-    cover the character it opens, so it is in any run that character is in.
+    Token k covers offsets[k]:offsets[k + 1] and overlaps [lo, hi) exactly when
+    offsets[k] < hi and offsets[k + 1] > lo (SPEC.md P23). A token that covers no
+    character (a byte-fallback piece that leaves its character incomplete, Llama's
+    '▁' before a digit) overlaps nothing, so it is in no run.
     """
-    n = len(offsets) - 1
-    ends = list(offsets[1:])
-    for k in range(n - 2, -1, -1):
-        if ends[k] <= offsets[k]:
-            ends[k] = ends[k + 1]
-    inside = [k for k in range(n) if offsets[k] < hi and ends[k] > lo]
+    inside = [k for k in range(len(offsets) - 1) if offsets[k] < hi and offsets[k + 1] > lo]
     return (inside[0], inside[-1] + 1) if inside else (0, 0)
 
 
@@ -237,10 +232,10 @@ def _run(frame: shapes.Frame, scope: Optional[shapes.Anchor], row: int, anchors)
     lo, hi = 0, len(text)
     if scope.segment is not None:
         segments = frame.segments[row] if frame.segments else {}
-        if scope.segment in segments:
+        if segments.get(scope.segment) is not None:
             lo, hi = segments[scope.segment]
-        elif f"{scope.segment}[1]" in segments:
-            return (0, 0), "alignment_ambiguous"
+        elif scope.segment not in segments and f"{scope.segment}[1]" in segments:
+            return (0, 0), "alignment_ambiguous"  # a role that spoke twice, found or not (P12)
         else:
             return (0, 0), "alignment_missing"
     if scope.variable is not None:

@@ -153,7 +153,8 @@ def plan_json(plan, engine) -> list[dict]:
                 forwards.append({"model": forward.model, "input": forward.input, "rows": len(forward.ids),
                                  "tokens": len(forward.ids[0]), "decode": forward.decode,
                                  "starts": list(frame.starts),
-                                 "segments": ([{k: list(v) for k, v in s.items()} for s in forward.segments]
+                                 "segments": ([{k: None if v is None else list(v) for k, v in s.items()}
+                                               for s in forward.segments]
                                               if forward.segments is not None else None),
                                  "taps": taps})
             steps.append({"name": step.name, "intervention": step.intervention, "dynamic": step.dynamic,

@@ -57,7 +57,7 @@ def place(frame, taps, dynamic: bool, path: str, offset: int = 0) -> dict[str, R
         tokens = tuple(locate.tokens_of(frame, w, r) if dynamic else "" for r, w in enumerate(windows))
         bad = {r + offset: reason for r, reason in enumerate(reasons) if reason}
         where = f"{path}.{tap.kind}s.{tap.name}.pos"
-        if bad and not tap.pos.ragged:
+        if bad and not tap.pos.uneven:
             _refuse(FIXED_WIDTH.format(kind=tap.kind, name=tap.name, spelling=tap.pos.spelling(), rows=bad), where)
         if bad and tap.kind == "write":
             _refuse(NOTHING_TO_WRITE.format(name=tap.name, rows=bad), where)
@@ -258,7 +258,7 @@ def decode_forward(engine, forward: Forward, resolved: dict, values: dict, place
             cut[tap.name] = Resolved(windows=windows, reasons=tuple("" for _ in range(rows)),
                                      tokens=tuple(locate.tokens_of(frame, w, r) for r, w in enumerate(windows)))
         elif tap.stacked:
-            read[tap.name] = _cut_stack(read[tap.name], cut[tap.name].windows, tap.pos.ragged)
+            read[tap.name] = _cut_stack(read[tap.name], cut[tap.name].windows, tap.pos.uneven)
     resolved = {**resolved, **cut}
     read[f"{forward.model}.generated"] = generated
     return resolved, read

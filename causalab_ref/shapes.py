@@ -64,6 +64,13 @@ class Where:
     scope: Optional[Anchor] = None
     frame: str = "prompt"
 
+    def __post_init__(self) -> None:
+        """Exactly one cut, as the validator requires of a document (SPEC.md P57): no spec is built without one."""
+        named = [name for name, value in (("index", self.index), ("span", self.span), ("last", self.last))
+                 if value is not None] + (["all"] if self.all else [])
+        if len(named) != 1:
+            raise ValueError(f"a position names exactly one of index/span/last/all, got {named}")
+
     @property
     def cut(self) -> str:
         """The name of the one cut this spec makes."""
@@ -90,9 +97,17 @@ class Where:
         return None
 
     @property
-    def ragged(self) -> bool:
-        """Whether some row may come back with a window the other rows do not have."""
+    def uneven(self) -> bool:
+        """Whether some row may keep a window of its run the other rows do not have: the width is left to the
+        row, or the run is anchored. In the prompt frame that is a window of positions; in the continuation,
+        the decode steps a row keeps once the decode has finished (SPEC.md P47)."""
         return self.width is None or self.scope is not None
+
+    @property
+    def ragged(self) -> bool:
+        """Whether the tap gathers flat at its address: an uneven prompt-frame spec. A continuation-frame spec
+        never is, because a decode step processes one position; its cut happens over the steps (P47, A10)."""
+        return self.frame == "prompt" and self.uneven
 
     @property
     def dynamic(self) -> bool:
