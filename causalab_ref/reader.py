@@ -47,14 +47,32 @@ def load_json(text: str, path: str = "document") -> Any:
         raise Refusal(f"{path} nests too deeply to read", stage="validation") from None
 
 
+def canonical_pos(value: Any) -> Any:
+    """A `pos` in its one spelling (SPEC.md D19): a bare integer is {"index": i}, and a field written out at
+    its default (`"frame": "prompt"`, `"all": false`, a null cut or scope, a null scope key) is left out.
+    A sweep of positions has each of its positions so spelled."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return {"index": value}
+    if not isinstance(value, dict):
+        return value
+    if isinstance(value.get("sweep"), list):
+        return {**value, "sweep": [canonical_pos(v) for v in value["sweep"]]}
+    out = {k: v for k, v in value.items()
+           if v is not None and not (k == "all" and v is False) and not (k == "frame" and v == "prompt")}
+    if isinstance(out.get("scope"), dict):
+        out["scope"] = {k: v for k, v in out["scope"].items() if v is not None}
+    return out
+
+
 def digest(raw: Any) -> str:
     """produced_by: sha256 of the document without its header, keys sorted, compact separators.
 
-    The bare-integer sugar is expanded first, so `"pos": -1` and `"pos": {"index": -1}` are one experiment.
+    Every `pos` is spelled canonically first, so `-1`, `{"index": -1}` and `{"index": -1, "frame": "prompt"}`
+    are one experiment.
     """
     def expand(value: Any, key: str = "") -> Any:
-        if key == "pos" and isinstance(value, int) and not isinstance(value, bool):
-            return {"index": value}
+        if key == "pos":
+            return canonical_pos(value)
         if isinstance(value, dict):
             return {k: expand(v, k) for k, v in value.items()}
         if isinstance(value, list):

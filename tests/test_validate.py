@@ -871,6 +871,22 @@ def test_digest_equal_for_bare_and_object_index():
     assert reader.digest(raw) == reader.digest(spelled)
 
 
+@pytest.mark.parametrize("spelling", [{"index": -1, "frame": "prompt"}, {"index": -1, "all": False, "span": None},
+                                      {"index": -1, "scope": None, "last": None, "frame": "prompt"}])
+def test_digest_equal_for_a_position_with_its_defaults_written_out(spelling):
+    """SPEC.md:31 [D19] `-1`, `{"index": -1}` and the same position with any default written out (the frame,
+    a null cut or scope, `all: false`) are one experiment; a different position is another."""
+    raw = doc()
+    spelled = doc()
+    iv(spelled)["reads"]["logits"]["pos"] = spelling
+    assert validate.document(spelled) and reader.digest(raw) == reader.digest(spelled)
+    iv(spelled)["reads"]["logits"]["pos"] = {"index": -1, "frame": "prompt", "scope": {"variable": "entity"}}
+    assert reader.digest(spelled) != reader.digest(raw)
+    scoped = doc()
+    iv(scoped)["reads"]["logits"]["pos"] = {"index": -1, "scope": {"variable": "entity", "segment": None}}
+    assert reader.digest(spelled) == reader.digest(scoped)
+
+
 def test_digest_is_sha256_of_sorted_compact_json():
     """SPEC.md:31 [D19] sha256 of the header-less document, keys sorted, separators (",", ":"), pos expanded."""
     raw = doc()
