@@ -8,12 +8,13 @@ reads at one address). `explain` prints it. SPEC.md §4 Runs (R1-R5).
 """
 from __future__ import annotations
 
-from dataclasses import replace
+import json
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from . import data, locate, reader, sweeps, validate
-from .plan import Forward, MetricPlan, ObservePlan, Plan, Tap
+from . import bundles, data, fit, locate, reader, sweeps, validate
+from .plan import FeaturizerPlan, FitPlan, Forward, MetricPlan, ObservePlan, Plan, Tap, WeightsPlan
 from .shapes import Address, Document, Refusal, Where
 
 UNITS = {
@@ -172,6 +173,11 @@ def _tap_width(tap: Tap) -> Optional[int]:
     return width // tap.groups * len(tap.take)
 
 
+def _feature_width(tap: Tap) -> Optional[int]:
+    """Features per position in the tap's feature space (a featurizer's k, or the site's width)."""
+    return tap.space if tap.featurizer != "identity" else _tap_width(tap)
+
+
 def _check_operand_widths(forwards: list, reads: dict, path: str) -> None:
     """A write lands its operand's features: both sides' widths are facts before any forward."""
     taps = {t.name: t for f in forwards for t in f.taps}
@@ -180,8 +186,9 @@ def _check_operand_widths(forwards: list, reads: dict, path: str) -> None:
             if tap.kind != "write" or not isinstance(tap.operand, str):
                 continue
             source = taps[tap.operand]
-            want, have = _tap_width(tap), _tap_width(source)
-            if want is not None and have is not None and want != have:
+            want, have = _feature_width(tap), _feature_width(source)
+            cut = len(tap.features) if tap.features is not None else want
+            if want is not None and have is not None and have not in (want, cut):
                 raise Refusal(f"write '{tap.name}' lands {want} features per position at {tap.address.label()}, and "
                               f"its operand '{tap.operand}' was read with {have} at {source.address.label()}; a swap "
                               "needs the same width on both sides", path=f"{path}.writes.{tap.name}", stage="compile")
@@ -219,94 +226,147 @@ def _tap_sort_key(tap: Tap):
 # ---------------------------------------------------------------- the compiler
 
 
+@dataclass
+class Context:
+    """What every step of one point's compile shares: the document, its places, its featurizers, the cache."""
+
+    doc: Document
+    engine: Any
+    data_root: Path
+    cache: dict
+    addresses: dict
+    featurizers: dict  # name -> FeaturizerPlan
+
+    def rows(self, rows: tuple, path: str) -> dict[str, list]:
+        """Each role's rows of a step (cached by ref); roles pair by index, so their counts must agree."""
+        out = {}
+        for role, ref in rows:
+            if ("rows", ref) not in self.cache:
+                self.cache[("rows", ref)] = data.rows_of(ref, self.data_root, f"{path}.{role}")
+            out[role] = self.cache[("rows", ref)]
+        counts = {role: len(r) for role, r in out.items()}
+        if len(set(counts.values())) > 1:
+            step = path.split(".")[1]
+            raise Refusal(f"step '{step}': roles pair rows by index and these have different counts {counts}",
+                          path=path, stage="compile")
+        return out
+
+    def batches(self, rows_by_role: dict, key: Any) -> dict:
+        """Each role's rows tokenized as one left-padded batch (cached by `key`: a ref or a minibatch)."""
+        roles = dict(self.doc.roles)
+        out = {}
+        for role, rows in rows_by_role.items():
+            k = ("batch", key, role, roles[role].field)
+            if k not in self.cache:
+                self.cache[k] = _batch(self.engine.tokenizer, rows, roles[role].field, f"roles.{role}.field")
+            out[role] = self.cache[k]
+        return out
+
+
 def compile_point(raw: Any, label: str, engine, data_root: Path, cache: Optional[dict] = None) -> Plan:
     """One point's plan. `cache` keeps rows and tokenized batches across the points of a sweep,
     which share them unless the sweep moves a field or a dataset ref."""
-    cache = {} if cache is None else cache
     doc: Document = validate.document(raw)
-    tok = engine.tokenizer
-    sites = dict(doc.sites)
-    roles = dict(doc.roles)
     addresses: dict[str, Address] = {}
     for name, site in doc.sites:
         addresses[name] = engine.locate(site.component, site.layer, site=name)
         _check_selection(addresses[name], site, name)
-
-    steps = []
+    digest = reader.digest(raw)
+    ctx = Context(doc=doc, engine=engine, data_root=data_root, cache={} if cache is None else cache,
+                  addresses=addresses, featurizers={})
+    ctx.featurizers = featurizer_plans(ctx, digest)
+    steps: list = []
     for step_name, step in doc.steps:
-        rows_by_role = {}
-        for role, ref in step.rows:
-            if ("rows", ref) not in cache:
-                cache[("rows", ref)] = data.rows_of(ref, data_root, f"steps.{step_name}.rows.{role}")
-            rows_by_role[role] = cache[("rows", ref)]
-        counts = {role: len(rows) for role, rows in rows_by_role.items()}
-        if len(set(counts.values())) > 1:
-            raise Refusal(f"step '{step_name}': roles pair rows by index and these have different counts {counts}",
-                          path=f"steps.{step_name}.rows", stage="compile")
-        base_role = "base" if "base" in rows_by_role else doc.roles[0][0]
-        base_rows = rows_by_role[base_role]
-        batches = {}
-        for role, ref in step.rows:
-            key = ("batch", ref, roles[role].field)
-            if key not in cache:
-                cache[key] = _batch(tok, rows_by_role[role], roles[role].field, f"roles.{role}.field")
-            batches[role] = cache[key]
-        for i_name in step.interventions:
-            intervention = dict(doc.interventions)[i_name]
-            ipath = f"interventions.{i_name}"
-            reads, writes, models = dict(intervention.reads), dict(intervention.writes), dict(intervention.models)
-            needed = []
-            for r, read in intervention.reads:
-                if (read.model, read.input) not in needed:
-                    needed.append((read.model, read.input))
-            forwards = []
-            for model_name, role in _forward_order(intervention, needed, ipath):
-                taps = []
-                for r, read in intervention.reads:
-                    if (read.model, read.input) == (model_name, role):
-                        taps.append(_tap("read", r, read, sites, addresses, rows_by_role[role], roles[role].field,
-                                         f"{ipath}.reads.{r}"))
-                if model_name != "original":
-                    for w in models[model_name].writes:
-                        taps.append(_tap("write", w, writes[w], sites, addresses, rows_by_role[role],
-                                         roles[role].field, f"{ipath}.writes.{w}"))
-                taps = [_stack(t, intervention.decode, len(rows_by_role[role]), ipath) for t in taps]
-                taps.sort(key=_tap_sort_key)
-                ids, mask, segments, sample = batches[role]
-                _check_decode_fits(engine, len(ids[0]), intervention.decode, ipath)
-                forwards.append(Forward(model=model_name, input=role, ids=ids, mask=mask, taps=tuple(taps),
-                                        segments=segments, sample=sample, decode=intervention.decode,
-                                        check=tok.decode(list(ids[0]), skip_special_tokens=False)))
-            _check_pattern_layouts(forwards, reads, ipath)
-            _check_operand_widths(forwards, reads, ipath)
-            metrics = []
-            for m, metric in intervention.metrics:
-                mpath = f"{ipath}.metrics.{m}"
-                _check_vocabulary_wide(metric.of, reads[metric.of], sites, addresses, m, mpath)
-                columns = tuple(c for _, c in metric.columns)
-                eligible = data.answer_eligible(base_rows, columns, m, mpath)
-                answers = []
-                for field_name, column in metric.columns:
-                    per_row = tuple(answer_id(tok, row[column], m, f"{mpath}.{field_name}",
-                                              f"row {r}, column '{column}'") if ok else None
-                                    for r, (row, ok) in enumerate(zip(base_rows, eligible)))
-                    answers.append((field_name, per_row))
-                unit, version = UNITS[metric.kind]
-                metrics.append(MetricPlan(name=m, kind=metric.kind, of=metric.of, answers=tuple(answers),
-                                          eligible=eligible, unit=unit, estimand_version=version))
-            dynamic = any(tap.pos.dynamic for f in forwards for tap in f.taps)
-            name = step_name if len(step.interventions) == 1 else f"{step_name}/{i_name}"
-            mine = dict(intervention.metrics)
-            saves = tuple((s.value.split("/", 1)[1] if s.value.startswith(f"{i_name}/") else s.value, s.file_path)
-                          for s in step.saves
-                          if s.value in mine or (s.value.startswith(f"{i_name}/") and s.value.split("/", 1)[1] in mine))
-            steps.append(ObservePlan(name=name, intervention=i_name, forwards=tuple(forwards),
-                                     metrics=tuple(metrics), saves=saves, example_ids=data.example_ids(base_rows),
-                                     dynamic=dynamic, decode=intervention.decode))
-    return Plan(label=label, digest=reader.digest(raw), raw=raw, steps=tuple(steps))
+        if step.kind == "fit":
+            steps.append(fit_plan(ctx, step_name, step))
+        elif step.kind == "weights":
+            steps.append(WeightsPlan(name=step_name, names=step.names,
+                                     saves=tuple((s.value, s.file_path) for s in step.saves)))
+        else:
+            rows_by_role = ctx.rows(step.rows, f"steps.{step_name}.rows")
+            batches = ctx.batches(rows_by_role, tuple(step.rows))
+            for i_name in step.interventions:
+                name = step_name if len(step.interventions) == 1 else f"{step_name}/{i_name}"
+                steps.append(observe_plan(ctx, name, i_name, rows_by_role, batches,
+                                          _saves_of(step.saves, i_name, dict(doc.interventions)[i_name])))
+    return Plan(label=label, digest=digest, raw=raw, steps=tuple(steps),
+                featurizers=tuple(ctx.featurizers.values()))
 
 
-def _tap(kind, name, op, sites, addresses, rows, field, path) -> Tap:
+def _saves_of(saves, i_name: str, intervention) -> tuple:
+    """The saves of one intervention's child step: its metrics, bare or as `<intervention>/<metric>`."""
+    mine = dict(intervention.metrics)
+    return tuple((s.value.split("/", 1)[1] if s.value.startswith(f"{i_name}/") else s.value, s.file_path)
+                 for s in saves
+                 if s.value in mine or (s.value.startswith(f"{i_name}/") and s.value.split("/", 1)[1] in mine))
+
+
+def _forwards(ctx: Context, intervention, rows_by_role: dict, batches: dict, ipath: str) -> list:
+    """The forwards one intervention needs over these rows, in dependency order, taps in forward order."""
+    doc, tok = ctx.doc, ctx.engine.tokenizer
+    sites, roles = dict(doc.sites), dict(doc.roles)
+    writes, models = dict(intervention.writes), dict(intervention.models)
+    needed = []
+    for _r, read in intervention.reads:
+        if (read.model, read.input) not in needed:
+            needed.append((read.model, read.input))
+    forwards = []
+    for model_name, role in _forward_order(intervention, needed, ipath):
+        ops = [("read", r, read) for r, read in intervention.reads if (read.model, read.input) == (model_name, role)]
+        if model_name != "original":
+            ops += [("write", w, writes[w]) for w in models[model_name].writes]
+        taps = [_tap(kind, n, op, sites, ctx.addresses, rows_by_role[role], roles[role].field,
+                     f"{ipath}.{kind}s.{n}", ctx.featurizers) for kind, n, op in ops]
+        taps = [_stack(t, intervention.decode, len(rows_by_role[role]), ipath) for t in taps]
+        taps.sort(key=_tap_sort_key)
+        ids, mask, segments, sample = batches[role]
+        _check_decode_fits(ctx.engine, len(ids[0]), intervention.decode, ipath)
+        forwards.append(Forward(model=model_name, input=role, ids=ids, mask=mask, taps=tuple(taps),
+                                segments=segments, sample=sample, decode=intervention.decode,
+                                check=tok.decode(list(ids[0]), skip_special_tokens=False)))
+    return forwards
+
+
+def _metrics(ctx: Context, intervention, base_rows: list, ipath: str) -> list[MetricPlan]:
+    tok, sites = ctx.engine.tokenizer, dict(ctx.doc.sites)
+    reads = dict(intervention.reads)
+    metrics = []
+    for m, metric in intervention.metrics:
+        mpath = f"{ipath}.metrics.{m}"
+        _check_vocabulary_wide(metric.of, reads[metric.of], sites, ctx.addresses, m, mpath)
+        columns = tuple(c for _, c in metric.columns)
+        eligible = data.answer_eligible(base_rows, columns, m, mpath)
+        answers = []
+        for field_name, column in metric.columns:
+            per_row = tuple(answer_id(tok, row[column], m, f"{mpath}.{field_name}",
+                                      f"row {r}, column '{column}'") if ok else None
+                            for r, (row, ok) in enumerate(zip(base_rows, eligible)))
+            answers.append((field_name, per_row))
+        unit, version = UNITS[metric.kind]
+        metrics.append(MetricPlan(name=m, kind=metric.kind, of=metric.of, answers=tuple(answers),
+                                  eligible=eligible, unit=unit, estimand_version=version))
+    return metrics
+
+
+def observe_plan(ctx: Context, name: str, i_name: str, rows_by_role: dict, batches: dict,
+                 saves: tuple) -> ObservePlan:
+    """One pass of one intervention over these rows."""
+    intervention = dict(ctx.doc.interventions)[i_name]
+    ipath = f"interventions.{i_name}"
+    reads = dict(intervention.reads)
+    base_role = "base" if "base" in rows_by_role else ctx.doc.roles[0][0]
+    base_rows = rows_by_role[base_role]
+    forwards = _forwards(ctx, intervention, rows_by_role, batches, ipath)
+    _check_pattern_layouts(forwards, reads, ipath)
+    _check_operand_widths(forwards, reads, ipath)
+    metrics = _metrics(ctx, intervention, base_rows, ipath)
+    dynamic = any(tap.pos.dynamic for f in forwards for tap in f.taps)
+    return ObservePlan(name=name, intervention=i_name, forwards=tuple(forwards), metrics=tuple(metrics),
+                       saves=saves, example_ids=data.example_ids(base_rows), dynamic=dynamic,
+                       decode=intervention.decode)
+
+
+def _tap(kind, name, op, sites, addresses, rows, field, path, featurizers: dict) -> Tap:
     site = sites[op.site]
     address = addresses[op.site]
     groups = take = None
@@ -318,11 +378,105 @@ def _tap(kind, name, op, sites, addresses, rows, field, path) -> Tap:
     if op.pos.scope is not None and op.pos.scope.variable is not None:
         anchors = tuple(data.anchor_text(row, field, op.pos.scope.variable, f"{path}.pos.scope.variable", k)
                         for k, row in enumerate(rows))
+    space = featurizers[op.featurizer].k if op.featurizer != "identity" else _site_width(address, site)
+    common = dict(name=name, site=op.site, address=address, pos=op.pos, groups=groups, take=take, anchors=anchors,
+                  featurizer=op.featurizer, space=space)
     if kind == "write":
-        return Tap(kind="write", name=name, site=op.site, address=address, pos=op.pos, groups=groups, take=take,
-                   mechanism=op.mechanism, operand=op.operand, anchors=anchors)
-    return Tap(kind="read", name=name, site=op.site, address=address, pos=op.pos, groups=groups, take=take,
-               anchors=anchors, view=op.view)
+        _check_features(op.features, space, name, path)
+        return Tap(kind="write", mechanism=op.mechanism, operand=op.operand, features=op.features, **common)
+    return Tap(kind="read", view=op.view, **common)
+
+
+def _check_features(features, space: Optional[int], name: str, path: str) -> None:
+    """`features` are distinct coordinates below the feature space's width (language-reference §3)."""
+    if features is None:
+        return
+    if space is None or not features or len(set(features)) != len(features) or any(
+            not 0 <= i < space for i in features):
+        intervention = path.split(".")[1]
+        raise Refusal(f"interventions.{intervention}: write '{name}': features {list(features)} of a {space}-dimensional "
+                      f"feature space; they are distinct indices below {space}", path=f"{path}.features",
+                      stage="compile")
+
+
+def _site_width(address: Address, site) -> Optional[int]:
+    """Features per position at a site: the address's width, narrowed by heads or units (None: no width)."""
+    if address.width is None:
+        return None
+    if site.heads is not None:
+        return address.width // address.heads * len(site.heads)
+    if site.units is not None:
+        return len(site.units)
+    return address.width
+
+
+NO_WIDTH = ("the width of '{component}' is not a fact about the model: it depends on the batch (the attention "
+            "pattern's key axis) or is not a tensor's")
+
+
+def _featurizer_plan(ctx: Context, name: str, spec, site_name: str, digest: str) -> FeaturizerPlan:
+    doc, path = ctx.doc, f"featurizers.{name}"
+    site, address = dict(doc.sites)[site_name], ctx.addresses[site_name]
+    d = _site_width(address, site)
+    if d is None:
+        raise Refusal(NO_WIDTH.format(component=site.component), path=path, stage="compile")
+    if spec.k is not None and spec.kind in ("subspace", "pca") and spec.k > d:
+        raise Refusal(f"featurizer '{name}': k={spec.k} is not a subspace of the {d}-wide site '{site_name}'",
+                      path=f"{path}.k", stage="compile")
+    trainers = [s for _n, s in doc.steps if s.kind == "fit" and name in s.params]
+    stamp = bundles.stamp(doc.model, site_name, site, address, spec.kind, spec.k, d, digest)
+    k, seed, bundle = (d if spec.kind == "gate" else spec.k), None, None
+    if spec.file_path is not None:
+        tensors, metadata = bundles.read(Path(spec.file_path), f"{path}.file_path", name)
+        k = bundles.check(name, spec.file_path, spec.kind, tensors, metadata, stamp, spec.k, d, f"{path}.file_path")
+        bundle = bundles.encode(tensors)
+    elif spec.kind == "subspace":
+        seed = spec.seed if spec.seed is not None else (trainers[0].seed if trainers else 0)
+    return FeaturizerPlan(name=name, kind=spec.kind, site=site_name, d=d, k=k, seed=seed, file_path=spec.file_path,
+                          bundle=bundle, trained=bool(trainers), stamp=tuple(sorted(stamp.items())))
+
+
+def featurizer_plans(ctx: Context, digest: str) -> dict:
+    """Every declared featurizer at its one site: width, rank and seed checked, a bundle loaded and checked."""
+    sites_of = validate.featurizer_sites(dict(ctx.doc.featurizers), ctx.doc.interventions)
+    return {name: _featurizer_plan(ctx, name, spec, sites_of[name], digest) for name, spec in ctx.doc.featurizers}
+
+
+def _disjoint(step, train: dict, held: dict, path: str) -> None:
+    """Fit and eval rows from different refs share no base row (compared as sorted-key JSON)."""
+    if dict(step.rows) == dict(step.eval_rows):
+        return
+    role = "base" if "base" in train else next(iter(train))
+    seen = {json.dumps(r, sort_keys=True) for r in train[role]}
+    shared = sum(json.dumps(r, sort_keys=True) in seen for r in held[role])
+    if shared:
+        raise Refusal(f"the eval rows share {shared} row(s) with the fitted rows; the two must be endpoint-disjoint",
+                      path=f"{path}.eval.rows", stage="compile")
+
+
+def fit_plan(ctx: Context, step_name: str, step) -> FitPlan:
+    """A fit step: each planned update an observe pass over its own minibatch (tokenized as its own batch),
+    and the eval pass over the eval rows (SPEC.md FZ12)."""
+    path = f"steps.{step_name}"
+    i_name = step.interventions[0]
+    train = ctx.rows(step.rows, f"{path}.rows")
+    held = ctx.rows(step.eval_rows, f"{path}.eval.rows")
+    _disjoint(step, train, held, path)
+    n = len(next(iter(train.values())))
+    updates = []
+    for e, epoch in enumerate(fit.schedule(n, step.epochs, step.pairs, step.seed)):
+        plans = []
+        for u, index in enumerate(epoch):
+            rows = {role: [r[i] for i in index] for role, r in train.items()}
+            batches = ctx.batches(rows, (tuple(step.rows), index))
+            plans.append(observe_plan(ctx, f"epochs[{e}][{u}]", i_name, rows, batches, ()))
+        updates.append(tuple(plans))
+    evaluation = observe_plan(ctx, "evaluation", i_name, held, ctx.batches(held, tuple(step.eval_rows)),
+                              tuple((s.value, s.file_path) for s in step.eval_saves))
+    return FitPlan(name=step_name, intervention=i_name, params=step.params, objective=step.objective, lr=step.lr,
+                   weight_decay=step.weight_decay, anneal=step.anneal, early_stop=step.early_stop,
+                   updates=tuple(updates), evaluation=evaluation,
+                   saves=tuple((s.value, s.file_path) for s in step.saves))
 
 
 def compile_document(raw: Any, engine, data_root: Path) -> Plan:

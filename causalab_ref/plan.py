@@ -29,16 +29,21 @@ class Tap:
     anchors: Optional[tuple[Optional[str], ...]] = None
     view: str = "raw"
     stacked: int = 0  # decode steps a continuation read is buffered over (0: not stacked)
+    featurizer: str = "identity"
+    features: Optional[tuple[int, ...]] = None  # coordinates of the feature space a write touches
+    space: Optional[int] = None  # width of the feature space (the featurizer's k, or the site's width)
 
     def line(self) -> str:
         where = f"at {self.address.label()} pos={self.pos.spelling()}"
         features = features_label(self.groups, self.take)
         if self.kind == "write":
-            return f"write '{self.name}' {where}{features} {self.mechanism}({self.operand}) via 'identity'"
+            coords = f" features={list(self.features)}" if self.features is not None else ""
+            return (f"write '{self.name}' {where}{features} {self.mechanism}({self.operand}) "
+                    f"via '{self.featurizer}'{coords}")
         tail = " as logits" if self.view == "logits" else ""
         if self.stacked:
             tail += f"  (stacked over {self.stacked} decode steps, cut against the continuation)"
-        return f"read  '{self.name}' {where}{features} via 'identity'{tail}"
+        return f"read  '{self.name}' {where}{features} via '{self.featurizer}'{tail}"
 
 
 @dataclass(frozen=True)
@@ -92,17 +97,86 @@ class ObservePlan:
 
 
 @dataclass(frozen=True)
+class FeaturizerPlan:
+    """A featurizer as the run builds it: kind, site, width d, rank k, and its seed or its bundle's bytes
+    (checked at compile). `trained` says some fit of this plan lists it; `stamp` is what a weights step writes."""
+
+    name: str
+    kind: str
+    site: str
+    d: int
+    k: int
+    seed: Optional[int]
+    file_path: Optional[str]
+    bundle: Optional[bytes]
+    trained: bool
+    stamp: tuple[tuple[str, str], ...]
+
+    def line(self) -> str:
+        rank = "" if self.kind == "gate" else f" k={self.k}"
+        cayley = " cayley" if self.kind == "subspace" else ""
+        if self.file_path is not None:
+            start = f" loaded from {self.file_path}"
+        else:
+            start = " θ=0" if self.kind == "gate" else f" seed={self.seed}"
+        return f"{self.name}: {self.kind}{rank} d={self.d}{cayley}{start} trained={self.trained}"
+
+
+@dataclass(frozen=True)
+class FitPlan:
+    """A fit step: its updates (per epoch, each an observe pass over one minibatch) and its eval pass."""
+
+    name: str
+    intervention: str
+    params: tuple[str, ...]
+    objective: tuple[tuple[float, str], ...]
+    lr: float
+    weight_decay: float
+    anneal: tuple[tuple[str, float, float], ...]
+    early_stop: tuple[str, str, int]
+    updates: tuple[tuple[ObservePlan, ...], ...]
+    evaluation: ObservePlan
+    saves: tuple[tuple[str, str], ...]
+    kind: str = "fit"
+
+    def lines(self, indent: str) -> list[str]:
+        metric, _mode, patience = self.early_stop
+        head = (f"{indent}{self.name}: Fit  {len(self.updates)} epochs x {len(self.updates[0])} update  lr={self.lr} "
+                f"objective={self.objective!r} params={self.params!r}  early_stop='{metric}' patience={patience}")
+        if self.anneal:
+            head += f"  anneal={self.anneal!r}"
+        return [head] + self.updates[0][0].lines(indent + "    ") + self.evaluation.lines(indent + "    ")
+
+
+@dataclass(frozen=True)
+class WeightsPlan:
+    """A weights step: publish featurizers' tensors; each save is a stamped bundle."""
+
+    name: str
+    names: tuple[str, ...]
+    saves: tuple[tuple[str, str], ...]
+    kind: str = "weights"
+
+    def lines(self, indent: str) -> list[str]:
+        return [f"{indent}{self.name}: Weights  names={list(self.names)}  saves={[p for _, p in self.saves]}"]
+
+
+@dataclass(frozen=True)
 class Plan:
     label: str
     digest: str
     raw: Any
-    steps: tuple[ObservePlan, ...] = ()
+    steps: tuple = ()  # ObservePlan, FitPlan, WeightsPlan
     points: tuple["Plan", ...] = ()
+    featurizers: tuple[FeaturizerPlan, ...] = ()
 
     def lines(self, indent: str = "") -> list[str]:
         out = [f"{indent}{self.label or '<root>'}: Plan"]
         for point in self.points:
             out += point.lines(indent + "  ")
+        if self.featurizers:
+            out.append(f"{indent}  featurizers: Featurizers")
+            out += [f"{indent}      {f.line()}" for f in self.featurizers]
         for step in self.steps:
             out += step.lines(indent + "  ")
         return out
@@ -130,6 +204,9 @@ def plan_json(plan, engine) -> list[dict]:
     for leaf in plan.leaves():
         steps = []
         for step in leaf.steps:
+            if not isinstance(step, ObservePlan):
+                steps.append({"name": step.name, "kind": step.kind, "saves": [list(s) for s in step.saves]})
+                continue
             forwards = []
             for forward in step.forwards:
                 frame = locate.frame_of_ids(tok, forward.ids, forward.mask, segments=forward.segments)

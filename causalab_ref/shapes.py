@@ -242,13 +242,55 @@ class Observe:
 
 
 @dataclass(frozen=True)
+class Featurizer:
+    """A declared featurizer: its kind, rank, initial seed or the bundle it is loaded from (F§7)."""
+
+    kind: str
+    k: Optional[int] = None
+    parametrization: str = "cayley"
+    seed: Optional[int] = None
+    file_path: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A fit step (F§10.4): train `params` on `rows` through `interventions`, judged on `eval_rows`."""
+
+    rows: tuple[tuple[str, str], ...]
+    interventions: tuple[str, ...]
+    params: tuple[str, ...]
+    objective: tuple[tuple[float, str], ...]
+    epochs: int
+    pairs: int
+    lr: float
+    early_stop: tuple[str, str, int]  # (metric, mode, patience)
+    eval_rows: tuple[tuple[str, str], ...]
+    eval_saves: tuple[Save, ...] = ()
+    saves: tuple[Save, ...] = ()
+    anneal: tuple[tuple[str, float, float], ...] = ()
+    seed: int = 0
+    weight_decay: float = 0.0
+    kind: str = "fit"
+
+
+@dataclass(frozen=True)
+class Weights:
+    """A weights step: publish featurizers' fitted tensors, saved as stamped bundles."""
+
+    names: tuple[str, ...]
+    saves: tuple[Save, ...] = ()
+    kind: str = "weights"
+
+
+@dataclass(frozen=True)
 class Document:
     model: Model
     roles: tuple[tuple[str, Role], ...]
     sites: tuple[tuple[str, Site], ...]
     interventions: tuple[tuple[str, Intervention], ...]
-    steps: tuple[tuple[str, Observe], ...]
+    steps: tuple[tuple[str, Any], ...]  # Observe, Fit or Weights
     description: str = ""
+    featurizers: tuple[tuple[str, Featurizer], ...] = ()
 
 
 # ---------------------------------------------------------------- addresses

@@ -12,11 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 from . import address
+from . import featurizers as featurizer_table
 from .names import inside_out
 from .reader import type_name
 from .sweeps import find_wrappers
-from .shapes import (Anchor, Document, IntervenedModel, Intervention, Metric, Model,
-                     Observe, Read, Refusal, Role, Save, Site, Where, Write)
+from .shapes import (Anchor, Document, Featurizer, Fit, IntervenedModel, Intervention, Metric, Model,
+                     Observe, Read, Refusal, Role, Save, Site, Weights, Where, Write)
 
 METRIC_COLUMNS = {
     "match": ("expected",),
@@ -237,9 +238,12 @@ def _write(raw: Any, path: str) -> Write:
     if not isinstance(operand, str) and not (abs(operand) <= FLOAT32_MAX):  # also NaN, and ints past float
         _fail(f"{path}.operand", f"operand {operand!r:.40} is not a finite number a float32 activation can hold "
                                  f"(|x| <= {FLOAT32_MAX:.6g})")
+    features = None
     if raw.get("features") is not None:
-        _fail(f"{path}.features", "`features` selects coordinates of a featurizer's space; featurizers are "
-                                   "not implemented by causalab_ref yet")
+        value = raw["features"]
+        if not isinstance(value, list):
+            _fail(f"{path}.features", f"features is a list of feature indices, got {type_name(value)}")
+        features = tuple(_int(v, f"{path}.features.{k}") for k, v in enumerate(value))
     params = raw.get("params", {})
     if not isinstance(params, dict):
         _fail(f"{path}.params", f"expected an object, got {type_name(params)}")
@@ -247,7 +251,7 @@ def _write(raw: Any, path: str) -> Write:
         _fail(f"{path}.params", f"mechanism '{mechanism}' takes no params {sorted(params)}")
     featurizer = _str(raw.get("featurizer", "identity"), f"{path}.featurizer")
     return Write(site=_str(raw["site"], f"{path}.site"), pos=where(raw["pos"], f"{path}.pos"),
-                 mechanism=mechanism, operand=operand, featurizer=featurizer)
+                 mechanism=mechanism, operand=operand, featurizer=featurizer, features=features)
 
 
 def _metric(raw: Any, path: str) -> Metric:
@@ -261,7 +265,7 @@ def _metric(raw: Any, path: str) -> Metric:
                   columns=tuple((c, _str(raw[c], f"{path}.{c}")) for c in columns))
 
 
-def _intervention(raw: Any, path: str, site_map: dict, roles: tuple) -> Intervention:
+def _intervention(raw: Any, path: str, site_map: dict, roles: tuple, declared: dict) -> Intervention:
     _object(raw, path, ("reads", "writes", "models", "metrics", "decode"), ("reads",))
     decode = _int(raw.get("decode", 0), f"{path}.decode")
     if decode < 0:
@@ -297,9 +301,7 @@ def _intervention(raw: Any, path: str, site_map: dict, roles: tuple) -> Interven
         if read.model != "original" and model_map[read.model].input != read.input:
             _fail(f"{rp}.input", f"{prefix}read '{r}': model '{read.model}' runs on '{model_map[read.model].input}', "
                                  f"so its reads take input '{model_map[read.model].input}'")
-        if read.featurizer != "identity":
-            _fail(f"{rp}.featurizer", f"{prefix}read '{r}': featurizer '{read.featurizer}' — featurizers are "
-                                      "not implemented by causalab_ref yet; only 'identity'")
+        _declared_featurizer(read, "read", r, declared, f"{rp}.featurizer", prefix)
         component = site_map[read.site].component
         if read.view == "logits" and component not in address.RESIDUAL:
             _fail(f"{rp}.view", f"{prefix}read '{r}': view 'logits' projects the residual stream through the head, "
@@ -314,9 +316,7 @@ def _intervention(raw: Any, path: str, site_map: dict, roles: tuple) -> Interven
         facts = address.TABLE.get(component)
         if facts is not None and facts.read_only:
             _fail(f"{wp}.site", f"{prefix}write '{w}': '{component}' is read-only — the model's input, not an activation")
-        if write.featurizer != "identity":
-            _fail(f"{wp}.featurizer", f"{prefix}write '{w}': featurizer '{write.featurizer}' — featurizers are "
-                                      "not implemented by causalab_ref yet; only 'identity'")
+        _declared_featurizer(write, "write", w, declared, f"{wp}.featurizer", prefix)
         _generated_rules(write.pos, "write", w, decode, f"{wp}.pos", prefix)
         if isinstance(write.operand, str):
             if write.operand not in read_map:
@@ -345,11 +345,67 @@ def _intervention(raw: Any, path: str, site_map: dict, roles: tuple) -> Interven
         mp = f"{path}.metrics.{m}"
         if metric.of not in read_map:
             _fail(f"{mp}.of", f"{prefix}metric '{m}': `of` must be a read name, got '{metric.of}'")
+        if read_map[metric.of].featurizer != "identity":
+            _fail(f"{mp}.of", f"{prefix}metric '{m}' reads '{metric.of}' via featurizer "
+                              f"'{read_map[metric.of].featurizer}', whose features are not the vocabulary's logits; "
+                              "a metric's read is via 'identity'")
         width = read_map[metric.of].pos.width
         if width != 1:
             _fail(f"{mp}.of", f"{prefix}metric '{m}' reads '{metric.of}', a window of "
                               f"{'varying' if width is None else width} positions; a metric scores one position per row")
     return Intervention(reads=reads, writes=writes, models=tuple(models), metrics=metrics, decode=decode)
+
+
+def featurizer(raw: Any, path: str) -> Featurizer:
+    """One declared featurizer (F§7), with the validator's refusals in the reference's order."""
+    _object(raw, path, ("kind", "k", "parametrization", "seed", "file_path"), ("kind",))
+    kind = _choice(raw["kind"], f"{path}.kind", tuple(featurizer_table.KINDS))
+    k = raw.get("k")
+    if k is not None and (_int(k, f"{path}.k") <= 0):
+        _fail(f"{path}.k", f"k={k} is not a positive rank")
+    _choice(raw.get("parametrization", "cayley"), f"{path}.parametrization", ("cayley",))
+    seed = raw.get("seed")
+    if seed is not None:
+        _int(seed, f"{path}.seed")
+    file_path = raw.get("file_path")
+    if file_path is not None:
+        _str(file_path, f"{path}.file_path")
+    row = featurizer_table.KINDS[kind]
+    if row.k == "refused" and k is not None:
+        _fail(f"{path}.k", "a gate masks every unit of its site and takes no k")
+    if row.k == "required" and k is None:
+        _fail(path, f"a {kind} needs k, the rank of its basis")
+    if row.loaded and file_path is None:
+        _fail(path, f"a {kind} featurizer is loaded from a file; nothing draws or trains one")
+    if kind == "gate" and seed is not None:
+        _fail(f"{path}.seed", "a gate starts at θ = 0, not from a draw; it has no seed")
+    if file_path is not None and seed is not None:
+        _fail(f"{path}.seed", "a loaded featurizer has no seed: its weights are its bytes")
+    return Featurizer(kind=kind, k=k, seed=seed, file_path=file_path)
+
+
+def _declared_featurizer(op, kind: str, name: str, declared: dict, path: str, prefix: str) -> None:
+    """A read or write names 'identity' or a declared featurizer; a logits view is read via 'identity'."""
+    if op.featurizer == "identity":
+        return
+    if op.featurizer not in declared:
+        _fail(path, f"{prefix}{kind} '{name}': undeclared featurizer '{op.featurizer}'; declared: {sorted(declared)}")
+    if getattr(op, "view", "raw") == "logits":
+        _fail(path, f"{prefix}read '{name}': a logits view is vocabulary-wide, not the site's features; read it "
+                    "via 'identity'")
+
+
+def featurizer_sites(declared: dict, interventions) -> dict[str, str]:
+    """Each featurizer's one site: the site of every read and write naming it, across all interventions."""
+    used: dict[str, set] = {name: set() for name in declared}
+    for _i, intervention in interventions:
+        for _n, op in intervention.reads + intervention.writes:
+            if op.featurizer in used:
+                used[op.featurizer].add(op.site)
+    for name, sites in used.items():
+        if len(sites) != 1:
+            _fail(f"featurizers.{name}", f"featurizer '{name}' is used at {sorted(sites)}; one name is one site")
+    return {name: next(iter(sites)) for name, sites in used.items()}
 
 
 def produced_names(names: tuple, interventions: dict) -> list[str]:
@@ -362,25 +418,21 @@ def produced_names(names: tuple, interventions: dict) -> list[str]:
                   | {m for m in bare if bare.count(m) == 1})
 
 
-def _step(raw: Any, path: str, interventions: dict, roles: tuple) -> Observe:
-    # A fit/weights step has its own keys (params, objective, names, ...): refuse it by name
-    # before the observe step's key check would call one of those keys unknown (SPEC.md D12).
-    kind = raw.get("kind") if isinstance(raw, dict) else None
-    if kind in ("fit", "weights"):
-        _fail(f"{path}.kind", f"a '{kind}' step trains or saves featurizers; causalab_ref implements "
-                              "'observe' steps only, so far")
-    _object(raw, path, ("kind", "rows", "interventions", "intervention", "outputs", "saves"), ("kind", "rows"))
-    kind = _str(raw["kind"], f"{path}.kind")
-    _choice(kind, f"{path}.kind", ("observe",))
-    step = path.split(".", 1)[1]
-    rows_raw = _mapping(raw["rows"], f"{path}.rows")
+def _rows(raw: Any, path: str, who: str, roles: tuple) -> tuple[tuple[str, str], ...]:
+    """A step's `rows` (`who` is "step '<s>'" or "step '<s>'.eval"): a dataset ref for every declared role."""
+    rows_raw = _mapping(raw, path)
     for role in rows_raw:
         if role not in roles:
-            _fail(f"{path}.rows.{role}", f"step '{step}': undeclared role '{role}'")
-        _str(rows_raw[role], f"{path}.rows.{role}")
+            _fail(f"{path}.{role}", f"{who}: undeclared role '{role}'")
+        _str(rows_raw[role], f"{path}.{role}")
     for role in roles:
         if role not in rows_raw:
-            _fail(f"{path}.rows", f"step '{step}': no rows for role '{role}'")
+            _fail(path, f"{who}: no rows for role '{role}'")
+    return tuple(rows_raw.items())
+
+
+def _named(raw: dict, path: str, step: str, interventions: dict) -> tuple[str, ...]:
+    """The interventions a step runs: `interventions` or `intervention`, a name or a list; omitted when one."""
     named = raw.get("interventions", raw.get("intervention"))
     key = "interventions" if "interventions" in raw else "intervention"
     if named is None:
@@ -397,27 +449,206 @@ def _step(raw: Any, path: str, interventions: dict, roles: tuple) -> Observe:
     for n in names:
         if n not in interventions:
             _fail(f"{path}.{key}", f"step '{step}': undeclared intervention '{n}'; declared: {sorted(interventions)}")
-    if raw.get("outputs"):
-        _fail(f"{path}.outputs", "step outputs (published values, {\"ref\": …}) are not implemented by "
-                                 "causalab_ref yet")
-    saves_raw = raw.get("saves", [])
-    if not isinstance(saves_raw, list):
-        _fail(f"{path}.saves", f"expected a list of saves, got {type_name(saves_raw)}")
-    produced = produced_names(names, interventions)
-    saves = []
-    for k, s in enumerate(saves_raw):
-        sp = f"{path}.saves.{k}"
+    return names
+
+
+def _saves(raw: Any, path: str, who: str, produced: list, tensors: tuple = (), what: str = "it") -> tuple:
+    """A step's `saves`: each a value it produces, a metric to a .json path, a tensor to .safetensors."""
+    if not isinstance(raw, list):
+        _fail(path, f"expected a list of saves, got {type_name(raw)}")
+    saves: list[Save] = []
+    for k, s in enumerate(raw):
+        sp = f"{path}.{k}"
         _object(s, sp, ("value", "file_path"), ("value", "file_path"))
         value, file_path = _str(s["value"], f"{sp}.value"), _str(s["file_path"], f"{sp}.file_path")
         if value not in produced:
-            _fail(f"{sp}.value", f"step '{step}': saves '{value}', which it does not produce (it produces {produced})")
-        if not file_path.endswith(".json"):
+            tail = f" (it produces {produced})" if what == "it" else ""
+            _fail(f"{sp}.value", f"{who}: saves '{value}', which {what} does not produce{tail}")
+        if value in tensors and not file_path.endswith(".safetensors"):
+            _fail(f"{sp}.file_path", f"save '{value}': a tensor, not a table; give it a .safetensors path, "
+                                     f"not '{file_path}'")
+        if value not in tensors and not file_path.endswith(".json"):
             _fail(f"{sp}.file_path", f"a metric is saved as a JSON table; '{file_path}' does not end in .json")
         inside_out(file_path, f"{sp}.file_path", "a save's file_path")
         if file_path in ("document.json", "run.json") or file_path in [x.file_path for x in saves]:
             _fail(f"{sp}.file_path", f"'{file_path}' is already written by this run; name another file")
         saves.append(Save(value=value, file_path=file_path))
-    return Observe(rows=tuple(rows_raw.items()), interventions=names, saves=tuple(saves))
+    return tuple(saves)
+
+
+def _step(raw: Any, path: str, interventions: dict, roles: tuple, declared: dict):
+    kind = raw.get("kind") if isinstance(raw, dict) else None
+    if kind == "fit":
+        return fit_step(raw, path, interventions, roles, declared)
+    if kind == "weights":
+        return weights_step(raw, path, declared)
+    _object(raw, path, ("kind", "rows", "interventions", "intervention", "outputs", "saves"), ("kind", "rows"))
+    kind = _str(raw["kind"], f"{path}.kind")
+    _choice(kind, f"{path}.kind", ("observe", "fit", "weights"))
+    step = path.split(".", 1)[1]
+    rows = _rows(raw["rows"], f"{path}.rows", f"step '{step}'", roles)
+    names = _named(raw, path, step, interventions)
+    if raw.get("outputs"):
+        _fail(f"{path}.outputs", "step outputs (published values, {\"ref\": …}) are not implemented by "
+                                 "causalab_ref yet")
+    saves = _saves(raw.get("saves", []), f"{path}.saves", f"step '{step}'", produced_names(names, interventions))
+    return Observe(rows=rows, interventions=names, saves=saves)
+
+
+# ---------------------------------------------------------------- fit and weights steps (SPEC.md §9)
+
+FIT_KEYS = ("kind", "rows", "interventions", "intervention", "params", "objective", "anneal", "epochs", "pairs",
+            "seed", "optimizer", "early_stop", "eval", "saves")
+CURVES = ["train/eval", "train/loss"]
+
+
+def _number(raw: Any, path: str) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not abs(raw) <= FLOAT32_MAX:
+        _fail(path, f"expected a finite number, got {type_name(raw)}")
+    return float(raw)
+
+
+def _positive(raw: Any, path: str, what: str) -> int:
+    value = _int(raw, path)
+    if value <= 0:
+        _fail(path, f"{what} {value} is not a positive number")
+    return value
+
+
+def _optimizer(raw: Any, path: str) -> tuple[float, float]:
+    _object(raw, path, ("name", "lr", "weight_decay"), ("name", "lr"))
+    _choice(raw["name"], f"{path}.name", ("adamw",))
+    return _number(raw["lr"], f"{path}.lr"), _number(raw.get("weight_decay", 0.0), f"{path}.weight_decay")
+
+
+def _early_stop(raw: Any, path: str) -> tuple[str, str, int]:
+    _object(raw, path, ("metric", "mode", "patience"), ("metric", "patience"))
+    return (_str(raw["metric"], f"{path}.metric"), _choice(raw.get("mode", "max"), f"{path}.mode", ("max", "min")),
+            _positive(raw["patience"], f"{path}.patience", "patience"))
+
+
+def _objective(raw: Any, path: str) -> tuple[tuple[float, str], ...]:
+    if not isinstance(raw, list) or not raw:
+        _fail(path, "an objective is a non-empty list of [weight, term] pairs")
+    out = []
+    for k, pair in enumerate(raw):
+        if not isinstance(pair, list) or len(pair) != 2:
+            _fail(f"{path}.{k}", "an objective term is [weight, term]: a number and a metric or '<gate>.mask'")
+        out.append((_number(pair[0], f"{path}.{k}.0"), _str(pair[1], f"{path}.{k}.1")))
+    return tuple(out)
+
+
+def _anneal(raw: Any, path: str) -> tuple[tuple[str, float, float], ...]:
+    out = []
+    for gate, value in _mapping(raw, path).items():
+        _object(value, f"{path}.{gate}", ("start", "end"), ("start", "end"))
+        ends = [_number(value[e], f"{path}.{gate}.{e}") for e in ("start", "end")]
+        if min(ends) <= 0:
+            _fail(f"{path}.{gate}", "an anneal's start and end are temperatures above 0")
+        out.append((gate, ends[0], ends[1]))
+    return tuple(out)
+
+
+def _trained(params: Any, path: str, step: str, declared: dict) -> tuple[str, ...]:
+    if not isinstance(params, list) or not params:
+        _fail(path, "params lists the featurizers this fit trains")
+    names = tuple(_str(p, f"{path}.{k}") for k, p in enumerate(params))
+    missing = sorted(set(names) - set(declared))
+    if missing:
+        _fail(path, f"step '{step}': trains {missing}, which is not a declared featurizer")
+    for name in names:
+        if not featurizer_table.KINDS[declared[name].kind].trainable:
+            _fail(path, f"step '{step}': trains '{name}', a {declared[name].kind}, which is fixed by definition — "
+                        "a pca basis can be fine-tuned as a subspace loaded from it")
+    return names
+
+
+def _fit_terms(step: str, path: str, metrics: list, params, declared: dict, anneal, early, objective) -> None:
+    gates = sorted(p for p in params if declared[p].kind == "gate")
+    extra = sorted(g for g, _s, _e in anneal if g not in gates)
+    if extra:
+        _fail(f"{path}.anneal", f"step '{step}': anneals {extra}; only a gate this fit trains has a temperature "
+                                f"(those are {gates})")
+    if early[0] not in metrics:
+        _fail(f"{path}.early_stop.metric", f"step '{step}': early_stop watches '{early[0]}', not a metric")
+    terms = sorted(metrics + [f"{g}.mask" for g in gates])
+    for k, (_w, term) in enumerate(objective):
+        if term not in terms:
+            _fail(f"{path}.objective.{k}", f"step '{step}': objective names '{term}', which is neither a metric "
+                                           f"nor the mask of a gate this fit trains (one of {terms})")
+
+
+def fit_step(raw: dict, path: str, interventions: dict, roles: tuple, declared: dict):
+    """A fit step (F§10.4; language-reference §6.1, §6.7)."""
+    _object(raw, path, FIT_KEYS, ("kind", "rows", "params", "objective", "epochs", "pairs", "optimizer",
+                                  "early_stop", "eval"))
+    step = path.split(".", 1)[1]
+    rows = _rows(raw["rows"], f"{path}.rows", f"step '{step}'", roles)
+    names = _named(raw, path, step, interventions)
+    if len(names) != 1:
+        _fail(f"{path}.interventions", f"step '{step}': a fit trains through one intervention, not {list(names)}")
+    params = _trained(raw["params"], f"{path}.params", step, declared)
+    objective, anneal = _objective(raw["objective"], f"{path}.objective"), _anneal(raw.get("anneal", {}),
+                                                                                   f"{path}.anneal")
+    lr, decay = _optimizer(raw["optimizer"], f"{path}.optimizer")
+    early = _early_stop(raw["early_stop"], f"{path}.early_stop")
+    metrics = sorted(m for m, _ in interventions[names[0]].metrics)
+    _fit_terms(step, path, metrics, params, declared, anneal, early, objective)
+    ev = _object(raw["eval"], f"{path}.eval", ("rows", "saves"), ("rows",))
+    eval_rows = _rows(ev["rows"], f"{path}.eval.rows", f"step '{step}'.eval", roles)
+    eval_saves = _saves(ev.get("saves", []), f"{path}.eval.saves", f"step '{step}'.eval", metrics, what="that pass")
+    saves = _saves(raw.get("saves", []), f"{path}.saves", f"step '{step}'", CURVES, tensors=tuple(CURVES))
+    return Fit(rows=rows, interventions=names, params=params, objective=objective,
+               epochs=_positive(raw["epochs"], f"{path}.epochs", "epochs"),
+               pairs=_positive(raw["pairs"], f"{path}.pairs", "pairs"), lr=lr, early_stop=early,
+               eval_rows=eval_rows, eval_saves=eval_saves, saves=saves, anneal=anneal,
+               seed=_int(raw.get("seed", 0), f"{path}.seed"), weight_decay=decay)
+
+
+def weights_step(raw: dict, path: str, declared: dict):
+    """A weights step: publish featurizers' tensors; each save a stamped .safetensors bundle."""
+    _object(raw, path, ("kind", "names", "saves"), ("kind", "names"))
+    step = path.split(".", 1)[1]
+    if not isinstance(raw["names"], list) or not raw["names"]:
+        _fail(f"{path}.names", "names lists the featurizers this step publishes")
+    names = tuple(_str(n, f"{path}.names.{k}") for k, n in enumerate(raw["names"]))
+    missing = sorted(set(names) - set(declared))
+    if missing:
+        _fail(f"{path}.names", f"step '{step}': names {missing}, which is not a declared featurizer")
+    for name in names:
+        kind = declared[name].kind
+        if not featurizer_table.KINDS[kind].publishable:
+            _fail(f"{path}.names", f"step '{step}': '{name}' is a loaded {kind}; its tensors are the file it came "
+                                   "from, and there is no fitted weight to publish")
+    saves = _saves(raw.get("saves", []), f"{path}.saves", f"step '{step}'", sorted(names), tensors=names)
+    return Weights(names=names, saves=saves)
+
+
+def all_saves(step) -> tuple:
+    """Every file a step writes: its own saves, then (a fit) its eval's."""
+    return tuple(step.saves) + tuple(getattr(step, "eval_saves", ()))
+
+
+def uses(step, interventions: dict) -> set[str]:
+    """The featurizers a step uses: those its intervention's reads and writes name, or a weights step's names."""
+    if step.kind == "weights":
+        return set(step.names)
+    out = set()
+    for name in step.interventions:
+        intervention = interventions[name]
+        out |= {op.featurizer for _n, op in intervention.reads + intervention.writes}
+    return out - {"identity"}
+
+
+def check_order(steps, interventions: dict, declared: dict) -> None:
+    """No step uses a featurizer before the fit that trains it (language-reference §6.7)."""
+    for i, (name, step) in enumerate(steps):
+        for used in sorted(uses(step, interventions)):
+            later = next((n for n, s in steps[i + 1:] if s.kind == "fit" and used in s.params), None)
+            if later is not None:
+                _fail(f"steps.{name}", f"step '{name}' uses featurizer '{used}' before step '{later}' trains it, "
+                                       "so it would run on the untrained parameter. Move it after the fit — or, for "
+                                       "a deliberate untrained baseline, declare a second featurizer that no fit names")
 
 
 def document(raw: Any) -> Document:
@@ -437,27 +668,27 @@ def document(raw: Any) -> Document:
         _fail("roles", "a document declares at least one role")
     role_names = tuple(k for k, _ in roles)
     sites = tuple((k, _site(v, f"sites.{k}")) for k, v in _mapping(raw["sites"], "sites").items())
-    featurizers = _mapping(raw.get("featurizers", {}), "featurizers")
-    if featurizers:
-        name = next(iter(featurizers))
-        _fail(f"featurizers.{name}", "featurizers (subspace, pca, gate, sae, linear) are in the format but "
-                                     "not implemented by causalab_ref yet; reads and writes use 'identity'")
+    declared = {k: featurizer(v, f"featurizers.{k}")
+                for k, v in _mapping(raw.get("featurizers", {}), "featurizers").items()}
     interventions_raw = _mapping(raw["interventions"], "interventions")
     if not interventions_raw:
         _fail("interventions", "a document declares at least one intervention")
     site_map = dict(sites)
-    interventions = tuple((k, _intervention(v, f"interventions.{k}", site_map, role_names))
+    interventions = tuple((k, _intervention(v, f"interventions.{k}", site_map, role_names, declared))
                           for k, v in interventions_raw.items())
+    featurizer_sites(declared, interventions)
     steps_raw = _mapping(raw["steps"], "steps")
     if not steps_raw:
         _fail("steps", "a document has at least one step")
-    steps = tuple((k, _step(v, f"steps.{k}", dict(interventions), role_names)) for k, v in steps_raw.items())
+    steps = tuple((k, _step(v, f"steps.{k}", dict(interventions), role_names, declared))
+                  for k, v in steps_raw.items())
+    check_order(steps, dict(interventions), declared)
     written: dict[str, str] = {}
     for k, step in steps:
-        for i, save in enumerate(step.saves):
+        for i, save in enumerate(all_saves(step)):
             if save.file_path in written:
                 _fail(f"steps.{k}.saves.{i}.file_path", f"'{save.file_path}' is already written by step "
                       f"'{written[save.file_path]}'; name another file")
             written[save.file_path] = k
     return Document(model=model, roles=tuple(roles), sites=sites, interventions=interventions,
-                    steps=steps, description=description)
+                    steps=steps, description=description, featurizers=tuple(declared.items()))

@@ -305,24 +305,6 @@ def test_undeclared_intervention_in_a_step_is_refused():
 # ================================================================ later work, refused by name
 
 
-def test_featurizers_are_refused_by_name():
-    """SPEC.md:24 [D12] A declared featurizer is refused as not implemented yet, at its path."""
-    raw = doc()
-    raw["featurizers"] = {"rot": {"kind": "subspace", "site": "target", "k": 4}}
-    r = refused(raw)
-    assert r.path == "featurizers.rot"
-    assert "featurizers" in r.message and "not implemented" in r.message
-
-
-def test_read_through_a_featurizer_is_refused_by_name():
-    """SPEC.md:24 [D12] A read's featurizer other than identity is refused by name."""
-    raw = doc()
-    iv(raw)["reads"]["v_cf"]["featurizer"] = "rot"
-    r = refused(raw)
-    assert r.path == f"{IV}.reads.v_cf.featurizer"
-    assert "featurizer 'rot'" in r.message and "not implemented" in r.message
-
-
 def test_add_scaled_is_refused_by_name():
     """SPEC.md:24 [D12] `add_scaled` (and lerp, gaussian, clamp, renormalize) is in the format, not implemented."""
     for mechanism in ("add_scaled", "lerp", "gaussian", "clamp", "renormalize"):
@@ -358,25 +340,6 @@ def test_step_outputs_are_refused_by_name():
     r = refused(raw)
     assert r.path == "steps.score.outputs"
     assert "not implemented" in r.message
-
-
-def test_fit_step_is_refused_by_name():
-    """SPEC.md:24 [D12] A `fit` step, written with its own keys (F§10.4), is refused by name, not as unknown keys."""
-    raw = doc()
-    raw["steps"]["fit"] = {"kind": "fit", "rows": raw["steps"]["score"]["rows"], "interventions": "patching",
-                           "params": ["rot"], "objective": [[1.0, "iia"]], "epochs": 1, "pairs": 4}
-    r = refused(raw)
-    assert r.path == "steps.fit.kind"
-    assert r.message.startswith("a 'fit' step trains or saves featurizers")
-
-
-def test_weights_step_is_refused_by_name():
-    """SPEC.md:24 [D12] A `weights` step (names, saves; no rows) is refused by name."""
-    raw = doc()
-    raw["steps"]["w"] = {"kind": "weights", "names": ["rot"], "saves": []}
-    r = refused(raw)
-    assert r.path == "steps.w.kind"
-    assert r.message.startswith("a 'weights' step")
 
 
 # ================================================================ positions

@@ -1,0 +1,224 @@
+"""Featurizers, fit and weights steps in documents: validation and compile refusals, explain (SPEC.md §9)."""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from causalab_ref import bundles, engine, validate
+from causalab_ref import compile as compiler
+from causalab_ref.shapes import Model, Refusal
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "documents" / "data"
+IV = "interventions.das"
+
+
+def das() -> dict:
+    return json.loads((ROOT / "documents" / "das.json").read_text())
+
+
+def refused(raw, call=validate.document) -> Refusal:
+    with pytest.raises(Refusal) as e:
+        call(raw)
+    return e.value
+
+
+@pytest.fixture(scope="module")
+def meta():
+    return engine.load(Model(key="fixture:tiny-llama", revision="seeded", dtype="fp32"), weights=False)
+
+
+def compiled(raw, eng):
+    return compiler.compile_document(raw, eng, DATA)
+
+
+@pytest.mark.parametrize("change, path, message", [
+    ({"kind": "gate", "k": 4}, "featurizers.rot.k", "a gate masks every unit of its site and takes no k"),
+    ({"kind": "pca"}, "featurizers.rot", "a pca needs k, the rank of its basis"),
+    ({"kind": "sae"}, "featurizers.rot", "a sae featurizer is loaded from a file; nothing draws or trains one"),
+    ({"kind": "gate", "seed": 1}, "featurizers.rot.seed", "a gate starts at θ = 0, not from a draw; it has no seed"),
+    ({"kind": "subspace", "k": 4, "seed": 1, "file_path": "x.safetensors"}, "featurizers.rot.seed",
+     "a loaded featurizer has no seed: its weights are its bytes"),
+])
+def test_featurizer_declarations_are_refused_in_the_reference_order(change, path, message):
+    """SPEC.md:1 [FZ18] the validator's featurizer refusals, in order: a gate's k, a basis without k, a loaded kind
+    without file_path, a gate's seed, a loaded featurizer's seed."""
+    raw = das()
+    raw["featurizers"]["rot"] = change
+    raw["steps"]["fit"]["params"] = [] if change["kind"] != "subspace" else ["rot"]
+    r = refused(raw)
+    assert (r.path, r.message) == (path, message)
+
+
+def test_one_featurizer_name_is_one_site():
+    """SPEC.md:1 [FZ19] the featurizer's site is the one site of every read and write naming it; two sites, or
+    none (declared but unused), are refused with the reference's text."""
+    raw = das()
+    raw["interventions"]["das"]["reads"]["h"] = {"site": "head", "pos": -1, "input": "base", "featurizer": "rot"}
+    r = refused(raw)
+    assert (r.path, r.message) == ("featurizers.rot", "featurizer 'rot' is used at ['head', 'target']; one name is "
+                                                      "one site")
+    raw = das()
+    raw["featurizers"]["spare"] = {"kind": "gate"}
+    assert refused(raw).message == "featurizer 'spare' is used at []; one name is one site"
+
+
+def test_undeclared_featurizer_and_logits_view_and_metric_of_features_are_refused():
+    """SPEC.md:1 [FZ19] a read or write names 'identity' or a declared featurizer; a logits view and a metric's
+    read are via 'identity'."""
+    raw = das()
+    raw["interventions"]["das"]["writes"]["patch"]["featurizer"] = "rott"
+    r = refused(raw)
+    assert r.path == f"{IV}.writes.patch.featurizer"
+    assert r.message == f"{IV}: write 'patch': undeclared featurizer 'rott'; declared: ['rot']"
+    raw = das()
+    raw["interventions"]["das"]["reads"]["logits"]["featurizer"] = "rot"
+    r = refused(raw)
+    assert r.path == f"{IV}.metrics.iia.of"
+    assert r.message == (f"{IV}: metric 'iia' reads 'logits' via featurizer 'rot', whose features are not the "
+                         "vocabulary's logits; a metric's read is via 'identity'")
+
+
+def test_fit_refusals_name_what_to_write_instead():
+    """SPEC.md:1 [FZ20] a fit trains declared, trainable featurizers, anneals only gates it trains, watches and
+    minimizes metrics of its intervention or `<gate>.mask`, and saves only train/loss and train/eval."""
+    cases = [
+        (("params",), ["nope"], "steps.fit.params", "step 'fit': trains ['nope'], which is not a declared featurizer"),
+        (("early_stop", "metric"), "acc", "steps.fit.early_stop.metric",
+         "step 'fit': early_stop watches 'acc', not a metric"),
+        (("objective",), [[1.0, "loss"]], "steps.fit.objective.0",
+         "step 'fit': objective names 'loss', which is neither a metric nor the mask of a gate this fit trains "
+         "(one of ['ce', 'iia'])"),
+        (("anneal",), {"rot": {"start": 1.0, "end": 0.1}}, "steps.fit.anneal",
+         "step 'fit': anneals ['rot']; only a gate this fit trains has a temperature (those are [])"),
+        (("saves",), [{"value": "rot", "file_path": "r.safetensors"}], "steps.fit.saves.0.value",
+         "step 'fit': saves 'rot', which it does not produce (it produces ['train/eval', 'train/loss'])"),
+        (("saves",), [{"value": "train/loss", "file_path": "loss.json"}], "steps.fit.saves.0.file_path",
+         "save 'train/loss': a tensor, not a table; give it a .safetensors path, not 'loss.json'"),
+        (("eval", "saves"), [{"value": "x", "file_path": "x.json"}], "steps.fit.eval.saves.0.value",
+         "step 'fit'.eval: saves 'x', which that pass does not produce"),
+    ]
+    for keys, value, path, message in cases:
+        raw = das()
+        target = raw["steps"]["fit"]
+        for key in keys[:-1]:
+            target = target[key]
+        target[keys[-1]] = value
+        r = refused(raw)
+        assert (r.path, r.message) == (path, message)
+    raw = das()
+    del raw["steps"]["fit"]["eval"]["rows"]["counterfactual"]
+    assert refused(raw).message == "step 'fit'.eval: no rows for role 'counterfactual'"
+
+
+def test_fixed_kinds_are_not_trained_and_loaded_dictionaries_not_published():
+    """SPEC.md:1 [FZ20] pca, sae and linear are fixed by definition; a weights step publishes no loaded sae/linear."""
+    raw = das()
+    raw["featurizers"]["rot"] = {"kind": "pca", "k": 4, "file_path": "b.safetensors"}
+    assert refused(raw).message == ("step 'fit': trains 'rot', a pca, which is fixed by definition — a pca basis can "
+                                    "be fine-tuned as a subspace loaded from it")
+    raw["featurizers"]["rot"] = {"kind": "sae", "file_path": "b.safetensors"}
+    del raw["steps"]["fit"]
+    assert refused(raw).message == ("step 'weights': 'rot' is a loaded sae; its tensors are the file it came from, "
+                                    "and there is no fitted weight to publish")
+    raw["steps"]["weights"]["names"] = ["nope"]
+    assert refused(raw).message == "step 'weights': names ['nope'], which is not a declared featurizer"
+
+
+def test_a_featurizer_used_before_its_fit_is_refused():
+    """SPEC.md:1 [FZ21] no step uses a featurizer before the fit that trains it: the reference's sentence."""
+    raw = das()
+    steps = raw["steps"]
+    raw["steps"] = {"score": steps["score"], "fit": steps["fit"], "weights": steps["weights"]}
+    r = refused(raw)
+    assert r.path == "steps.score"
+    assert r.message == ("step 'score' uses featurizer 'rot' before step 'fit' trains it, so it would run on the "
+                         "untrained parameter. Move it after the fit — or, for a deliberate untrained baseline, "
+                         "declare a second featurizer that no fit names")
+
+
+def test_k_past_the_site_width_is_refused_at_compile(meta):
+    """SPEC.md:1 [FZ22] `k` of a subspace or pca is at most the site's width d (after heads/units)."""
+    raw = das()
+    raw["featurizers"]["rot"]["k"] = 999
+    r = refused(raw, lambda d: compiled(d, meta))
+    assert (r.stage, r.path, r.message) == ("compile", "featurizers.rot.k",
+                                            "featurizer 'rot': k=999 is not a subspace of the 16-wide site 'target'")
+
+
+def test_units_narrow_a_featurizers_width(meta):
+    """SPEC.md:1 [FZ22] d is the site's width after heads/units: a gate at 4 units of block_output is 4 wide."""
+    raw = das()
+    raw["sites"]["target"]["units"] = [0, 1, 2, 3]
+    raw["featurizers"]["rot"] = {"kind": "gate"}
+    plan = compiled(raw, meta)
+    assert "rot: gate d=4 θ=0 trained=True" in plan.text()
+
+
+def test_a_place_with_no_width_refuses_a_featurizer():
+    """SPEC.md:1 [FZ23] a featurizer at a place with no width (the pattern's key axis, an `extra` name) is refused
+    at compile with the seed's sentence (L23)."""
+    eager = engine.load(Model(key="fixture:tiny-llama", revision="seeded", dtype="fp32",
+                              attn_implementation="eager"), weights=False)
+    raw = das()
+    raw["model"]["attn_implementation"] = "eager"
+    raw["sites"]["target"] = {"component": "attention_scores", "layers": [0]}
+    raw["featurizers"]["rot"] = {"kind": "gate"}
+    r = refused(raw, lambda d: compiled(d, eager))
+    assert (r.stage, r.path) == ("compile", "featurizers.rot")
+    assert r.message == ("the width of 'attention_scores' is not a fact about the model: it depends on the batch "
+                         "(the attention pattern's key axis) or is not a tensor's")
+
+
+def test_features_out_of_range_are_refused_at_compile(meta):
+    """SPEC.md:1 [FZ24] `features` are distinct indices below the feature space's width (the featurizer's k, or the
+    site's width for identity), refused at compile with the reference's text."""
+    raw = das()
+    raw["interventions"]["das"]["writes"]["patch"]["features"] = [8]
+    r = refused(raw, lambda d: compiled(d, meta))
+    assert (r.stage, r.path) == ("compile", f"{IV}.writes.patch.features")
+    assert r.message == (f"{IV}: write 'patch': features [8] of a 8-dimensional feature space; they are distinct "
+                         "indices below 8")
+    raw["interventions"]["das"]["writes"]["patch"]["features"] = [1, 1]
+    assert "features [1, 1] of a 8-dimensional" in refused(raw, lambda d: compiled(d, meta)).message
+
+
+def test_explain_shows_featurizers_fit_and_weights(meta):
+    """SPEC.md:1 [FZ25] explain prints the plan's featurizers first (`rot: subspace k=8 d=16 cayley seed=0
+    trained=True`, the seed taken from the fit), the fit with its first update and its eval pass, reads and
+    writes via their featurizer, and the weights step."""
+    text = compiled(das(), meta).text().splitlines()
+    assert text[1:3] == ["  featurizers: Featurizers", "      rot: subspace k=8 d=16 cayley seed=0 trained=True"]
+    assert text[3] == ("  fit: Fit  5 epochs x 2 update  lr=0.01 objective=((1.0, 'ce'),) params=('rot',)  "
+                       "early_stop='iia' patience=3")
+    assert text[4].startswith("      epochs[0][0]: Observe") and any(t.startswith("      evaluation: Observe")
+                                                                      for t in text)
+    assert "            write 'patch' at block_output[0] pos={index:-1} swap(v_cf) via 'rot'" in text
+    assert text[-1] == "  weights: Weights  names=['rot']  saves=['rot.safetensors']"
+
+
+def test_eval_rows_must_not_share_rows_with_the_fit(meta):
+    """SPEC.md:1 [FZ26] fit and eval rows from different refs share no base row; the same ref is allowed."""
+    raw = das()
+    raw["steps"]["fit"]["eval"]["rows"] = {"base": "weekdays/pairs", "counterfactual": "weekdays/pairs"}
+    r = refused(raw, lambda d: compiled(d, meta))
+    assert (r.stage, r.message) == ("compile", "the eval rows share 8 row(s) with the fitted rows; the two must be "
+                                               "endpoint-disjoint")
+    raw["steps"]["fit"]["eval"]["rows"] = copy.deepcopy(raw["steps"]["fit"]["rows"])
+    compiled(raw, meta)
+
+
+def test_a_bundle_of_another_layer_is_refused_at_compile(meta, tmp_path):
+    """SPEC.md:1 [FZ27] a loaded bundle's stamp is checked against the document key by key at compile."""
+    raw = das()
+    del raw["steps"]["fit"]
+    file = tmp_path / "rot.safetensors"
+    bundles.write(file, {"weight": torch.zeros(16, 8)}, {"layer": "1", "kind": "subspace", "k": "8"})
+    raw["featurizers"]["rot"] = {"kind": "subspace", "k": 8, "file_path": str(file)}
+    r = refused(raw, lambda d: compiled(d, meta))
+    assert (r.stage, r.path) == ("compile", "featurizers.rot.file_path")
+    assert r.message == f"featurizer 'rot': '{file}' is not this featurizer — layer: bundle says '1', document says '0'"
