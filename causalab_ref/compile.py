@@ -393,10 +393,9 @@ def _check_features(features, space: Optional[int], name: str, path: str) -> Non
         return
     if space is None or not features or len(set(features)) != len(features) or any(
             not 0 <= i < space for i in features):
-        intervention = path.split(".")[1]
-        raise Refusal(f"interventions.{intervention}: write '{name}': features {list(features)} of a {space}-dimensional "
-                      f"feature space; they are distinct indices below {space}", path=f"{path}.features",
-                      stage="compile")
+        prefix = ".".join(path.split(".")[:2])
+        raise Refusal(f"{prefix}: write '{name}': features {list(features)} of a {space}-dimensional feature space; "
+                      f"they are distinct indices below {space}", path=f"{path}.features", stage="compile")
 
 
 def _site_width(address: Address, site) -> Optional[int]:

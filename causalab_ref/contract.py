@@ -64,6 +64,7 @@ class Batch:
     mask: tuple[tuple[int, ...], ...]
     actions: tuple[Action, ...]
     decode: int = 0
+    grad: bool = False  # a fit's update: keep the autograd graph from the featurizers' leaves to the reads
 
 
 class Engine:

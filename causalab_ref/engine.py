@@ -56,7 +56,7 @@ class NNterpEngine(Engine):
 
     # -------------------------------------------------------------- run-time: reaching an address
 
-    def _land(self, actions, reads: seam.Reads, step: int = 0, length: int = 0) -> None:
+    def _land(self, actions, reads: seam.Reads, step: int = 0, length: int = 0, grad: bool = False) -> None:
         """Inside a running trace: each address's actions through the seam, in rank order; a write's result
         replaces the tensor there (access.assign), a read is saved."""
         for addr, group in seam.groups(actions):
@@ -65,7 +65,7 @@ class NNterpEngine(Engine):
             if length:
                 here = current.shape[addr.seq_axis]
                 group = [seam.at_step(a, here, length) for a in group]
-            landed = seam.apply(current, group, step)
+            landed = seam.apply(current, group, step, grad)
             if landed.changed:
                 access.assign(self.model, addr, landed.value, path=path)
             reads.keep(landed, keep=lambda v: v.save())
@@ -73,9 +73,9 @@ class NNterpEngine(Engine):
     def forward(self, batch: Batch) -> dict[str, torch.Tensor]:
         """One trace: the actions in rank order. Returns each read's value, detached, on the CPU."""
         reads = seam.Reads(batch.actions)
-        with torch.no_grad(), self.model.trace(self.inputs(batch.ids, batch.mask)):
-            self._land(batch.actions, reads)
-        return reads.result(self.viewed, _unwrap)
+        with torch.set_grad_enabled(batch.grad), self.model.trace(self.inputs(batch.ids, batch.mask)):
+            self._land(batch.actions, reads, grad=batch.grad)
+        return reads.result(self.viewed, _unwrap, batch.grad)
 
     def generate(self, batch: Batch) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """Greedy decode of `batch.decode` tokens with EOS held off (min == max new tokens), actions per step.

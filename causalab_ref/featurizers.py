@@ -266,3 +266,17 @@ def read(featurizer, x: torch.Tensor) -> torch.Tensor:
     """A featurized read: the features of x, autocast off."""
     with torch.autocast(device_type=x.device.type, enabled=False):
         return featurizer.featurize(x)[0]
+
+
+def build(plans) -> dict:
+    """The live featurizers of one plan (root or sweep point) from its compiled FeaturizerPlans: a bundle's
+    checked bytes rebuilt in float32, or the seeded draw / θ = 0. Shared by every later step of that plan."""
+    from safetensors.torch import load
+
+    out = {}
+    for plan in plans:
+        if plan.bundle is not None:
+            out[plan.name] = KINDS[plan.kind].build(load(plan.bundle))
+        else:
+            out[plan.name] = drawn(plan.kind, plan.d, plan.k, plan.seed if plan.seed is not None else 0)
+    return out

@@ -77,9 +77,10 @@ class _Hooked:
     `step` counts the model's forwards (a pre-hook on the root, registered first); `length` is the
     prompt's length in a decode (0: a plain forward, no per-step placement)."""
 
-    def __init__(self, actions, length: int = 0):
+    def __init__(self, actions, length: int = 0, grad: bool = False):
         self.reads = seam.Reads(actions)
         self.length = length
+        self.grad = grad
         self.step = -1
 
     def count(self, module, args):
@@ -92,7 +93,7 @@ class _Hooked:
             return None
         if self.length:
             acting = [seam.at_step(a, current.shape[a.address.seq_axis], self.length) for a in acting]
-        landed = seam.apply(current, acting, self.step)
+        landed = seam.apply(current, acting, self.step, self.grad)
         self.reads.keep(landed)
         return landed.value if landed.changed else None
 
@@ -213,15 +214,15 @@ class HooksEngine(Engine):
 
     def forward(self, batch: Batch) -> dict[str, torch.Tensor]:
         """One forward with hooks: the actions in rank order. Returns each read's value, detached, on the CPU."""
-        hooked = _Hooked(batch.actions)
+        hooked = _Hooked(batch.actions, grad=batch.grad)
         handles = self._hook(hooked, batch.actions)
         try:
-            with torch.no_grad():
+            with torch.set_grad_enabled(batch.grad):
                 self.hf_model(**self.inputs(batch.ids, batch.mask), use_cache=False)
         finally:
             for handle in handles:
                 handle.remove()
-        return hooked.reads.result(self.viewed)
+        return hooked.reads.result(self.viewed, grad=batch.grad)
 
     def generate(self, batch: Batch):
         """Decoding (the generated frame) is the nnterp engine's; refused here by name."""

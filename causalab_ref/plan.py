@@ -85,6 +85,7 @@ class ObservePlan:
     example_ids: tuple[str, ...]
     dynamic: bool
     decode: int = 0
+    kind: str = "observe"
 
     def lines(self, indent: str) -> list[str]:
         metrics = [f"{m.name}/{m.kind}" for m in self.metrics]

@@ -140,6 +140,13 @@ class Folder:
         dump(self.confine(relative, path), obj)
         self.written.insert(len(self.written) if at is None else at, relative)
 
+    def write_bytes(self, relative: str, data: bytes, path: str = "") -> None:
+        """Write one binary file (a .safetensors bundle or tensor) into the folder."""
+        target = self.confine(relative, path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+        self.written.append(relative)
+
     def commit(self) -> list[str]:
         """Move the staging folder into place (over the old folder with --replace); the written paths."""
         try:

@@ -13,11 +13,11 @@ import math
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
-from . import locate, results
+from . import bundles, featurizers, fit, locate, results
 from .plan import Forward, ObservePlan, Plan, Tap
 from .contract import Action, Batch
 from .shapes import Refusal, Selection
@@ -113,7 +113,8 @@ def _in_layout(value: torch.Tensor, ragged: bool, rows: int) -> torch.Tensor:
     return value
 
 
-def run_step(engine, step: ObservePlan, batch_size: Optional[int] = None, bar=None) -> dict:
+def run_step(engine, step: ObservePlan, batch_size: Optional[int] = None, bar=None, live: Optional[dict] = None,
+             grad: bool = False) -> dict:
     """One observe pass: forwards, then metrics. Returns the step's results (plain data + tensors).
 
     With `batch_size`, the rows are split into windows of that many and each window runs the
@@ -127,7 +128,7 @@ def run_step(engine, step: ObservePlan, batch_size: Optional[int] = None, bar=No
     size = batch_size or rows
     parts = []
     for lo in range(0, rows, size):
-        parts.append(_pass(engine, window(step, lo, min(lo + size, rows)), path, lo))
+        parts.append(_pass(engine, window(step, lo, min(lo + size, rows)), path, lo, live or {}, grad))
         if bar is not None:
             bar.update(1)
     values = {k: torch.cat([p[0][k] for p in parts], dim=0) for k in parts[0][0]}
@@ -145,7 +146,7 @@ def run_step(engine, step: ObservePlan, batch_size: Optional[int] = None, bar=No
                     f"'{metric.of}'; a metric of nothing has no mean", f"{path}.metrics.{metric.name}")
         eligible[metric.name] = both
         tables[metric.name] = score(metric, values[metric.of], read, both)
-    return {"positions": positions, "eligible": eligible, "values": values, "scores": tables}
+    return {"positions": positions, "eligible": eligible, "values": values, "scores": tables, "placed": placed}
 
 
 def check_tokenizer(tok, forward: Forward, path: str) -> None:
@@ -172,7 +173,7 @@ def window(step: ObservePlan, lo: int, hi: int) -> ObservePlan:
     return replace(step, forwards=forwards, example_ids=step.example_ids[lo:hi])
 
 
-def _pass(engine, step: ObservePlan, path: str, offset: int):
+def _pass(engine, step: ObservePlan, path: str, offset: int, live: dict, grad: bool = False):
     """The forwards of one window of rows: (values read, where each tap acted)."""
     values: dict[str, torch.Tensor] = {}
     placed: dict[str, Resolved] = {}
@@ -180,14 +181,14 @@ def _pass(engine, step: ObservePlan, path: str, offset: int):
     for forward in step.forwards:
         resolved = resolve_taps(engine, step, forward, path, offset, frames)
         if forward.decode:
-            resolved, read = decode_forward(engine, forward, resolved, values, placed, path, offset)
+            resolved, read = decode_forward(engine, forward, resolved, values, placed, path, offset, live)
         else:
             windows = {k: v.windows for k, v in placed.items()}
             actions = tuple(Action(tap=tap, selection=selection_of(tap, resolved[tap.name]),
                                    operand=operand_value(tap, resolved, values, windows, path, offset)
-                                   if tap.kind == "write" else None)
+                                   if tap.kind == "write" else None, featurizer=live.get(tap.featurizer))
                             for tap in forward.taps)
-            batch = Batch(ids=forward.ids, mask=forward.mask, actions=actions)
+            batch = Batch(ids=forward.ids, mask=forward.mask, actions=actions, grad=grad)
             read = _in_document(lambda: engine.forward(batch), path)
         values.update(read)
         placed.update({tap.name: resolved[tap.name] for tap in forward.taps})
@@ -215,7 +216,7 @@ def _steps_of(tap: Tap, decode: int) -> tuple[int, ...]:
 
 
 def _decode_actions(forward: Forward, resolved: dict, values: dict, placed: dict, path: str,
-                   offset: int) -> tuple[Action, ...]:
+                   offset: int, live: dict) -> tuple[Action, ...]:
     """A decoding forward's actions: prompt taps over their windows at step 0, continuation taps at
     their steps (the engine places them on the one position each step computes)."""
     rows = len(forward.ids)
@@ -232,12 +233,13 @@ def _decode_actions(forward: Forward, resolved: dict, values: dict, placed: dict
         if tap.kind == "write":
             operand = (operand_value(tap, resolved, values, windows, path, offset) if prompt
                        else _continuation_operand(tap, values, placed, rows, path))
-        actions.append(Action(tap=tap, selection=selection, operand=operand, steps=_steps_of(tap, forward.decode)))
+        actions.append(Action(tap=tap, selection=selection, operand=operand, steps=_steps_of(tap, forward.decode),
+                              featurizer=live.get(tap.featurizer)))
     return tuple(actions)
 
 
 def decode_forward(engine, forward: Forward, resolved: dict, values: dict, placed: dict, path: str,
-                   offset: int = 0):
+                   offset: int = 0, live: Optional[dict] = None):
     """A forward that decodes: prompt taps at step 0, continuation taps at their steps, then the cut.
 
     A stacked read comes back (rows, steps, features) and is cut per row against the
@@ -245,7 +247,7 @@ def decode_forward(engine, forward: Forward, resolved: dict, values: dict, place
     """
     rows = len(forward.ids)
     batch = Batch(ids=forward.ids, mask=forward.mask, decode=forward.decode,
-                  actions=_decode_actions(forward, resolved, values, placed, path, offset))
+                  actions=_decode_actions(forward, resolved, values, placed, path, offset, live or {}))
     read, generated = _in_document(lambda: engine.generate(batch), path)
     tok = engine.tokenizer
     frame = locate.frame_of_continuation(tok, generated, tok.eos_token_id)
@@ -298,26 +300,92 @@ def _row_vectors(value: torch.Tensor, resolved: Resolved) -> list[Optional[torch
     return out
 
 
+def _metric_value(kind: str, vector: torch.Tensor, answers: dict, r: int) -> torch.Tensor:
+    """One row's metric as a 0-d tensor (differentiable but for match)."""
+    if kind == "match":
+        return (vector.argmax() == answers["expected"][r]).float()
+    if kind == "logit_diff":
+        return vector[answers["a"][r]] - vector[answers["b"][r]]
+    if kind == "cross_entropy":
+        return -torch.log_softmax(vector, -1)[answers["target"][r]]
+    if kind == "token_logit":
+        return vector[answers["token"][r]]
+    return torch.softmax(vector, -1)[answers["token"][r]]  # token_prob
+
+
 def score(metric, value: torch.Tensor, resolved: Resolved, both: tuple[bool, ...]) -> list[Optional[float]]:
     """Per-row metric values (None where the row is not scored)."""
     answers = dict(metric.answers)
-    out = []
+    out: list[Optional[float]] = []
     for r, vector in enumerate(_row_vectors(value.detach().float(), resolved)):
         if not both[r] or vector is None:
             out.append(None)
             continue
-        if metric.kind == "match":
-            v = 1.0 if int(vector.argmax()) == answers["expected"][r] else 0.0
-        elif metric.kind == "logit_diff":
-            v = float(vector[answers["a"][r]] - vector[answers["b"][r]])
-        elif metric.kind == "cross_entropy":
-            v = float(-torch.log_softmax(vector, -1)[answers["target"][r]])
-        elif metric.kind == "token_logit":
-            v = float(vector[answers["token"][r]])
-        else:  # token_prob
-            v = float(torch.softmax(vector, -1)[answers["token"][r]])
+        v = float(_metric_value(metric.kind, vector, answers, r))
         out.append(v if math.isfinite(v) else None)
     return out
+
+
+def metric_vectors(step: ObservePlan, results: dict) -> dict[str, torch.Tensor]:
+    """Each metric over its eligible rows as one float32 vector, keeping the graph (a fit's loss terms)."""
+    out = {}
+    for metric in step.metrics:
+        answers, both = dict(metric.answers), results["eligible"][metric.name]
+        rows = _row_vectors(results["values"][metric.of].float(), results["placed"][metric.of])
+        out[metric.name] = torch.stack([_metric_value(metric.kind, v, answers, r) for r, v in enumerate(rows)
+                                        if both[r] and v is not None])
+    return out
+
+
+# ---------------------------------------------------------------- fit and weights steps (SPEC.md §9)
+
+
+def _frozen(engine) -> None:
+    """The model is not trained: only the featurizers' leaves get a gradient."""
+    module = getattr(engine, "hf_model", None) or getattr(getattr(engine, "model", None), "_module", None)
+    if isinstance(module, torch.nn.Module):
+        module.requires_grad_(False)
+
+
+def fit_step(engine, step, live: dict, batch_size: Optional[int] = None) -> dict:
+    """A fit: every update an observe pass with gradient, the eval pass after each epoch (fit.train).
+    Returns the curves and the last eval pass's results."""
+    _frozen(engine)
+    metric, mode, patience = step.early_stop
+    settings = fit.Settings(params=step.params, objective=step.objective, epochs=len(step.updates), lr=step.lr,
+                            weight_decay=step.weight_decay, anneal=step.anneal, early_stop=metric, mode=mode,
+                            patience=patience)
+    last: dict = {}
+
+    def update(plan):
+        return lambda: metric_vectors(plan, run_step(engine, plan, batch_size, live=live, grad=True))
+
+    def evaluate():
+        last["results"] = run_step(engine, step.evaluation, batch_size, live=live)
+        return metric_vectors(step.evaluation, last["results"])
+    curves = fit.train(live, settings, [[update(p) for p in epoch] for epoch in step.updates], evaluate)
+    return {"curves": curves, "evaluation": last["results"]}
+
+
+def _leaf_step(engine, step, live: dict, leaf: Plan, batch_size, bar) -> list[tuple[str, Any]]:
+    """Run one step of a leaf; returns its files in write order as (file_path, content): a metric table
+    (a list), or (tensors, metadata) for a .safetensors file."""
+    if step.kind == "weights":
+        stamps = {f.name: dict(f.stamp) for f in leaf.featurizers}
+        return [(path, ({"weight": live[name].tensors()["weight"]}, stamps[name])) for name, path in step.saves]
+    if step.kind == "fit":
+        results = fit_step(engine, step, live, batch_size)
+        files: list[tuple[str, Any]] = [(path, ({"weight": results["curves"][name]}, {})) for name, path in step.saves]
+        return files + [(path, metric_table(step.evaluation, results["evaluation"], name, leaf.digest))
+                        for name, path in step.evaluation.saves]
+    results = run_step(engine, step, batch_size, bar, live=live)
+    return [(path, metric_table(step, results, name, leaf.digest)) for name, path in step.saves]
+
+
+def _every_save(step) -> tuple:
+    """A step's files: its own saves, then (a fit) its eval pass's."""
+    evaluation = getattr(step, "evaluation", None)
+    return tuple(step.saves) + (tuple(evaluation.saves) if evaluation is not None else ())
 
 
 def metric_table(step: ObservePlan, results: dict, name: str, digest: str) -> list[dict]:
@@ -353,21 +421,24 @@ def execute(plan: Plan, engine, out: Path, batch_size: Optional[int] = None, rep
             if leaf.label:
                 folder.confine(leaf.label, f"sweep point '{leaf.label}'")
             for step in leaf.steps:
-                for k, (_value, file_path) in enumerate(step.saves):
+                for k, (_value, file_path) in enumerate(_every_save(step)):
                     folder.confine(_within(leaf.label, file_path), f"steps.{step.name}.saves.{k}.file_path")
         passes = sum(-(-len(step.example_ids) // (batch_size or len(step.example_ids) or 1))
-                     for leaf in leaves for step in leaf.steps)
+                     for leaf in leaves for step in leaf.steps if isinstance(step, ObservePlan))
         bar = results.progress(passes, progress, "run")
         try:
             folder.write("document.json", plan.raw)
             for leaf in leaves:
                 if leaf.label:
                     folder.write(_within(leaf.label, "document.json"), leaf.raw)
+                live = featurizers.build(leaf.featurizers)
                 for step in leaf.steps:
-                    outcome = run_step(engine, step, batch_size, bar)
-                    for value, file_path in step.saves:
-                        folder.write(_within(leaf.label, file_path), metric_table(step, outcome, value, leaf.digest),
-                                     path=f"steps.{step.name}.saves")
+                    for file_path, content in _leaf_step(engine, step, live, leaf, batch_size, bar):
+                        where, path = _within(leaf.label, file_path), f"steps.{step.name}.saves"
+                        if isinstance(content, tuple):
+                            folder.write_bytes(where, bundles.encode(*content), path=path)
+                        else:
+                            folder.write(where, content, path=path)
             record = engine.run_record(batch_size) | {"causalab_ref": results.package_digest(),
                                                       "versions": results.versions()}
             record["dtype"] = record.get("served_dtype") or record.get("model", {}).get("dtype")

@@ -35,13 +35,16 @@ def _refuse(message: str, path: str):
 
 
 def operand_for(action: Action, f: torch.Tensor):
-    """The operand a mechanism sees: a tensor of f's shape on f's device, a number as a 0-d float32
-    tensor (it broadcasts), or None."""
+    """The operand a mechanism sees: a tensor of f's shape (or, with `features`, as many as they name) on
+    f's device, a number as a 0-d float32 tensor (it broadcasts), or None."""
     tap, operand = action.tap, action.operand
     if operand is None:
         return None
     if not isinstance(operand, torch.Tensor):
         return torch.tensor(float(operand))
+    features = getattr(tap, "features", None)
+    if features is not None and operand.shape == f.shape[:-1] + (len(features),):
+        return operand.to(f.device)
     if operand.shape != f.shape:
         _refuse(f"write '{tap.name}' lands {tuple(f.shape)} values but its operand '{tap.operand}' holds "
                 f"{tuple(operand.shape)}; the site and the operand's site must have the same width",
@@ -56,18 +59,25 @@ def write(current: torch.Tensor, action: Action, arrived: torch.Tensor, step: in
     row = mechanisms.lookup(tap.mechanism, f"writes.{tap.name}")
     featurizer = action.featurizer or IDENTITY
     x = select.gather(current, action.selection)
+    features, params = getattr(tap, "features", None), row.params(tap.params)
     with torch.autocast(device_type=x.device.type, enabled=False):
         f, err = featurizer.featurize(x)
-        context = mechanisms.Context(f0=lambda: featurizer.featurize(select.gather(arrived, action.selection))[0],
-                                     step=step)
-        landed = row.formula(f, operand_for(action, f), row.params(tap.params), context)
+        index = None if features is None else torch.tensor(features)
+        context = mechanisms.Context(f0=lambda: featurizers.cut(
+            featurizer.featurize(select.gather(arrived, action.selection))[0], f.shape[-1], index), step=step)
+        landed = featurizers.touch(f, features, lambda part, o: row.formula(part, o, params, context),
+                                   operand_for(action, f))
         x_new = featurizer.inverse(landed, err, x)
     return select.scatter(current, action.selection, x_new)
 
 
-def read(current: torch.Tensor, action: Action) -> torch.Tensor:
-    """One read at a tap: the gathered value, detached and cloned."""
-    return select.gather(current, action.selection).detach().clone()
+def read(current: torch.Tensor, action: Action, grad: bool = False) -> torch.Tensor:
+    """One read at a tap: the gathered value (through the read's featurizer, autocast off), cloned; detached
+    unless the pass keeps a graph for a fit (`grad`)."""
+    value = select.gather(current, action.selection)
+    if action.featurizer is not None:
+        value = featurizers.read(action.featurizer, value)
+    return value.clone() if grad else value.detach().clone()
 
 
 @dataclass
@@ -79,7 +89,7 @@ class Landed:
     reads: list[tuple[Action, torch.Tensor]] = field(default_factory=list)
 
 
-def apply(current: torch.Tensor, actions, step: int = 0) -> Landed:
+def apply(current: torch.Tensor, actions, step: int = 0, grad: bool = False) -> Landed:
     """Every action at one address, in the order given (writes before reads, R4)."""
     out = Landed(current, False)
     for action in actions:
@@ -87,7 +97,7 @@ def apply(current: torch.Tensor, actions, step: int = 0) -> Landed:
             out.value = write(out.value, action, current, step)
             out.changed = True
         else:
-            out.reads.append((action, read(out.value, action)))
+            out.reads.append((action, read(out.value, action, grad)))
     return out
 
 
@@ -156,12 +166,12 @@ class Reads:
         for action, value in landed.reads:
             self.kept[action.name].append(keep(value))
 
-    def result(self, viewed: Callable, unwrap: Callable = lambda v: v) -> dict[str, torch.Tensor]:
+    def result(self, viewed: Callable, unwrap: Callable = lambda v: v, grad: bool = False) -> dict[str, torch.Tensor]:
         """Each read's value on the CPU, its view applied: a stacked read's steps concatenated (rows, steps, F),
-        any other read as its one firing gathered it."""
+        any other read as its one firing gathered it. Detached unless a fit keeps the graph (`grad`)."""
         out = {}
         for action in self.actions:
-            parts = [unwrap(v).detach().cpu() for v in self.kept[action.name]]
+            parts = [(unwrap(v) if grad else unwrap(v).detach()).cpu() for v in self.kept[action.name]]
             if not parts:
                 continue
             value = torch.cat(parts, dim=1) if action.tap.stacked else parts[0]
