@@ -35,6 +35,7 @@ def _named(shape: dict) -> dict:
 
 STR = {"type": "string"}
 INT = {"type": "integer"}
+NUMBER = {"type": "number"}
 INDEX_LIST = {"type": "array", "minItems": 1, "uniqueItems": True, "items": {"type": "integer", "minimum": 0}}
 
 _CUT_ONE = {
@@ -94,7 +95,8 @@ SCHEMA: dict[str, Any] = {
             "site": _sw(STR), "pos": _sw({"$ref": "#/$defs/position"}),
             "mechanism": _sw({"enum": ["swap", "add_scaled", "lerp", "gaussian", "clamp", "renormalize"]}),
             "operand": _sw({"anyOf": [STR, {"type": "number"}, _closed({"ref": STR}, ("ref",))]}),
-            "featurizer": _sw(STR), "features": _sw({}), "params": _sw({"type": "object"}),
+            "featurizer": _sw(STR), "features": _sw({"anyOf": [{"type": "null"}, {"type": "array", "items": INT}]}),
+            "params": _sw({"type": "object"}),
         }, ("site", "pos", "mechanism")),
         "metric": {"oneOf": [_metric(k) for k in METRIC_COLUMNS]},
         "intervention": _closed({
@@ -105,17 +107,52 @@ SCHEMA: dict[str, Any] = {
             "metrics": _sw(_named({"$ref": "#/$defs/metric"})),
             "decode": _sw({"type": "integer", "minimum": 0}),
         }, ("reads",)),
-        "step": _closed({
-            "kind": _sw({"enum": ["observe", "fit", "weights"]}),
-            "rows": _sw(_named(STR)),
-            "interventions": _sw({"anyOf": [STR, {"type": "array", "minItems": 1, "items": STR}]}),
-            "intervention": _sw(STR),
-            "outputs": _sw({}),
-            "saves": _sw({"type": "array", "items": _sw(_closed({"value": _sw(STR),
-                                                                 "file_path": _sw({"type": "string",
-                                                                                   "pattern": r"\.json$"})},
-                                                                ("value", "file_path")))}),
-        }, ("kind", "rows")),
+        "save": _closed({"value": _sw(STR), "file_path": _sw({"type": "string", "pattern": r"\.(json|safetensors)$"})},
+                        ("value", "file_path")),
+        "featurizer": _closed({
+            "kind": _sw({"enum": ["subspace", "pca", "gate", "sae", "linear"]}),
+            "k": _sw({"anyOf": [{"type": "null"}, {"type": "integer", "minimum": 1}]}),
+            "parametrization": _sw({"const": "cayley"}),
+            "seed": _sw({"anyOf": [{"type": "null"}, INT]}),
+            "file_path": _sw({"anyOf": [{"type": "null"}, STR]}),
+        }, ("kind",)),
+        "step": {"oneOf": [
+            _closed({
+                "kind": _sw({"const": "observe"}),
+                "rows": _sw(_named(STR)),
+                "interventions": _sw({"anyOf": [STR, {"type": "array", "minItems": 1, "items": STR}]}),
+                "intervention": _sw(STR),
+                "outputs": _sw({}),
+                "saves": _sw({"type": "array", "items": _sw({"$ref": "#/$defs/save"})}),
+            }, ("kind", "rows")),
+            _closed({
+                "kind": _sw({"const": "fit"}),
+                "rows": _sw(_named(STR)),
+                "interventions": _sw(STR), "intervention": _sw(STR),
+                "params": _sw({"type": "array", "minItems": 1, "items": _sw(STR)}),
+                "objective": _sw({"type": "array", "minItems": 1, "items": _sw({
+                    "type": "array", "minItems": 2, "maxItems": 2,
+                    "prefixItems": [_sw({"type": "number"}), _sw(STR)]})}),
+                "anneal": _sw(_named(_closed({"start": _sw(NUMBER), "end": _sw(NUMBER)}, ("start", "end")))),
+                "epochs": _sw({"type": "integer", "minimum": 1}),
+                "pairs": _sw({"type": "integer", "minimum": 1}),
+                "seed": _sw(INT),
+                "optimizer": _sw(_closed({"name": _sw({"const": "adamw"}), "lr": _sw(NUMBER),
+                                          "weight_decay": _sw(NUMBER)}, ("name", "lr"))),
+                "early_stop": _sw(_closed({"metric": _sw(STR), "mode": _sw({"enum": ["max", "min"]}),
+                                           "patience": _sw({"type": "integer", "minimum": 1})},
+                                          ("metric", "patience"))),
+                "eval": _sw(_closed({"rows": _sw(_named(STR)),
+                                     "saves": _sw({"type": "array", "items": _sw({"$ref": "#/$defs/save"})})},
+                                    ("rows",))),
+                "saves": _sw({"type": "array", "items": _sw({"$ref": "#/$defs/save"})}),
+            }, ("kind", "rows", "params", "objective", "epochs", "pairs", "optimizer", "early_stop", "eval")),
+            _closed({
+                "kind": _sw({"const": "weights"}),
+                "names": _sw({"type": "array", "minItems": 1, "items": _sw(STR)}),
+                "saves": _sw({"type": "array", "items": _sw({"$ref": "#/$defs/save"})}),
+            }, ("kind", "names")),
+        ]},
     },
     **_closed({
         "header": _closed({"description": STR}),
@@ -125,7 +162,7 @@ SCHEMA: dict[str, Any] = {
         }, ("key", "revision", "dtype")),
         "roles": _sw({**_named(_closed({"field": _sw(STR)}, ("field",))), "minProperties": 1}),
         "sites": _sw(_named({"$ref": "#/$defs/site"})),
-        "featurizers": _sw({"type": "object"}),
+        "featurizers": _sw(_named({"$ref": "#/$defs/featurizer"})),
         "interventions": _sw({**_named({"$ref": "#/$defs/intervention"}), "minProperties": 1}),
         "steps": _sw({**_named({"$ref": "#/$defs/step"}), "minProperties": 1}),
     }, ("model", "roles", "sites", "interventions", "steps")),
