@@ -129,3 +129,21 @@ def check(name: str, file: str, kind: str, tensors: dict, metadata: dict, expect
             raise Refusal(f"featurizer '{name}': '{file}' has {key} {have}, not the {shapes[key]} this document "
                           f"and its {d}-wide site declare", path=where, stage="compile")
     return k
+
+
+EXAMPLE_SAE = "documents/artifacts/sae.safetensors"
+
+
+def example_sae(d: int = 16, k: int = 32, seed: int = 0) -> bytes:
+    """The shipped example dictionary (documents/artifacts/sae.safetensors), built from a seeded CPU generator so
+    the file is reproducible and never hand-edited: W_enc (d, k) and W_dec (k, d) drawn / √d, both biases zero
+    (so a latent is active where its direction meets the activation, about half of them per prompt); stamped for
+    block_output[0] of the Llama fixture."""
+    g = torch.Generator().manual_seed(seed)
+    tensors = {"W_enc": torch.randn(d, k, generator=g) / d ** 0.5, "W_dec": torch.randn(k, d, generator=g) / d ** 0.5,
+               "b_enc": torch.zeros(k), "b_dec": torch.zeros(d)}
+    metadata = {"model_key": "fixture:tiny-llama", "model_revision": "seeded", "model_dtype": "fp32",
+                "component": "block_output", "layer": "0", "heads": "null", "units": "null", "kind": "sae",
+                "k": str(k), "d": str(d), "featurizer_dtype": "fp32", "engine": ENGINE,
+                "produced_by": "causalab_ref.bundles.example_sae"}
+    return encode(tensors, metadata)

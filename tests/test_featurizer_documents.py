@@ -193,7 +193,7 @@ def test_explain_shows_featurizers_fit_and_weights(meta):
     writes via their featurizer, and the weights step."""
     text = compiled(das(), meta).text().splitlines()
     assert text[1:3] == ["  featurizers: Featurizers", "      rot: subspace k=8 d=16 cayley seed=0 trained=True"]
-    assert text[3] == ("  fit: Fit  5 epochs x 2 update  lr=0.01 objective=((1.0, 'ce'),) params=('rot',)  "
+    assert text[3] == ("  fit: Fit  6 epochs x 1 update  lr=0.05 objective=((1.0, 'ce'),) params=('rot',)  "
                        "early_stop='iia' patience=3")
     assert text[4].startswith("      epochs[0][0]: Observe") and any(t.startswith("      evaluation: Observe")
                                                                       for t in text)
