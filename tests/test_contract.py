@@ -106,7 +106,7 @@ def test_actions_and_batches_are_frozen_dataclasses(llama):
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(value, field, 1)
     assert [f.name for f in dataclasses.fields(Action)] == ["tap", "selection", "operand", "steps", "featurizer"]
-    assert [f.name for f in dataclasses.fields(Batch)] == ["ids", "mask", "actions", "decode"]
+    assert [f.name for f in dataclasses.fields(Batch)] == ["ids", "mask", "actions", "decode", "grad"]
     assert set(llama.forward(batch)) == {"head"}
 
 
