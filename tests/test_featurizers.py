@@ -156,7 +156,7 @@ def test_unfitted_gate_writes_nothing_and_soft_mask_is_half():
 
 
 def test_declared_featurizers_compute_in_float32():
-    """SPEC.md:209 [FZ9] every declared kind featurizes in float32 whatever the activation's dtype; identity
+    """SPEC.md:210 [FZ9] every declared kind featurizes in float32 whatever the activation's dtype; identity
     keeps it."""
     x = _x(2, 1).to(torch.bfloat16)
     for kind, featurizer in _all().items():

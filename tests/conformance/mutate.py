@@ -61,11 +61,11 @@ MUTANTS = [
      "both = tuple(col and not reason for col, reason in zip(metric.eligible, read.reasons))",
      "both = tuple(bool(col) for col, reason in zip(metric.eligible, read.reasons))"),
     ("logit_diff is b - a", "R8", "run.py",
-     'v = float(vector[answers["a"][r]] - vector[answers["b"][r]])',
-     'v = float(vector[answers["b"][r]] - vector[answers["a"][r]])'),
+     'return vector[answers["a"][r]] - vector[answers["b"][r]]',
+     'return vector[answers["b"][r]] - vector[answers["a"][r]]'),
     ("token_prob as a log-probability", "R8", "run.py",
-     'v = float(torch.softmax(vector, -1)[answers["token"][r]])',
-     'v = float(torch.log_softmax(vector, -1)[answers["token"][r]])'),
+     'return torch.softmax(vector, -1)[answers["token"][r]]  # token_prob',
+     'return torch.log_softmax(vector, -1)[answers["token"][r]]  # token_prob'),
     ("a bare pass reports positions", "P33", "run.py",
      '"positions": list(where["rows"][r]) if step.dynamic else None,',
      '"positions": list(where["rows"][r]) if where else [],'),
@@ -126,11 +126,11 @@ MUTANTS = [
      "    if bos and text.startswith(bos):", "    if False and bos and text.startswith(bos):"),
     # Rules added or sharpened after the corpus was first written (D16, D20, L3, L26, P32, P36, P42).
     ("qualified save names resolved to whichever intervention has the metric", "D16", "compile.py",
-     '            saves = tuple((s.value.split("/", 1)[1] if s.value.startswith(f"{i_name}/") else s.value, s.file_path)\n'
-     '                          for s in step.saves\n'
-     '                          if s.value in mine or (s.value.startswith(f"{i_name}/") and s.value.split("/", 1)[1] in mine))',
-     '            saves = tuple((s.value.split("/", 1)[-1], s.file_path) for s in step.saves\n'
-     '                          if s.value.split("/", 1)[-1] in mine)'),
+     '    return tuple((s.value.split("/", 1)[1] if s.value.startswith(f"{i_name}/") else s.value, s.file_path)\n'
+     '                 for s in saves\n'
+     '                 if s.value in mine or (s.value.startswith(f"{i_name}/") and s.value.split("/", 1)[1] in mine))',
+     '    return tuple((s.value.split("/", 1)[-1], s.file_path) for s in saves\n'
+     '                 if s.value.split("/", 1)[-1] in mine)'),
     ("an ambiguous bare metric name accepted", "D16", "validate.py",
      "| {m for m in bare if bare.count(m) == 1})", "| set(bare))"),
     ("two steps may save to one file", "D16", "validate.py",
@@ -142,7 +142,7 @@ MUTANTS = [
     ("a negative layer accepted", "L3", "address.py",
      "if layer is not None and not 0 <= layer < n_layers:", "if layer is not None and not layer < n_layers:"),
     ("write/operand feature width mismatch accepted at compile", "L26", "compile.py",
-     "if want is not None and have is not None and want != have:", "if False:"),
+     "if want is not None and have is not None and have not in (want, cut):", "if False:"),
     ("a pass is dynamic only for a scope or the continuation, not a last/span/all cut", "P32", "shapes.py",
      'return self.scope is not None or self.frame == "generated" or self.cut != "index"',
      'return self.scope is not None or self.frame == "generated"'),
