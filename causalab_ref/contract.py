@@ -67,6 +67,12 @@ class Batch:
     grad: bool = False  # a fit's update: keep the autograd graph from the featurizers' leaves to the reads
 
 
+def position_ids(mask: torch.Tensor) -> torch.Tensor:
+    """Each row's positions counted from its own first token, cumsum(mask) - 1 with padding at 0 (the rule
+    transformers' generate applies), so a row's numbers do not depend on the rows padded beside it (R20)."""
+    return (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+
+
 class Engine:
     """What every engine shares. A subclass sets `name`, `record_name`, `tokenizer` (through
     `__init__`) and implements `config`, `num_layers`, `locate`, `forward`, `generate`,
@@ -128,9 +134,11 @@ class Engine:
     # -------------------------------------------------------------- shared
 
     def inputs(self, ids, mask) -> dict[str, torch.Tensor]:
-        """A forward's keyword inputs: the left-padded ids and their attention mask."""
-        return {"input_ids": torch.tensor(ids, dtype=torch.long),
-                "attention_mask": torch.tensor(mask, dtype=torch.long)}
+        """A forward's keyword inputs: the left-padded ids, their attention mask and the position ids
+        derived from the mask (every forward, the prompt's and a decode's, R20)."""
+        mask_t = torch.tensor(mask, dtype=torch.long)
+        return {"input_ids": torch.tensor(ids, dtype=torch.long), "attention_mask": mask_t,
+                "position_ids": position_ids(mask_t)}
 
     def viewed(self, value: torch.Tensor, view: str) -> torch.Tensor:
         """`"view": "logits"`: the gathered residual through the final norm, the head, and the family's

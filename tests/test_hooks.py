@@ -211,6 +211,64 @@ def test_a_logits_view_read_agrees(engines, family):
     assert torch.allclose(got_hk["lens"], got_hk["logits"], atol=1e-5)
 
 
+# ---------------------------------------------------------------- a row as if alone
+
+SHORT, LONG = "If today is Thursday, tomorrow is", "The day after the day after Friday is surely a day that"
+
+
+def _patched_reads(eng, texts):
+    """A swap of 0.5 at block_output[0] on the last token, then the last layer's output and the logits there."""
+    ids, mask, _frame = locate.frame_of_texts(eng.tokenizer, texts)
+    last = tuple((len(ids[0]) - 1,) for _ in ids)
+    items = _sorted([_write("half", eng.locate("block_output", 0), last, 0.5),
+                     _read("out", eng.locate("block_output", eng.num_layers - 1), last),
+                     _read("logits", eng.locate("logits", None), last)])
+    return mask, eng.forward(Batch(ids=ids, mask=mask, actions=tuple(items)))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_row_reads_the_same_alone_and_left_padded_on_both_engines(engines, family):
+    """SPEC.md:163 [R20] — the short row alone and the same row left-padded beside a longer prompt read the
+    same (a write, then the last layer and the logits at -1) to 1e-5, on both engines."""
+    for eng in engines(family):
+        _mask, alone = _patched_reads(eng, [SHORT])
+        mask, padded = _patched_reads(eng, [SHORT, LONG])
+        assert mask[0][0] == 0, "the short row is left-padded in the batch"
+        for name in ("out", "logits"):
+            assert torch.allclose(alone[name][0], padded[name][0], atol=1e-5, rtol=0), (family, eng.name, name)
+
+
+def _observe_document(family: str) -> dict:
+    return {"model": {"key": f"fixture:tiny-{family}", "revision": "seeded", "dtype": "fp32"},
+            "roles": {"base": {"field": "input"}},
+            "sites": {"out": {"component": "block_output", "layers": [0]}, "head": {"component": "lm_head"}},
+            "interventions": {"half": {
+                "reads": {"logits": {"site": "head", "pos": -1, "model": "patched", "input": "base"}},
+                "writes": {"w": {"site": "out", "pos": -1, "mechanism": "swap", "operand": 0.5}},
+                "models": {"patched": {"input": "base", "writes": ["w"]}},
+                "metrics": {"ce": {"kind": "cross_entropy", "of": "logits", "target": "answer",
+                                   "token_form": "space_prefixed"}}}},
+            "steps": {"score": {"kind": "observe", "interventions": "half", "rows": {"base": "t/rows"},
+                                "saves": [{"value": "ce", "file_path": "ce.json"}]}}}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_rows_metric_is_the_same_alone_padded_and_under_batch_size_one(engines, family, tmp_path):
+    """SPEC.md:163 [R20] / SPEC.md:154 [R11] — a document's metric for the short row is the same when the row
+    is alone, beside a longer row (left-padded), and beside it under --batch-size 1, to 1e-5."""
+    from causalab_ref import compile as compiler
+    from causalab_ref import run
+    nn = engines(family)[0]
+    values = []
+    for rows, batch_size in (([SHORT], None), ([SHORT, LONG], None), ([SHORT, LONG], 1)):
+        (tmp_path / "t").mkdir(exist_ok=True)
+        (tmp_path / "t" / "rows.json").write_text(json.dumps([{"input": r, "answer": " is"} for r in rows]))
+        plan = compiler.compile_document(_observe_document(family), nn, tmp_path)
+        values.append(run.run_step(nn, plan.steps[0], batch_size)["scores"]["ce"][0])
+    assert values[0] is not None
+    assert values[1] == pytest.approx(values[0], abs=1e-5) and values[2] == pytest.approx(values[0], abs=1e-5)
+
+
 # ---------------------------------------------------------------- refusals
 
 

@@ -158,6 +158,9 @@ MUTANTS = [
      "            _fail(path, f\"{prefix}write '{name}': a write in the continuation frame takes no scope; \"\n"
      "                        f\"{pos.spelling()} is only known once the decode has finished\")\n"
      "        if not (pos.all or (pos.index is not None and pos.index >= 0)):"),
+    # The engine (issue 10): a row's numbers do not depend on the rows beside it.
+    ("no position ids from the attention mask", "R20", "contract.py",
+     '"position_ids": position_ids(mask_t)}', '"position_ids": None}'),
 ]
 
 
