@@ -48,10 +48,10 @@ def where(spec: Model) -> tuple[str, Optional[str], dict[str, Any]]:
 def unloadable(spec: Model, error: Exception) -> Refusal:
     """The refusal for a checkpoint the libraries could not load (both engines)."""
     first = str(error).splitlines()[0] if str(error) else ""
+    *others, last = [repr(name) for name in fixtures.names()]
     return Refusal(f"model '{spec.key}' at revision '{spec.revision}' could not be loaded "
                    f"({type(error).__name__}: {first}); "
-                   "a fixture is named 'fixture:tiny-llama', 'fixture:tiny-gpt2', 'fixture:tiny-gemma2' or "
-                   "'fixture:tiny-gptoss', any other key is loaded from the hub",
+                   f"a fixture is named {', '.join(others)} or {last}, any other key is loaded from the hub",
                    path="model.key", stage="compile")
 
 
@@ -104,6 +104,37 @@ def load_kwargs(model_type: str, attn_implementation: Optional[str] = None,
     return kw
 
 
+def softmax_layers_of_hybrid(config) -> Optional[list[int]]:
+    """A hybrid (its config's `layer_types` has `linear_attention` layers, Qwen3-Next): its
+    softmax-attention layers (maybe none); None for any other model."""
+    types = list(getattr(config, "layer_types", None) or [])
+    if "linear_attention" not in types:
+        return None
+    return [i for i, t in enumerate(types) if t != "linear_attention"]
+
+
+def hybrid_kwargs(kw: dict[str, Any]) -> dict[str, Any]:
+    """A hybrid's StandardizedTransformer arguments (SPEC.md L31).  nnterp 1.3.0 checks for `self_attn`
+    and the pattern on layer 0 only, and a hybrid's layer 0 may mix with `linear_attn` (`RenamingError:
+    Could not find self_attn module`): skip nnterp's attention check (`ignore_attn`), and load eager
+    without nnterp's pattern check; `enable_probs` checks it on a softmax layer after the load."""
+    from nnterp.rename_utils import RenameConfig
+
+    kw = {**kw, "rename_config": RenameConfig(ignore_attn=True)}
+    if kw.pop("enable_attention_probs", False):
+        kw.pop("check_attn_probs_with_trace", None)
+        kw["attn_implementation"] = "eager"
+    return kw
+
+
+def enable_probs(model, layer: int, weights: bool) -> None:
+    """Turn on nnterp's attention-pattern accessor after nnterp's own check at `layer` (a trace with
+    weights, a scan without), as `enable_attention_probs=True` does at layer 0."""
+    probs = model.attention_probabilities
+    probs.enabled, probs.initialized_with_enable = True, True
+    probs.check_source(layer=layer, use_trace=bool(weights))
+
+
 def standardized(path: str, attn_implementation: Optional[str] = None, weights: bool = True,
                  dtype: Optional[str] = None, **overrides):
     """Load a checkpoint directory (or hub key) as a StandardizedTransformer.
@@ -114,9 +145,11 @@ def standardized(path: str, attn_implementation: Optional[str] = None, weights: 
     from transformers import AutoConfig
     from nnterp import StandardizedTransformer
 
-    model_type = AutoConfig.from_pretrained(path, trust_remote_code=False,
-                                            revision=overrides.get("revision")).model_type
+    config = AutoConfig.from_pretrained(path, trust_remote_code=False, revision=overrides.get("revision"))
+    model_type, softmax_layers = config.model_type, softmax_layers_of_hybrid(config)
     kw = load_kwargs(model_type, attn_implementation, weights)
+    if softmax_layers is not None:
+        kw = hybrid_kwargs(kw)
     # Never a checkpoint's own code, and only safetensors weights (SPEC.md R13).
     kw["trust_remote_code"] = False
     if weights:
@@ -132,6 +165,8 @@ def standardized(path: str, attn_implementation: Optional[str] = None, weights: 
     model = StandardizedTransformer(path, **kw)
     if dispatch_after:
         model.dispatch()
+    if softmax_layers and attn_implementation == "eager":
+        enable_probs(model, softmax_layers[0], weights)
     return model
 
 

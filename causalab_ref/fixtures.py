@@ -1,9 +1,11 @@
-"""Fixtures: four tiny seeded stand-ins for the hub's tiny test checkpoints.
+"""Fixtures: six tiny seeded checkpoints, four of them stand-ins for the hub's tiny test checkpoints.
 
 A document names a fixture by a key that cannot be mistaken for a hub key
-(`fixture:tiny-llama`, `fixture:tiny-gpt2`, `fixture:tiny-gemma2`, `fixture:tiny-gptoss`);
-any other key is not a fixture and the caller loads it from the hub by key + revision.
-SPEC.md §5 Fixtures describes the contract.
+(`fixture:tiny-llama`, `fixture:tiny-gpt2`, `fixture:tiny-gemma2`, `fixture:tiny-gptoss`,
+`fixture:tiny-olmo2`, `fixture:tiny-qwen3next`); any other key is not a fixture and the caller
+loads it from the hub by key + revision. SPEC.md §5 Fixtures describes the contract. The last
+two stand in for no hub checkpoint: they are the block structures the first four lack (a
+post-norm block; a hybrid of linear- and softmax-attention layers), SPEC.md L22, L30, X10.
 
 Each fixture is a *recipe*: the architecture and config of one hub checkpoint
 (hf-internal-testing/tiny-random-LlamaForCausalLM, hf-internal-testing/tiny-random-gpt2,
@@ -27,15 +29,18 @@ Loading notes (for the loader):
   into config.json, which from_pretrained reads back (to_dict() alone would drop it), so no
   kwarg is needed either. nnterp's attention-probs validation needs
   `check_attn_probs_with_trace=False` on GptOss (the sink column), per stack-facts.md.
+- OLMo-2 loads like Llama. Qwen3-Next writes `experts_implementation` as GptOss does; nnterp
+  1.3.0 cannot load it without the hybrid arguments the loader gives it (SPEC.md L31).
 
 Tokenizers:
 - tiny-llama and tiny-gemma2 use the Llama-2 sentencepiece `tokenizer.model`, found in
   $CAUSALAB_REF_LLAMA_TOKENIZER, then ../shared/tokenizers/llama-2/, then the tiny Llama's hub
   repository. It is copied into the cache directory, never into the repo.
-- tiny-gpt2 and tiny-gptoss use a 1000-id byte-level BPE trained from
+- tiny-gpt2, tiny-gptoss, tiny-olmo2 and tiny-qwen3next use a 1000-id byte-level BPE trained from
   fixture_data/bpe_corpus.txt; the trained vocab.json / merges.txt are committed under
   fixture_data/bpe/. No build trains: tests/bpe_trainer.py regenerates them, and a test checks
-  that it reproduces the committed files.
+  that it reproduces the committed files. tiny-olmo2 also gets the committed tokenizer.json (the
+  same BPE serialized), because transformers loads an OLMo-2 tokenizer only from one.
 """
 from __future__ import annotations
 
@@ -45,7 +50,7 @@ import os
 import pathlib
 import shutil
 import tempfile
-from typing import Any
+from typing import Any, Optional
 
 from .shapes import Refusal
 
@@ -242,6 +247,78 @@ GPTOSS_CONFIG: dict[str, Any] = {
     "vocab_size": 1000,
 }
 
+OLMO2_CONFIG: dict[str, Any] = {
+    # A post-norm block (SPEC.md L22): each sublayer's output goes through post_attention_layernorm /
+    # post_feedforward_layernorm before it is added; no input norms.  No hub checkpoint: a tiny config
+    # of transformers' Olmo2Config with the BPE stand-in's vocabulary.
+    "architectures": ["Olmo2ForCausalLM"],
+    "model_type": "olmo2",
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 0,
+    "eos_token_id": 0,
+    "pad_token_id": 0,
+    "dtype": "float32",
+    "hidden_act": "silu",
+    "hidden_size": 16,
+    "initializer_range": 0.02,
+    "intermediate_size": 32,
+    "max_position_embeddings": 512,
+    "num_attention_heads": 4,
+    "num_hidden_layers": 2,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-6,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+    "tie_word_embeddings": False,
+    "use_cache": True,
+    "vocab_size": 1000,
+}
+
+QWEN3NEXT_CONFIG: dict[str, Any] = {
+    # A hybrid (SPEC.md L30): layer 0 mixes with Gated DeltaNet (`linear_attn`), layer 1 with softmax
+    # attention (`self_attn`, output-gated); layer 1's MLP is a mixture of experts (with a shared
+    # expert), layer 0's is dense.  No hub checkpoint: a tiny config of transformers' Qwen3NextConfig.
+    "architectures": ["Qwen3NextForCausalLM"],
+    "model_type": "qwen3_next",
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 0,
+    "eos_token_id": 0,
+    "pad_token_id": 0,
+    "decoder_sparse_step": 1,
+    "dtype": "float32",
+    # as GptOss: the experts' CPU default (grouped_mm) fails on meta tensors; batched_mm works
+    "experts_implementation": "batched_mm",
+    "head_dim": 4,
+    "hidden_act": "silu",
+    "hidden_size": 16,
+    "initializer_range": 0.02,
+    "intermediate_size": 32,
+    "layer_types": ["linear_attention", "full_attention"],
+    "linear_conv_kernel_dim": 2,
+    "linear_key_head_dim": 4,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_value_head_dim": 4,
+    "max_position_embeddings": 512,
+    "mlp_only_layers": [0],
+    "moe_intermediate_size": 8,
+    "norm_topk_prob": True,
+    "num_attention_heads": 4,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "num_hidden_layers": 2,
+    "num_key_value_heads": 2,
+    "output_router_logits": False,
+    "rms_norm_eps": 1e-6,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+    "router_aux_loss_coef": 0.001,
+    "shared_expert_intermediate_size": 8,
+    "tie_word_embeddings": False,
+    "use_cache": True,
+    "vocab_size": 1000,
+}
+
 # name -> (config, seed, tokenizer kind, hub checkpoint it stands in for)
 _RECIPES: dict[str, dict[str, Any]] = {
     "tiny-llama": {"config": LLAMA_CONFIG, "seed": 1001, "tokenizer": "llama2",
@@ -252,6 +329,10 @@ _RECIPES: dict[str, dict[str, Any]] = {
                     "stands_in_for": "trl-internal-testing/tiny-Gemma2ForCausalLM"},
     "tiny-gptoss": {"config": GPTOSS_CONFIG, "seed": 1004, "tokenizer": "bpe",
                     "stands_in_for": "hf-internal-testing/tiny-random-GptOssForCausalLM"},
+    "tiny-olmo2": {"config": OLMO2_CONFIG, "seed": 1005, "tokenizer": "bpe-json",
+                   "stands_in_for": "no hub checkpoint: a tiny Olmo2Config (post-norm block)"},
+    "tiny-qwen3next": {"config": QWEN3NEXT_CONFIG, "seed": 1006, "tokenizer": "bpe",
+                       "stands_in_for": "no hub checkpoint: a tiny Qwen3NextConfig (linear/full hybrid)"},
 }
 
 # ---------------------------------------------------------------- keys
@@ -351,8 +432,9 @@ def llama_tokenizer_model() -> pathlib.Path:
     )
 
 
-def _bpe_files() -> dict[str, pathlib.Path]:
-    return {"vocab.json": BPE_DIR / "vocab.json", "merges.txt": BPE_DIR / "merges.txt"}
+def _bpe_files(with_json: bool = False) -> dict[str, pathlib.Path]:
+    names = ("vocab.json", "merges.txt") + (("tokenizer.json",) if with_json else ())
+    return {fn: BPE_DIR / fn for fn in names}
 
 
 def _tokenizer_sources(name: str) -> tuple[dict[str, pathlib.Path], dict[str, Any]]:
@@ -360,7 +442,7 @@ def _tokenizer_sources(name: str) -> tuple[dict[str, pathlib.Path], dict[str, An
     kind = _RECIPES[name]["tokenizer"]
     if kind == "llama2":
         return {"tokenizer.model": llama_tokenizer_model()}, LLAMA_TOKENIZER_CONFIG
-    return _bpe_files(), BPE_TOKENIZER_CONFIG
+    return _bpe_files(with_json=kind == "bpe-json"), BPE_TOKENIZER_CONFIG
 
 
 # ---------------------------------------------------------------- digest
@@ -396,15 +478,21 @@ def _tensor_seed(seed: int, name: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:8], "big") & ((1 << 63) - 1)
 
 
-def _init_tensor(model_type: str, name: str, shape: tuple[int, ...], is_norm: bool, seed: int):
-    """Init rule v1: norm weights 1 (Gemma-2's zero-centred RMSNorm: 0, i.e. scale 1),
-    biases 0, everything else (matrices, embeddings, GptOss sinks) normal(0, 0.02) drawn in
-    float64 from a generator seeded by (recipe seed, tensor name), then cast to float32."""
+#: norm classes whose weight is zero-centred (the norm scales by 1 + weight), so init 0 is scale 1
+ZERO_CENTRED_NORMS = ("Gemma2RMSNorm", "Qwen3NextRMSNorm")
+
+
+def _init_tensor(name: str, shape: tuple[int, ...], norm_class: Optional[str], seed: int):
+    """Init rule v1: norm weights scale 1 (1, or 0 for a zero-centred norm: Gemma-2's and
+    Qwen3-Next's RMSNorm), biases 0, everything else (matrices, embeddings, GptOss sinks, the
+    DeltaNet's A_log) normal(0, 0.02) drawn in float64 from a generator seeded by (recipe seed,
+    tensor name), then cast to float32.  (Deciding the zero-centred norms by class gives the four
+    first fixtures the tensors the earlier by-family wording gave, so the version stays 1.)"""
     import torch
 
     leaf = name.rsplit(".", 1)[-1]
-    if is_norm and leaf == "weight":
-        fill = 0.0 if model_type == "gemma2" else 1.0
+    if norm_class is not None and leaf == "weight":
+        fill = 0.0 if norm_class in ZERO_CENTRED_NORMS else 1.0
         return torch.full(shape, fill, dtype=torch.float32)
     if leaf == "bias" or leaf.endswith("_bias"):
         return torch.zeros(shape, dtype=torch.float32)
@@ -429,15 +517,15 @@ def _state_dict(name: str) -> dict[str, Any]:
     tied = getattr(model, "_tied_weights_keys", None) or {}
     if config.tie_word_embeddings and isinstance(tied, dict):
         keys -= set(tied.keys())
-    norm_params = set()
+    norm_params: dict[str, str] = {}
     for mod_name, mod in model.named_modules():
         if "norm" in type(mod).__name__.lower():
             for p_name, _ in mod.named_parameters(recurse=False):
-                norm_params.add(f"{mod_name}.{p_name}" if mod_name else p_name)
+                norm_params[f"{mod_name}.{p_name}" if mod_name else p_name] = type(mod).__name__
     shapes = dict(model.state_dict().items())
     out = {}
     for k in sorted(keys):
-        out[k] = _init_tensor(model_type, k, tuple(shapes[k].shape), k in norm_params, r["seed"])
+        out[k] = _init_tensor(k, tuple(shapes[k].shape), norm_params.get(k), r["seed"])
     return out
 
 

@@ -2,7 +2,8 @@
 
 No fixture build runs it: the trained vocab.json / merges.txt are committed under
 causalab_ref/fixture_data/bpe/, and tests/test_fixtures.py checks that this trainer reproduces
-them from the committed corpus.  `python tests/bpe_trainer.py` regenerates them in place.
+them from the committed corpus (and tokenizer.json from them).  `python tests/bpe_trainer.py`
+regenerates all three in place.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import json
 import pathlib
 from typing import Optional
 
-from causalab_ref.fixtures import BPE_DIR, DATA_DIR, EOT
+from causalab_ref.fixtures import BPE_DIR, BPE_TOKENIZER_CONFIG, DATA_DIR, EOT
 
 BPE_CORPUS = DATA_DIR / "bpe_corpus.txt"
 BPE_VOCAB_SIZE = 1000
@@ -69,5 +70,27 @@ def train_bpe(corpus: Optional[pathlib.Path] = None, out_dir: Optional[pathlib.P
     return out_dir
 
 
+def tokenizer_json(bpe_dir: Optional[pathlib.Path] = None, out_dir: Optional[pathlib.Path] = None) -> pathlib.Path:
+    """Write tokenizer.json: the `tokenizers` serialization of the BPE in `bpe_dir`'s vocab.json and
+    merges.txt, loaded as the GPT-2 fixture loads it.  The OLMo-2 fixture ships it, because
+    transformers loads an OLMo-2 tokenizer only from a tokenizer.json."""
+    import shutil
+    import tempfile
+
+    from transformers import AutoTokenizer
+
+    bpe_dir = bpe_dir or BPE_DIR
+    out_dir = out_dir or BPE_DIR
+    with tempfile.TemporaryDirectory() as tmp:
+        for fn in ("vocab.json", "merges.txt"):
+            shutil.copyfile(bpe_dir / fn, pathlib.Path(tmp) / fn)
+        (pathlib.Path(tmp) / "tokenizer_config.json").write_text(json.dumps(BPE_TOKENIZER_CONFIG), encoding="utf-8")
+        text = AutoTokenizer.from_pretrained(tmp).backend_tokenizer.to_str()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "tokenizer.json").write_text(text + "\n", encoding="utf-8")
+    return out_dir
+
+
 if __name__ == "__main__":
     print(train_bpe())
+    print(tokenizer_json())

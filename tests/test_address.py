@@ -11,6 +11,8 @@ from causalab_ref import access, address, checkpoint, fixtures
 from causalab_ref.shapes import Refusal
 
 FAMILIES = ("llama", "gpt2", "gemma2", "gptoss")
+#: the four above and the two block structures they lack: a post-norm block, a linear/softmax hybrid
+ALL_FIXTURES = FAMILIES + ("olmo2", "qwen3next")
 
 # two left-padded rows; every id is below the smallest vocab (1000)
 IDS = torch.tensor([[1, 5, 6, 7, 8, 9, 10, 6], [0, 0, 0, 0, 0, 1, 11, 12]])
@@ -48,19 +50,29 @@ def gemma2_meta():
     return checkpoint.standardized(_dir("gemma2"), weights=False)
 
 
-def _located(model):
-    """Every row that resolves at layer 0, in rank order."""
-    rows = [a for _, a in address.where_each_lands(model) if not isinstance(a, str)]
+def _located(model, layer: int = 0):
+    """Every row that resolves at `layer` (whole-model rows once), in rank order."""
+    rows = [a for _, a in address.where_each_lands(model, layer) if not isinstance(a, str)]
     return sorted(rows, key=lambda a: a.rank)
 
 
-def _read_all(model):
-    addrs = _located(model)
+def _read_all(model, layer: int = 0):
+    addrs = _located(model, layer)
     got = {}
     with model.trace(INPUTS):
         for a in addrs:
             got[a.component] = access.value(model, a).save()
     return addrs, got
+
+
+def _read_every_layer(model):
+    """{(component, layer): value} for every place that resolves at any layer, read in one trace."""
+    addrs = {(a.component, a.layer): a for i in range(model.num_layers) for a in _located(model, i)}
+    got = {}
+    with model.trace(INPUTS):
+        for key, a in sorted(addrs.items(), key=lambda kv: kv[1].rank):
+            got[key] = access.value(model, a).save()
+    return got
 
 
 # ---------------------------------------------------------------- the table
@@ -244,12 +256,14 @@ def test_extra_name_is_a_boundary_without_width(llama_meta):
 # ---------------------------------------------------------------- reading in a trace
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", ALL_FIXTURES)
 def test_every_component_reads_in_one_trace_in_rank_order(eager, family):
-    """seed 004:62 / SPEC.md:120 [L6] / SPEC.md:132 [L18] — all resolving components, one trace, forward order; shapes."""
+    """seed 004:62 / SPEC.md:120 [L6] / SPEC.md:132 [L18] — all resolving components, one trace, forward order; shapes.
+    (Qwen3-Next at its softmax layer 1; GptOss and Qwen3-Next's layer 1 lack the two MoE places, OLMo-2 the two
+    input norms.)"""
     m = eager(family)
-    addrs, got = _read_all(m)
-    assert len(addrs) == (19 if family == "gptoss" else 21)
+    addrs, got = _read_all(m, 1 if family == "qwen3next" else 0)
+    assert len(addrs) == (19 if family in ("gptoss", "olmo2", "qwen3next") else 21)
     b, t = IDS.shape
     for a in addrs:
         shape = tuple(got[a.component].shape)
@@ -266,15 +280,24 @@ def test_every_component_reads_in_one_trace_in_rank_order(eager, family):
             assert shape == (b, t, a.width), a.component
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", ALL_FIXTURES)
 def test_block_identities_hold(eager, family):
-    """seed 004 B2 callout / SPEC.md:135 [L21] — block_mid = input + attention_output, block_output =
-    block_mid + mlp_output, mlp_input_norm == mlp_input, flat attention_z == attention_premix bit for bit."""
-    _, g = _read_all(eager(family))
-    assert torch.allclose(g["block_mid"], g["block_input"] + g["attention_output"], atol=1e-6)
-    assert torch.allclose(g["block_output"], g["block_mid"] + g["mlp_output"], atol=1e-6)
-    assert torch.equal(g["mlp_input_norm"], g["mlp_input"])
-    assert torch.equal(g["attention_z"].flatten(2), g["attention_premix"])
+    """seed 004 B2 callout / SPEC.md:135 [L21] — at every layer, read in one trace: block_mid = input +
+    attention_output, block_output = block_mid + mlp_output, mlp_input_norm == mlp_input, flat attention_z ==
+    attention_premix bit for bit; where a structure has no such place (OLMo-2's norms, Qwen3-Next's
+    linear layer 0) the identity has nothing to say, and the gated attention of Qwen3-Next is L32's."""
+    m = eager(family)
+    g = _read_every_layer(m)
+    for i in range(m.num_layers):
+        at = {c: v for (c, layer), v in g.items() if layer == i}
+        assert torch.allclose(at["block_output"], at["block_mid"] + at["mlp_output"], atol=1e-6), i
+        if (family, i) != ("qwen3next", 0):
+            assert torch.allclose(at["block_mid"], at["block_input"] + at["attention_output"], atol=1e-6), i
+        if family != "olmo2":
+            assert torch.equal(at["mlp_input_norm"], at["mlp_input"]), i
+        if family != "qwen3next":
+            assert torch.equal(at["attention_z"].flatten(2), at["attention_premix"]), i
+    assert {c for (c, layer) in g if layer == 0} >= {"block_input", "block_mid", "mlp_output", "block_output"}
 
 
 # ---------------------------------------------------------------- writing in a trace
@@ -499,3 +522,85 @@ def test_a_document_names_an_extra_component_given_at_load():
     with pytest.raises(Refusal) as e:
         compiler.compile_document(bad, eng, root / "documents" / "data")
     assert e.value.message.startswith("the width of 'mlp_gate_output' is not a fact about the model")
+
+
+# ---------------------------------------------------------------- a post-norm block and a hybrid (fixtures)
+
+
+def test_a_post_norm_block_refuses_the_two_input_norms_and_places_the_rest(eager):
+    """seed 004:230 / SPEC.md:136 [L22] — OLMo-2 (norms only after each sublayer): attention_input_norm and
+    mlp_input_norm are refused with a sentence at every layer; block_mid is the MLP's input, attention_output
+    and mlp_output the post-norms' outputs, so block_output == block_input + attention_output + mlp_output."""
+    m = eager("olmo2")
+    for layer in range(2):
+        for name in ("attention_input_norm", "mlp_input_norm"):
+            with pytest.raises(Refusal) as e:
+                address.locate(m, name, layer)
+            assert e.value.message == (
+                f"component '{name}': layer {layer} is a post-norm block, where each sublayer reads the residual "
+                "stream itself and the norm comes after: there is no such place")
+    got = {n: (address.locate(m, n, 1).module, address.locate(m, n, 1).io)
+           for n in ("block_mid", "attention_output", "mlp_output")}
+    assert got == {"block_mid": ("mlp", "input"), "attention_output": ("post_attention_layernorm", "output"),
+                   "mlp_output": ("post_feedforward_layernorm", "output")}
+    refused = [n for n, a in address.where_each_lands(m, 1) if isinstance(a, str)]
+    assert refused == ["attention_input_norm", "mlp_input_norm"]
+    _, g = _read_all(m, 1)
+    assert torch.allclose(g["block_output"], g["block_input"] + g["attention_output"] + g["mlp_output"], atol=1e-6)
+    assert not torch.allclose(g["block_mid"], g["block_input"])
+
+
+LINEAR = ("component '{name}': layer 0 is a linear-attention layer (Qwen3NextGatedDeltaNet); "
+          "attentions/attention_probabilities are only defined on softmax-attention layers")
+
+
+def test_a_hybrids_linear_attention_layer_has_no_attention_place(eager):
+    """seed 004:228 / SPEC.md:141 [L30] — Qwen3-Next, layer 0 linear (Gated DeltaNet), layer 1 softmax: every
+    attention_* place at layer 0 is refused with the seed's sentence naming the layer; the block boundaries
+    and the MLP's places resolve there, and every place of layer 1 resolves (but the MoE pair); all of them
+    read in one trace, the pattern of layer 1 included."""
+    m = eager("qwen3next")
+    lands0 = dict(address.where_each_lands(m, 0))
+    refused0 = {n: a for n, a in lands0.items() if isinstance(a, str)}
+    assert refused0 == {n: LINEAR.format(name=n) for n in address.ATTENTION}
+    assert len(address.ATTENTION) == 8
+    refused1 = [n for n, a in address.where_each_lands(m, 1) if isinstance(a, str)]
+    assert refused1 == ["mlp_activation", "mlp_neuron_output"]  # a mixture of experts at layer 1 (L20)
+    g = _read_every_layer(m)
+    assert ("attention_probs", 1) in g and ("block_mid", 0) in g and ("mlp_activation", 0) in g
+    assert torch.allclose(g[("attention_probs", 1)].sum(-1)[0], torch.ones(4, IDS.shape[1]), atol=1e-5)
+    assert all(torch.isfinite(v).all() for v in g.values())
+
+
+def test_nnterp_alone_cannot_load_the_hybrid_and_the_loader_can():
+    """SPEC.md:142 [L31] — nnterp 1.3.0's StandardizedTransformer refuses the hybrid (it checks self_attn on
+    layer 0); the loader gives it ignore_attn and checks the pattern at the first softmax layer."""
+    from nnterp import StandardizedTransformer
+    from nnterp.rename_utils import RenamingError
+
+    with pytest.raises(RenamingError, match="Could not find self_attn module"):
+        StandardizedTransformer(_dir("qwen3next"), device_map="cpu", dispatch=False)
+    m = checkpoint.standardized(_dir("qwen3next"), attn_implementation="eager", weights=False)
+    assert m.attn_probs_available
+    assert address.locate(m, "attention_probs", 1).module == "self_attn"
+
+
+def test_gated_attention_premix_is_z_scaled_by_a_gate(eager):
+    """SPEC.md:143 [L32] — on Qwen3-Next's softmax layer o_proj reads flat(attention_z) * sigmoid(gate):
+    not z's numbers, each ratio strictly between 0 and 1."""
+    _, g = _read_all(eager("qwen3next"), 1)
+    z, premix = g["attention_z"].flatten(2), g["attention_premix"]
+    assert not torch.equal(z, premix)
+    big = z.abs() > 1e-6
+    ratio = premix[big] / z[big]
+    assert big.any() and bool(((ratio > 0) & (ratio < 1)).all())
+
+
+def test_mlp_widths_are_read_off_the_down_projection(eager):
+    """SPEC.md:144 [L33] — GPT-2's config says intermediate_size 37 (a stray key); the module tree builds 128,
+    and both MLP-inner places are 128 wide; on Llama they are its down_proj's in_features, 64."""
+    gpt2 = eager("gpt2")
+    assert gpt2.config.intermediate_size == 37
+    assert [address.locate(gpt2, n, 0).width for n in ("mlp_activation", "mlp_neuron_output")] == [128, 128]
+    llama = eager("llama")
+    assert [address.locate(llama, n, 1).width for n in ("mlp_activation", "mlp_neuron_output")] == [64, 64]

@@ -1,4 +1,4 @@
-"""The four fixtures: keys, tokenizers, chat template, reproducible builds, refusals."""
+"""The six fixtures: keys, tokenizers, chat template, reproducible builds, refusals."""
 from __future__ import annotations
 
 import json
@@ -29,9 +29,10 @@ def _cache(tmp_path_factory):
 
 
 def test_keys():
-    """SPEC.md:18 [D6] / SPEC.md:167 [X1] — fixture keys carry the `fixture:` prefix; others are hub keys."""
+    """SPEC.md:18 [D6] / SPEC.md:171 [X1] — fixture keys carry the `fixture:` prefix; others are hub keys."""
     assert fixtures.names() == (
-        "fixture:tiny-llama", "fixture:tiny-gpt2", "fixture:tiny-gemma2", "fixture:tiny-gptoss")
+        "fixture:tiny-llama", "fixture:tiny-gpt2", "fixture:tiny-gemma2", "fixture:tiny-gptoss",
+        "fixture:tiny-olmo2", "fixture:tiny-qwen3next")
     assert fixtures.is_fixture("fixture:tiny-gpt2")
     assert not fixtures.is_fixture("hf-internal-testing/tiny-random-gpt2")
     assert not fixtures.is_fixture("tiny-gpt2")
@@ -47,7 +48,7 @@ def test_unknown_fixture_refused():
 
 
 def test_llama_ids():
-    """SPEC.md:168 [X2] / SPEC.md:170 [X4] — the Llama fixture's tokenizer reproduces the Llama-2 ids, BOS added."""
+    """SPEC.md:172 [X2] / SPEC.md:174 [X4] — the Llama fixture's tokenizer reproduces the Llama-2 ids, BOS added."""
     tok = fixtures.tokenizer("fixture:tiny-llama")
     assert tok(PROMPT).input_ids == [1, 960, 9826, 338, 498, 1295, 3250, 29892, 6454, 22396, 338]
     assert tok("").input_ids == [1]
@@ -55,7 +56,7 @@ def test_llama_ids():
 
 
 def test_llama_chat_template():
-    """SPEC.md:168 [X2] — the Llama fixture renders the standard Llama-2 chat template."""
+    """SPEC.md:172 [X2] — the Llama fixture renders the standard Llama-2 chat template."""
     tok = fixtures.tokenizer("fixture:tiny-llama")
     msgs = [{"role": "user", "content": "Name a weekday."},
             {"role": "assistant", "content": "Thursday."},
@@ -66,7 +67,7 @@ def test_llama_chat_template():
 
 
 def test_gpt2_bpe():
-    """SPEC.md:169 [X3] — the 1000-id byte-level BPE: no BOS, "If" splits in two, 'I' is 41."""
+    """SPEC.md:173 [X3] — the 1000-id byte-level BPE: no BOS, "If" splits in two, 'I' is 41."""
     tok = fixtures.tokenizer("fixture:tiny-gpt2")
     ids = tok(PROMPT).input_ids
     assert ids[:2] == [41, 70]
@@ -83,12 +84,46 @@ def test_gpt2_bpe():
 
 
 def test_committed_bpe_matches_training(tmp_path):
-    """SPEC.md:169 [X3] — the committed vocab.json / merges.txt are what train_bpe() produces."""
+    """SPEC.md:173 [X3] — the committed vocab.json / merges.txt are what train_bpe() produces."""
     from bpe_trainer import train_bpe
 
     out = train_bpe(out_dir=tmp_path)
     for fn in ("vocab.json", "merges.txt"):
         assert (out / fn).read_bytes() == (fixtures.BPE_DIR / fn).read_bytes(), fn
+
+
+def test_olmo2_and_qwen3next_reuse_the_bpe_and_olmo2_ships_its_json(tmp_path):
+    """SPEC.md:175 [X10] — the two structure fixtures tokenize as the GPT-2 fixture does (same ids, no BOS,
+    left padding); OLMo-2's checkpoint carries tokenizer.json, which is the committed BPE serialized."""
+    from bpe_trainer import tokenizer_json
+
+    ids = fixtures.tokenizer("fixture:tiny-gpt2")(PROMPT).input_ids
+    for key in ("fixture:tiny-olmo2", "fixture:tiny-qwen3next"):
+        tok = fixtures.tokenizer(key)
+        assert tok(PROMPT).input_ids == ids and tok("").input_ids == [] and tok.padding_side == "left", key
+    olmo2 = fixtures.checkpoint_dir("fixture:tiny-olmo2")
+    assert (olmo2 / "tokenizer.json").read_bytes() == (fixtures.BPE_DIR / "tokenizer.json").read_bytes()
+    assert not (fixtures.checkpoint_dir("fixture:tiny-qwen3next") / "tokenizer.json").exists()
+    out = tokenizer_json(out_dir=tmp_path)
+    assert (out / "tokenizer.json").read_bytes() == (fixtures.BPE_DIR / "tokenizer.json").read_bytes()
+
+
+def test_zero_centred_norms_start_at_zero_the_others_at_one():
+    """SPEC.md:176 [X11] — Qwen3-Next's RMSNorm weights are 0 (it scales by 1 + weight), its gated DeltaNet
+    norm's 1; OLMo-2's norms 1; Gemma-2's 0 and Llama's 1 as before."""
+    from safetensors.torch import load_file
+
+    def norms(key):
+        sd = load_file(str(fixtures.checkpoint_dir(key) / "model.safetensors"))
+        return {k: set(v.unique().tolist()) for k, v in sd.items() if "norm" in k and k.endswith("weight")}
+
+    q = norms("fixture:tiny-qwen3next")
+    assert q["model.layers.0.linear_attn.norm.weight"] == {1.0}
+    assert q["model.layers.0.input_layernorm.weight"] == q["model.layers.1.self_attn.q_norm.weight"] == {0.0}
+    assert q["model.norm.weight"] == {0.0}
+    assert all(v == {1.0} for v in norms("fixture:tiny-olmo2").values())
+    assert all(v == {0.0} for v in norms("fixture:tiny-gemma2").values())
+    assert all(v == {1.0} for v in norms("fixture:tiny-llama").values())
 
 
 _BUILD_SCRIPT = """
@@ -114,7 +149,8 @@ def _build_in_fresh_process(cache: pathlib.Path) -> dict:
 
 
 def test_builds_are_byte_identical(tmp_path):
-    """SPEC.md:167 [X1] — two builds in fresh processes and caches give identical files and digests."""
+    """SPEC.md:171 [X1] / SPEC.md:175 [X10] — two builds in fresh processes and caches give identical files and
+    digests, all six fixtures."""
     a = _build_in_fresh_process(tmp_path / "a")
     b = _build_in_fresh_process(tmp_path / "b")
     assert set(a) == set(fixtures.names())
@@ -124,19 +160,21 @@ def test_builds_are_byte_identical(tmp_path):
 
 
 def test_checkpoints_load_cleanly():
-    """SPEC.md:167 [X1] — each checkpoint loads with no missing or unexpected keys, tied where the hub ties."""
+    """SPEC.md:171 [X1] / SPEC.md:175 [X10] — each checkpoint loads with no missing or unexpected keys, tied where
+    the hub ties."""
     import torch
     from transformers import AutoModelForCausalLM
 
     expected = {  # parameter counts of the hub checkpoints (fixtures-configs.md)
         "fixture:tiny-llama": (1_032_272, False), "fixture:tiny-gpt2": (111_968, True),
         "fixture:tiny-gemma2": (2_100_752, True), "fixture:tiny-gptoss": (352_976, False),
+        "fixture:tiny-olmo2": (None, False), "fixture:tiny-qwen3next": (None, False),  # no hub checkpoint
     }
     for key, (n_params, tied) in expected.items():
         d = fixtures.checkpoint_dir(key)
         model, info = AutoModelForCausalLM.from_pretrained(str(d), output_loading_info=True)
         assert not any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), (key, info)
-        assert sum(p.numel() for p in model.parameters()) == n_params, key
+        assert n_params is None or sum(p.numel() for p in model.parameters()) == n_params, key
         same = model.get_output_embeddings().weight is model.get_input_embeddings().weight
         assert same == tied, key
         ids = fixtures.tokenizer(key)(PROMPT, return_tensors="pt").input_ids
@@ -147,7 +185,7 @@ def test_checkpoints_load_cleanly():
 
 
 def test_concurrent_builder_accepted(monkeypatch, tmp_path):
-    """SPEC.md:167 [X1] — a build that loses the rename race to a finished concurrent build uses it."""
+    """SPEC.md:171 [X1] — a build that loses the rename race to a finished concurrent build uses it."""
     monkeypatch.setenv(fixtures.CACHE_ENV, str(tmp_path))
     real_build = fixtures._build
 
@@ -164,7 +202,7 @@ def test_concurrent_builder_accepted(monkeypatch, tmp_path):
 
 
 def test_missing_llama_tokenizer_names_all_three_places(monkeypatch, tmp_path):
-    """SPEC.md:168 [X2] — with no tokenizer.model anywhere, one Refusal names env var, shared dir and hub."""
+    """SPEC.md:172 [X2] — with no tokenizer.model anywhere, one Refusal names env var, shared dir and hub."""
     empty = tmp_path / "empty"
     empty.mkdir()
     monkeypatch.setenv(fixtures.LLAMA_TOKENIZER_ENV, str(empty))
@@ -190,7 +228,7 @@ def test_missing_llama_tokenizer_names_all_three_places(monkeypatch, tmp_path):
 
 
 def test_digest_covers_tokenizer_file(monkeypatch, tmp_path):
-    """SPEC.md:167 [X1] — the recipe digest covers the Llama tokenizer.model bytes."""
+    """SPEC.md:171 [X1] — the recipe digest covers the Llama tokenizer.model bytes."""
     before = fixtures.recipe_digest("fixture:tiny-llama")
     other = tmp_path / "tok"
     other.mkdir()

@@ -84,7 +84,7 @@ def _both(nn, hk, ids, mask, items):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_boundary_read_equals_the_nnterp_engines(engines, family):
-    """SPEC.md:120 [L6] / SPEC.md:121 [L7] / SPEC.md:147 [R4] / seed 004:100 / SPEC.md:138 [L24] — every boundary
+    """SPEC.md:120 [L6] / SPEC.md:121 [L7] / SPEC.md:151 [R4] / seed 004:100 / SPEC.md:138 [L24] — every boundary
     component that resolves (layer 0 and the last layer) reads the same values through a hook as
     through nnterp: at {"index": -1}, over every content position, over a rectangular window, and
     one head of attention_premix (SPEC.md:127 [L13])."""
@@ -134,7 +134,7 @@ def test_every_boundary_read_equals_the_nnterp_engines(engines, family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_swap_at_block_output_then_a_head_read_agree(engines, family):
-    """SPEC.md:147 [R4] / SPEC.md:127 [L13] — a swap (a tensor operand, and a number) at block_output[0]
+    """SPEC.md:151 [R4] / SPEC.md:127 [L13] — a swap (a tensor operand, and a number) at block_output[0]
     on the last token, then reads downstream and at the written address itself, equal on both engines;
     the write changed the head's output."""
     nn, hk = engines(family)
@@ -228,7 +228,7 @@ def _patched_reads(eng, texts):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_row_reads_the_same_alone_and_left_padded_on_both_engines(engines, family):
-    """SPEC.md:163 [R20] — the short row alone and the same row left-padded beside a longer prompt read the
+    """SPEC.md:167 [R20] — the short row alone and the same row left-padded beside a longer prompt read the
     same (a write, then the last layer and the logits at -1) to 1e-5, on both engines."""
     for eng in engines(family):
         _mask, alone = _patched_reads(eng, [SHORT])
@@ -254,7 +254,7 @@ def _observe_document(family: str) -> dict:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_rows_metric_is_the_same_alone_padded_and_under_batch_size_one(engines, family, tmp_path):
-    """SPEC.md:163 [R20] / SPEC.md:154 [R11] — a document's metric for the short row is the same when the row
+    """SPEC.md:167 [R20] / SPEC.md:158 [R11] — a document's metric for the short row is the same when the row
     is alone, beside a longer row (left-padded), and beside it under --batch-size 1, to 1e-5."""
     from causalab_ref import compile as compiler
     from causalab_ref import run
@@ -319,7 +319,7 @@ def _values(out: Path) -> dict:
 
 
 def test_patching_document_gives_the_same_numbers_on_both_engines(tmp_path):
-    """SPEC.md:152 [R9] / SPEC.md:147 [R4] — `run documents/patching.json --engine hooks` writes the same
+    """SPEC.md:156 [R9] / SPEC.md:151 [R4] — `run documents/patching.json --engine hooks` writes the same
     iia and logit_diff values as the nnterp engine, and run.json records which engine ran."""
     hooks_out, nnterp_out = tmp_path / "hooks", tmp_path / "nnterp"
     done = subprocess.run([sys.executable, "-m", "causalab_ref", "run", "documents/patching.json", "--engine",

@@ -353,7 +353,7 @@ def test_left_padding_same_last_index_each_rows_own_first_token(llama):
 
 
 def test_cli_tokens_shows_a_documents_rows_with_indices():
-    """SPEC.md:162 [R19] seed 000:175-195 (document-format §16) — `tokens --document DOC` prints each role's rows of the
+    """SPEC.md:166 [R19] seed 000:175-195 (document-format §16) — `tokens --document DOC` prints each role's rows of the
     first step as index:'piece', indices into the padded batch."""
     done = subprocess.run([sys.executable, "-m", "causalab_ref", "tokens", "--document",
                            "documents/entity_patch.json"], cwd=ROOT, capture_output=True, text=True, timeout=120)

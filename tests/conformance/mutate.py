@@ -150,6 +150,17 @@ MUTANTS = [
      "if decode and limit and length + decode > limit:", "if decode and limit and decode > limit:"),
     ("a decode that exactly fills the positions refused", "P36", "compile.py",
      "if decode and limit and length + decode > limit:", "if decode and limit and length + decode >= limit:"),
+    # A post-norm block and a hybrid (issue #10 items 9, 10: L22, L30, L31).
+    ("a post-norm block refuses block_mid too", "L22", "address.py",
+     'POST_NORM_ABSENT = ("attention_input_norm", "mlp_input_norm")',
+     'POST_NORM_ABSENT = ("attention_input_norm", "mlp_input_norm", "block_mid")'),
+    ("a post-norm block's attention_output read before its post-norm", "L22", "address.py",
+     '"block_mid": ("mlp", "input"),\n    "attention_output": ("post_attention_layernorm", "output"),',
+     '"block_mid": ("mlp", "input"),\n    "attention_output": ("self_attn", "output"),'),
+    ("a linear-attention layer's attention places not refused as such", "L30", "address.py",
+     "    if mixer is not None and name in ATTENTION:", "    if False and mixer is not None and name in ATTENTION:"),
+    ("a hybrid loaded as any other model", "L31", "checkpoint.py",
+     "    if softmax_layers is not None:\n        kw = hybrid_kwargs(kw)", "    if False:\n        kw = hybrid_kwargs(kw)"),
     ("a continuation write's scope judged before its cut", "P42", "validate.py",
      "    if kind == \"write\":  # the cut is judged before the scope, in A9's order\n"
      "        if not (pos.all or (pos.index is not None and pos.index >= 0)):",
