@@ -38,10 +38,6 @@ NEEDLE = "attention_interface("
 #: the residual-stream components (where a read may say `"view": "logits"`)
 RESIDUAL = ("embeddings", "block_input", "block_output", "ln_final")
 
-#: how a trace reaches a row's tensor (access.py dispatches on it)
-REACHES = ("boundary", "call_arg1", "call_arg2", "call_output", "softmax_input", "pattern", "model_logits")
-
-
 @dataclass(frozen=True)
 class Component:
     """One row of the component table.  The defaults describe the common row: a per-layer
@@ -61,7 +57,8 @@ class Component:
     #                          "hidden_size", "intermediate_size", "vocab_size",
     #                          "qk_head_dim" / "head_dim" (times the head count), or None
     seq_axis: int = 1        # the sequence axis of the tensor held there
-    reach: str = "boundary"  # how a trace reaches it: one of REACHES
+    reach: str = "boundary"  # how a trace reaches it: a key of access.REACH ("boundary", "call_arg1",
+    #                          "call_arg2", "call_output", "softmax_input", "pattern", "model_logits")
 
     @property
     def interior(self) -> bool:
