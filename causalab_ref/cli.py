@@ -25,7 +25,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _read_document(path: str):
-    from . import reader, sweeps, validate
+    from . import reader, validate
     file = Path(path)
     try:
         if not file.is_file():
@@ -34,27 +34,20 @@ def _read_document(path: str):
     except (OSError, UnicodeDecodeError) as error:  # unreadable, or a name the file system will not take
         raise Refusal(f"cannot read {path}: {error}", path="document", stage="validation") from None
     raw = reader.load_json(text, path)
-    points = sweeps.points(raw)
-    for _label, point in points:
-        validate.document(point)
-    return raw, points
+    return raw, validate.points_of(raw)
 
 
-def _engine_for(raw, engine_name: str, weights: bool):
-    from . import engine
-    from .validate import model_block
-    return engine.load(model_block(raw["model"]), kind=engine_name, weights=weights)
-
-
-def _compile(args, weights: bool = False):
+def _compile(args, engine_name: str, weights: bool = False):
+    """The one pass down: read -> lower -> validate (each point once) -> load the model -> compile."""
     from . import compile as compiler
-    raw, _points = _read_document(args.document)
-    eng = _engine_for(raw, args.engine, weights)
-    return raw, eng, compiler.compile_document(raw, eng, Path(args.data_root))
+    from . import engine
+    raw, points = _read_document(args.document)
+    eng = engine.load(points[0].document.model, kind=engine_name, weights=weights)  # the model is never swept
+    return raw, eng, compiler.compile_document(raw, eng, Path(args.data_root), points)
 
 
 def cmd_validate(args):
-    _raw, _eng, plan = _compile(args)
+    _raw, _eng, plan = _compile(args, args.engine)
     steps = sum(len(leaf.steps) for leaf in plan.leaves())
     text = f"ok: {args.document} is a valid plan-shaped document, {steps} step{'s' if steps != 1 else ''}"
     return {"text": text, "ok": True, "format": "plan-shaped"}
@@ -62,7 +55,7 @@ def cmd_validate(args):
 
 def cmd_explain(args):
     from .plan import plan_json
-    _raw, eng, plan = _compile(args)
+    _raw, eng, plan = _compile(args, args.engine)
     return {"text": plan.text(), "steps": [leaf.label or step.name for leaf in plan.leaves() for step in leaf.steps],
             "plan": plan_json(plan, eng)}
 
@@ -72,7 +65,7 @@ def cmd_run(args):
     if args.batch_size is not None and args.batch_size <= 0:
         raise Refusal(f"--batch-size {args.batch_size} is not a number of rows", path="--batch-size",
                       stage="validation")
-    _raw, eng, plan = _compile(args, weights=True)
+    _raw, eng, plan = _compile(args, args.engine, weights=True)
     written = run.execute(plan, eng, Path(args.out), batch_size=args.batch_size, replace=args.replace,
                           progress=not args.quiet)
     lines = list(written)
@@ -97,7 +90,7 @@ def summary_line(path: Path) -> str:
 
 
 def cmd_vocab(args):
-    from . import address
+    from . import address, metrics
     lines = ["components:"]
     for name, row in address.describe().items():
         accessor = "interior" if row["interior"] else f"nnterp {row['accessor']}"
@@ -106,8 +99,7 @@ def cmd_vocab(args):
         lines.append(f"  {name:22s} {accessor}{marks}")
     lines += [
         "mechanisms:       swap (add_scaled, clamp, gaussian, lerp, renormalize: in the format, not implemented yet)",
-        "metric kinds:     match(expected), logit_diff(a, b), cross_entropy(target), token_logit(token), "
-        "token_prob(token)",
+        "metric kinds:     " + ", ".join(kind.signature() for kind in metrics.KINDS.values()),
         "position forms:   exactly one cut: index=int, span=tuple[int, int], last=int, all=bool",
         "                  scope: variable=str, segment=str",
         "                  frame: Literal['prompt', 'generated']; a bare integer is {\"index\": i}; "
@@ -141,15 +133,11 @@ def _document_tokens(args):
     index shown and left padding shifts a shorter row's first index); the pieces are
     the content after the tokenizer's special prefix. Compiled with no weights.
     """
-    from . import compile as compiler
-    from . import engine, locate
-    from .validate import model_block
+    from . import locate
     if args.key is not None or args.texts:
         raise Refusal("tokens takes either KEY TEXT... or --document DOC, not both", path="--document",
                       stage="validation")
-    raw, _points = _read_document(args.document)
-    eng = engine.load(model_block(raw["model"]), kind="nnterp", weights=False)
-    plan = compiler.compile_document(raw, eng, Path(args.data_root))
+    _raw, eng, plan = _compile(args, "nnterp")
     leaf = plan.leaves()[0]
     if not leaf.steps:
         raise Refusal("this document has no step, so it has no rows to show", path="steps", stage="compile")

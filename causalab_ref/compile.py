@@ -13,23 +13,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from . import bundles, data, fit, locate, reader, sweeps, validate
+from . import bundles, data, fit, locate, metrics, reader, validate
 from .plan import FeaturizerPlan, FitPlan, Forward, MetricPlan, ObservePlan, Plan, Tap, WeightsPlan
 from .shapes import Address, Document, Refusal, Where
-
-UNITS = {
-    "match": ("fraction", "match/v1"),
-    "logit_diff": ("logit", "logit_diff/v1"),
-    "cross_entropy": ("nat", "cross_entropy/v1"),
-    "token_logit": ("logit", "token_logit/v1"),
-    "token_prob": ("probability", "token_prob/v1"),
-}
-
 
 # ---------------------------------------------------------------- pieces
 
 
-def answer_id(tok, text: str, metric: str, path: str, where: str = "") -> int:
+def answer_id(tok, text: str, path: str, where: str = "") -> int:
     """space_prefixed: strip leading whitespace, prepend one space, encode without specials; one id.
 
     `where` names the row and column for the refusal (`row 1, column 'cf_answer'`)."""
@@ -152,14 +143,31 @@ def _check_vocabulary_wide(name: str, read, sites, addresses, metric: str, path:
     narrowed = (f" (heads {list(site.heads)})" if site.heads is not None
                 else f" (units {list(site.units)})" if site.units is not None else "")
     raise Refusal(f"metric '{metric}' scores token ids, and its read '{name}' "
-                  f"at {addresses[read.site].label()}{narrowed} does not hold the vocabulary's logits; read lm_head or logits "
-                  "(whole), or the residual stream with \"view\": \"logits\"", path=f"{path}.of", stage="compile")
+                  f"at {addresses[read.site].label()}{narrowed} does not hold the vocabulary's logits; read lm_head or "
+                  "logits (whole), or the residual stream with \"view\": \"logits\"", path=f"{path}.of",
+                  stage="compile")
+
+
+def _positions(engine) -> Optional[int]:
+    """How many positions the model has (None when its config does not say)."""
+    config = engine.config
+    return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+
+
+def _check_prompt_fits(engine, mask, role: str, path: str) -> None:
+    """A prompt longer than the model's positions is refused naming its rows and their lengths (SPEC.md S45)."""
+    limit = _positions(engine)
+    lengths = [sum(row) for row in mask]
+    over = [(r, n) for r, n in enumerate(lengths) if limit and n > limit]
+    if over:
+        shown = ", ".join(f"row {r}: {n} tokens" for r, n in over[:10]) + (", ..." if len(over) > 10 else "")
+        raise Refusal(f"role '{role}': {len(over)} prompt(s) longer than the model's {limit} positions ({shown}); "
+                      f"shorten them to at most {limit} tokens or pick rows that fit", path=path, stage="compile")
 
 
 def _check_decode_fits(engine, length: int, decode: int, path: str) -> None:
     """A decode that would run past the model's positions is refused before it starts."""
-    config = engine.config
-    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    limit = _positions(engine)
     if decode and limit and length + decode > limit:
         raise Refusal(f"decode {decode} after a {length}-token prompt runs past the model's {limit} positions; "
                       f"decode at most {max(limit - length, 0)} tokens", path=f"{path}.decode", stage="compile")
@@ -178,7 +186,7 @@ def _feature_width(tap: Tap) -> Optional[int]:
     return tap.space if tap.featurizer != "identity" else _tap_width(tap)
 
 
-def _check_operand_widths(forwards: list, reads: dict, path: str) -> None:
+def _check_operand_widths(forwards: list, path: str) -> None:
     """A write lands its operand's features: both sides' widths are facts before any forward."""
     taps = {t.name: t for f in forwards for t in f.taps}
     for forward in forwards:
@@ -208,15 +216,19 @@ def _check_pattern_layouts(forwards: list, reads: dict, path: str) -> None:
             read = reads[tap.operand]
             source = by_pair[(read.model, read.input)]
             if source.mask != forward.mask:
-                rows = [r for r, (a, b) in enumerate(zip(source.mask, forward.mask)) if a != b]
-                if len(source.mask) != len(forward.mask) or len(source.mask[0]) != len(forward.mask[0]):
-                    rows = f"shapes {len(source.mask)}x{len(source.mask[0])} and {len(forward.mask)}x{len(forward.mask[0])}"
-                raise Refusal(f"write '{tap.name}' swaps the attention pattern read in '{read.model}' on '{read.input}' "
-                              f"into '{forward.model}' on '{forward.input}', and their attention masks differ "
-                              f"(rows {rows}). The last axis of a pattern is the padded batch's keys, so key slot j is "
-                              "the same token only when both batches have the same layout; pair rows whose prompts "
-                              "tokenize to the same length (documents/data/weekdays_aligned is such a table)",
-                              path=f"{path}.writes.{tap.name}", stage="compile")
+                raise Refusal(_pattern_layouts_differ(tap, read, source, forward), path=f"{path}.writes.{tap.name}",
+                              stage="compile")
+
+
+def _pattern_layouts_differ(tap: Tap, read, source: Forward, forward: Forward) -> str:
+    rows: Any = [r for r, (a, b) in enumerate(zip(source.mask, forward.mask)) if a != b]
+    if len(source.mask) != len(forward.mask) or len(source.mask[0]) != len(forward.mask[0]):
+        rows = f"shapes {len(source.mask)}x{len(source.mask[0])} and {len(forward.mask)}x{len(forward.mask[0])}"
+    return (f"write '{tap.name}' swaps the attention pattern read in '{read.model}' on '{read.input}' "
+            f"into '{forward.model}' on '{forward.input}', and their attention masks differ "
+            f"(rows {rows}). The last axis of a pattern is the padded batch's keys, so key slot j is "
+            "the same token only when both batches have the same layout; pair rows whose prompts "
+            "tokenize to the same length (documents/data/weekdays_aligned is such a table)")
 
 
 def _tap_sort_key(tap: Tap):
@@ -251,8 +263,9 @@ class Context:
                           path=path, stage="compile")
         return out
 
-    def batches(self, rows_by_role: dict, key: Any) -> dict:
-        """Each role's rows tokenized as one left-padded batch (cached by `key`: a ref or a minibatch)."""
+    def batches(self, rows_by_role: dict, key: Any, path: str) -> dict:
+        """Each role's rows tokenized as one left-padded batch (cached by `key`: a ref or a minibatch),
+        each prompt within the model's positions (refused at `<path>.<role>`)."""
         roles = dict(self.doc.roles)
         out = {}
         for role, rows in rows_by_role.items():
@@ -260,13 +273,14 @@ class Context:
             if k not in self.cache:
                 self.cache[k] = _batch(self.engine.tokenizer, rows, roles[role].field, f"roles.{role}.field")
             out[role] = self.cache[k]
+            _check_prompt_fits(self.engine, out[role][1], role, f"{path}.{role}")
         return out
 
 
-def compile_point(raw: Any, label: str, engine, data_root: Path, cache: Optional[dict] = None) -> Plan:
-    """One point's plan. `cache` keeps rows and tokenized batches across the points of a sweep,
-    which share them unless the sweep moves a field or a dataset ref."""
-    doc: Document = validate.document(raw)
+def compile_point(point: validate.Point, engine, data_root: Path, cache: Optional[dict] = None) -> Plan:
+    """One validated point's plan. `cache` keeps rows and tokenized batches across the points of a
+    sweep, which share them unless the sweep moves a field or a dataset ref."""
+    doc, raw = point.document, point.raw
     addresses: dict[str, Address] = {}
     for name, site in doc.sites:
         addresses[name] = engine.locate(site.component, site.layer, site=name)
@@ -284,12 +298,12 @@ def compile_point(raw: Any, label: str, engine, data_root: Path, cache: Optional
                                      saves=tuple((s.value, s.file_path) for s in step.saves)))
         else:
             rows_by_role = ctx.rows(step.rows, f"steps.{step_name}.rows")
-            batches = ctx.batches(rows_by_role, tuple(step.rows))
+            batches = ctx.batches(rows_by_role, tuple(step.rows), f"steps.{step_name}.rows")
             for i_name in step.interventions:
                 name = step_name if len(step.interventions) == 1 else f"{step_name}/{i_name}"
                 steps.append(observe_plan(ctx, name, i_name, rows_by_role, batches,
                                           _saves_of(step.saves, i_name, dict(doc.interventions)[i_name])))
-    return Plan(label=label, digest=digest, raw=raw, steps=tuple(steps),
+    return Plan(label=point.label, digest=digest, raw=raw, steps=tuple(steps),
                 featurizers=tuple(ctx.featurizers.values()))
 
 
@@ -330,7 +344,7 @@ def _forwards(ctx: Context, intervention, rows_by_role: dict, batches: dict, ipa
 def _metrics(ctx: Context, intervention, base_rows: list, ipath: str) -> list[MetricPlan]:
     tok, sites = ctx.engine.tokenizer, dict(ctx.doc.sites)
     reads = dict(intervention.reads)
-    metrics = []
+    plans = []
     for m, metric in intervention.metrics:
         mpath = f"{ipath}.metrics.{m}"
         _check_vocabulary_wide(metric.of, reads[metric.of], sites, ctx.addresses, m, mpath)
@@ -338,14 +352,14 @@ def _metrics(ctx: Context, intervention, base_rows: list, ipath: str) -> list[Me
         eligible = data.answer_eligible(base_rows, columns, m, mpath)
         answers = []
         for field_name, column in metric.columns:
-            per_row = tuple(answer_id(tok, row[column], m, f"{mpath}.{field_name}",
+            per_row = tuple(answer_id(tok, row[column], f"{mpath}.{field_name}",
                                       f"row {r}, column '{column}'") if ok else None
                             for r, (row, ok) in enumerate(zip(base_rows, eligible)))
             answers.append((field_name, per_row))
-        unit, version = UNITS[metric.kind]
-        metrics.append(MetricPlan(name=m, kind=metric.kind, of=metric.of, answers=tuple(answers),
-                                  eligible=eligible, unit=unit, estimand_version=version))
-    return metrics
+        kind = metrics.KINDS[metric.kind]
+        plans.append(MetricPlan(name=m, kind=metric.kind, of=metric.of, answers=tuple(answers),
+                                eligible=eligible, unit=kind.unit, estimand_version=kind.estimand_version))
+    return plans
 
 
 def observe_plan(ctx: Context, name: str, i_name: str, rows_by_role: dict, batches: dict,
@@ -358,12 +372,11 @@ def observe_plan(ctx: Context, name: str, i_name: str, rows_by_role: dict, batch
     base_rows = rows_by_role[base_role]
     forwards = _forwards(ctx, intervention, rows_by_role, batches, ipath)
     _check_pattern_layouts(forwards, reads, ipath)
-    _check_operand_widths(forwards, reads, ipath)
-    metrics = _metrics(ctx, intervention, base_rows, ipath)
+    _check_operand_widths(forwards, ipath)
+    metric_plans = _metrics(ctx, intervention, base_rows, ipath)
     dynamic = any(tap.pos.dynamic for f in forwards for tap in f.taps)
-    return ObservePlan(name=name, intervention=i_name, forwards=tuple(forwards), metrics=tuple(metrics),
-                       saves=saves, example_ids=data.example_ids(base_rows), dynamic=dynamic,
-                       decode=intervention.decode)
+    return ObservePlan(name=name, intervention=i_name, forwards=tuple(forwards), metrics=tuple(metric_plans),
+                       saves=saves, example_ids=data.example_ids(base_rows), dynamic=dynamic)
 
 
 def _tap(kind, name, op, sites, addresses, rows, field, path, featurizers: dict) -> Tap:
@@ -467,10 +480,11 @@ def fit_plan(ctx: Context, step_name: str, step) -> FitPlan:
         plans = []
         for u, index in enumerate(epoch):
             rows = {role: [r[i] for i in index] for role, r in train.items()}
-            batches = ctx.batches(rows, (tuple(step.rows), index))
+            batches = ctx.batches(rows, (tuple(step.rows), index), f"{path}.rows")
             plans.append(observe_plan(ctx, f"epochs[{e}][{u}]", i_name, rows, batches, ()))
         updates.append(tuple(plans))
-    evaluation = observe_plan(ctx, "evaluation", i_name, held, ctx.batches(held, tuple(step.eval_rows)),
+    evaluation = observe_plan(ctx, "evaluation", i_name, held, ctx.batches(held, tuple(step.eval_rows),
+                                                                          f"{path}.eval.rows"),
                               tuple((s.value, s.file_path) for s in step.eval_saves))
     return FitPlan(name=step_name, intervention=i_name, params=step.params, objective=step.objective, lr=step.lr,
                    weight_decay=step.weight_decay, anneal=step.anneal, early_stop=step.early_stop,
@@ -478,11 +492,14 @@ def fit_plan(ctx: Context, step_name: str, step) -> FitPlan:
                    saves=tuple((s.value, s.file_path) for s in step.saves))
 
 
-def compile_document(raw: Any, engine, data_root: Path) -> Plan:
-    """The root plan: one leaf per sweep point (or the document itself when unswept)."""
-    pts = sweeps.points(raw)
-    if len(pts) == 1 and pts[0][0] == "":
-        return compile_point(raw, "", engine, data_root)
+def compile_document(raw: Any, engine, data_root: Path, points: Optional[list] = None) -> Plan:
+    """The root plan: one leaf per sweep point (or the document itself when unswept).
+
+    `points` are the document's lowered and validated points (`validate.points_of(raw)`) when the
+    caller has them already, so that each is validated once; otherwise they are made here."""
+    points = validate.points_of(raw) if points is None else points
+    if len(points) == 1 and points[0].label == "":
+        return compile_point(points[0], engine, data_root)
     cache: dict = {}
-    leaves = tuple(compile_point(point, label, engine, data_root, cache) for label, point in pts)
+    leaves = tuple(compile_point(point, engine, data_root, cache) for point in points)
     return Plan(label="", digest=reader.digest(raw), raw=raw, points=leaves)

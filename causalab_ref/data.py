@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
+from . import reader
 from .shapes import Refusal
 
 _STEP = re.compile(r"^([A-Za-z_][A-Za-z0-9_\-]*)((?:\[\d+\])*)$")
@@ -53,22 +54,27 @@ def rows_of(ref: str, root: Path, path: str = "") -> list[dict]:
         _refuse(f"dataset ref '{ref}': cannot read {file} ({error.strerror or type(error).__name__})", path)
     except UnicodeDecodeError as error:
         _refuse(f"dataset ref '{ref}': {file} is not a JSON table ({error})", path)
-    try:
-        rows = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as error:
-        _refuse(f"dataset ref '{ref}': {file} is not a JSON table ({error})", path)
-    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-        _refuse(f"dataset ref '{ref}': {file} is not a JSON array of row objects", path)
-    try:  # a lone surrogate (`"\ud800"`) is JSON but not text any tokenizer takes
-        json.dumps(rows, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError as error:
-        _refuse(f"dataset ref '{ref}': {file} holds a string that is not valid Unicode text ({error.reason})", path)
-    except RecursionError:
-        _refuse(f"dataset ref '{ref}': {file} nests too deeply to read", path)
+    rows = _parse_table(text, ref, file, path)
     if split is not None:
         rows = [r for r in rows if r.get("split") == split]
     if not rows:
         _refuse(f"dataset ref '{ref}' selects no rows", path)
+    return rows
+
+
+def _parse_table(text: str, ref: str, file: Path, path: str) -> list:
+    """A table's text -> its rows, through the one JSON reader (reader.py): a key named twice or a
+    number that is not one is refused naming the file and the place in it (SPEC.md S40-S42)."""
+    try:
+        rows = reader.parse(text)
+    except reader.Malformed as bad:
+        if isinstance(bad.cause, (json.JSONDecodeError, RecursionError)):
+            _refuse(f"dataset ref '{ref}': {file} is not a JSON table ({bad.cause})", path)
+        if bad.at is None:  # a lone surrogate (`"\ud800"`) is JSON but not text any tokenizer takes
+            _refuse(f"dataset ref '{ref}': {file} {bad.message}", path)
+        _refuse(f"dataset ref '{ref}': {file} at {bad.at or 'the top level'}: {bad.message}", path)
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        _refuse(f"dataset ref '{ref}': {file} is not a JSON array of row objects", path)
     return rows
 
 

@@ -21,3 +21,32 @@ def inside_out(name: str, path: str, what: str, folder: bool = False) -> None:
         raise Refusal(f"{what} '{name[:200]}' would leave --out or is not a file name: an absolute path, '..', "
                       "a separator in a folder name, an empty part and a part over 255 bytes are refused; results "
                       "stay inside --out", path=path, stage="validation")
+
+
+def one_segment(name: str, path: str) -> None:
+    """A declared name (role, site, intervention, read, write, model, metric, step, featurizer) is one
+    segment of a file path (`<step>/<intervention>`, `<intervention>/<metric>`) and of a dotted document
+    path: not empty, at most 255 bytes, no '/', '\\', '.' and no control character (SPEC.md S43)."""
+    bad = (not name or len(name.encode("utf-8", "surrogatepass")) > 255
+           or any(c in "/\\." or ord(c) < 0x20 or ord(c) == 0x7F for c in name))
+    if bad:
+        raise Refusal(f"name '{name[:200]}' cannot be one path segment: names become parts of file paths "
+                      "('<step>/<intervention>', '<intervention>/<metric>') and of dotted paths, so a name is "
+                      "not empty, at most 255 bytes, and has no '/', '\\', '.' or control character; rename it "
+                      "(letters, digits, '_' and '-' are always safe)", path=path, stage="validation")
+
+
+def colliding(file_paths: list[str]) -> tuple[int, str] | None:
+    """The first save (its index, and the earlier path it collides with) whose path is a folder of an
+    earlier one or has an earlier one as a folder: `a.json` and `a.json/b.json` cannot both be written;
+    document.json and run.json are written at the root (SPEC.md S44)."""
+    taken = ["document.json", "run.json"]
+    for k, file_path in enumerate(file_paths):
+        parts = file_path.replace("\\", "/").split("/")
+        for other in taken:
+            theirs = other.replace("\\", "/").split("/")
+            n = min(len(parts), len(theirs))
+            if parts != theirs and parts[:n] == theirs[:n]:
+                return k, other
+        taken.append(file_path)
+    return None

@@ -84,7 +84,6 @@ class ObservePlan:
     saves: tuple[tuple[str, str], ...]
     example_ids: tuple[str, ...]
     dynamic: bool
-    decode: int = 0
     kind: str = "observe"
 
     def lines(self, indent: str) -> list[str]:

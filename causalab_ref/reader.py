@@ -1,7 +1,8 @@
 """The JSON reader: a document's or a data file's text -> plain JSON values, and back.
 
-`load_json` turns text into values or one validation Refusal (broken JSON with its line
-and column, text that is not Unicode, nesting too deep); `digest` is the canonical bytes
+`parse` turns text into values or `Malformed` (broken JSON with its line and column, text
+that is not Unicode, nesting too deep, a key named twice, a number that is not one);
+`load_json` is `parse` for a document, whose problems are validation Refusals; `digest` is the canonical bytes
 of a lowered document hashed (its `produced_by`, SPEC.md D19); `type_name` names a JSON
 value's kind for refusals. SPEC.md §1 Documents and §7 Safety.
 """
@@ -9,7 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
 
 from .shapes import Refusal
 
@@ -31,20 +34,117 @@ def type_name(value: Any) -> str:
     return "an object"
 
 
-def load_json(text: str, path: str = "document") -> Any:
-    """Parse JSON, refusing broken JSON with its line and column rather than a traceback."""
+MAX_DIGITS = 4300  # Python's own bound on converting a digit string to an int
+
+
+class Malformed(ValueError):
+    """What is wrong with a JSON text. `at` is the dotted path inside it of the offending key or
+    value ("" for the top level), or None when the text as a whole cannot be read; `cause` is the
+    parser's own error, if any."""
+
+    def __init__(self, message: str, at: Optional[str] = None, cause: Optional[Exception] = None):
+        super().__init__(message)
+        self.message, self.at, self.cause = message, at, cause
+
+
+@dataclass(frozen=True)
+class _Bad:
+    """A number the reader refuses, left in place while parsing so that its path can be named."""
+    why: str
+
+
+class _Duplicated(dict):
+    """An object that named a key twice (the parser keeps the last); `key` is the first repeated one."""
+    key: str = ""
+
+
+def _number_hooks(seen: list):
+    def big_int(digits: str):
+        if len(digits.lstrip("-")) > MAX_DIGITS:
+            seen.append(True)
+            return _Bad(f"malformed number: an integer of {len(digits.lstrip('-'))} digits; a number has at most "
+                        f"{MAX_DIGITS} digits")
+        return int(digits)
+
+    def finite_float(text: str):
+        value = float(text)
+        if math.isinf(value):
+            seen.append(True)
+            return _Bad(f"malformed number: {text[:40]} is beyond the range of a 64-bit float")
+        return value
+
+    def constant(name: str):  # NaN, Infinity, -Infinity: Python reads them, JSON has none
+        seen.append(True)
+        return _Bad(f"malformed number: {name} is not a JSON number (JSON has no NaN or Infinity)")
+    return big_int, finite_float, constant
+
+
+def _pairs_hook(seen: list):
+    def pairs(items: list) -> dict:
+        obj: dict = {}
+        repeated = None
+        for key, value in items:
+            if key in obj and repeated is None:
+                repeated = key
+            obj[key] = value
+        if repeated is None:
+            return obj
+        seen.append(True)
+        marked = _Duplicated(obj)
+        marked.key = repeated
+        return marked
+    return pairs
+
+
+def _first_problem(value: Any) -> Optional[tuple[str, str]]:
+    """(dotted path, message) of the first refused key or number in reading order, iteratively."""
+    stack: list[tuple[Any, tuple]] = [(value, ())]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, _Bad):
+            return ".".join(path), node.why
+        if isinstance(node, _Duplicated):
+            return ".".join(path + (node.key,)), (
+                f"duplicate key '{node.key}': an object names each key once, and a second one would silently "
+                "replace the first; remove or rename one of them")
+        children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        stack += [(child, path + (str(key),)) for key, child in reversed(list(children))]
+    return None
+
+
+def parse(text: str) -> Any:
+    """JSON text -> plain values, or Malformed: broken JSON, a lone surrogate, nesting too deep, a key
+    named twice in one object, an integer of more than 4300 digits, NaN, Infinity or an overflowing
+    float (SPEC.md S40-S42)."""
+    seen: list = []
+    big_int, finite_float, constant = _number_hooks(seen)
     try:
-        raw = json.loads(text)
-        json.dumps(raw, ensure_ascii=False).encode("utf-8")  # a lone surrogate is JSON but not text
-        return raw
+        raw = json.loads(text, object_pairs_hook=_pairs_hook(seen), parse_int=big_int, parse_float=finite_float,
+                         parse_constant=constant)
+        json.dumps(raw, ensure_ascii=False, default=str).encode("utf-8")  # a lone surrogate is JSON but not text
     except UnicodeEncodeError as error:
-        raise Refusal(f"{path} holds a string that is not valid Unicode text ({error.reason})",
-                      stage="validation") from None
+        raise Malformed(f"holds a string that is not valid Unicode text ({error.reason})", cause=error) from None
     except json.JSONDecodeError as error:
-        raise Refusal(f"{path} is not JSON: {error.msg} at line {error.lineno} column {error.colno}",
-                      stage="validation") from None
-    except RecursionError:
-        raise Refusal(f"{path} nests too deeply to read", stage="validation") from None
+        raise Malformed(f"is not JSON: {error.msg} at line {error.lineno} column {error.colno}",
+                        cause=error) from None
+    except RecursionError as error:
+        raise Malformed("nests too deeply to read", cause=error) from None
+    if seen:
+        problem = _first_problem(raw)
+        if problem is not None:
+            raise Malformed(problem[1], at=problem[0])
+    return raw
+
+
+def load_json(text: str, path: str = "document") -> Any:
+    """A document's text -> its JSON, or one validation Refusal: a text that cannot be read names the
+    file (with line and column for broken JSON), a refused key or number names its dotted path."""
+    try:
+        return parse(text)
+    except Malformed as bad:
+        if bad.at is None:
+            raise Refusal(f"{path} {bad.message}", stage="validation") from None
+        raise Refusal(bad.message, path=bad.at, stage="validation") from None
 
 
 def canonical_pos(value: Any) -> Any:

@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import torch
 
-from . import bundles, featurizers, fit, locate, results
+from . import bundles, featurizers, fit, locate, metrics, results
 from .plan import Forward, ObservePlan, Plan, Tap
 from .contract import Action, Batch
 from .shapes import Refusal, Selection
@@ -300,28 +300,15 @@ def _row_vectors(value: torch.Tensor, resolved: Resolved) -> list[Optional[torch
     return out
 
 
-def _metric_value(kind: str, vector: torch.Tensor, answers: dict, r: int) -> torch.Tensor:
-    """One row's metric as a 0-d tensor (differentiable but for match)."""
-    if kind == "match":
-        return (vector.argmax() == answers["expected"][r]).float()
-    if kind == "logit_diff":
-        return vector[answers["a"][r]] - vector[answers["b"][r]]
-    if kind == "cross_entropy":
-        return -torch.log_softmax(vector, -1)[answers["target"][r]]
-    if kind == "token_logit":
-        return vector[answers["token"][r]]
-    return torch.softmax(vector, -1)[answers["token"][r]]  # token_prob
-
-
 def score(metric, value: torch.Tensor, resolved: Resolved, both: tuple[bool, ...]) -> list[Optional[float]]:
-    """Per-row metric values (None where the row is not scored)."""
-    answers = dict(metric.answers)
+    """Per-row metric values (None where the row is not scored), by the kind's scoring (metrics.py)."""
+    answers, scoring = dict(metric.answers), metrics.KINDS[metric.kind].score
     out: list[Optional[float]] = []
     for r, vector in enumerate(_row_vectors(value.detach().float(), resolved)):
         if not both[r] or vector is None:
             out.append(None)
             continue
-        v = float(_metric_value(metric.kind, vector, answers, r))
+        v = float(scoring(vector, {column: ids[r] for column, ids in answers.items()}))
         out.append(v if math.isfinite(v) else None)
     return out
 
@@ -331,9 +318,10 @@ def metric_vectors(step: ObservePlan, results: dict) -> dict[str, torch.Tensor]:
     out = {}
     for metric in step.metrics:
         answers, both = dict(metric.answers), results["eligible"][metric.name]
+        scoring = metrics.KINDS[metric.kind].score
         rows = _row_vectors(results["values"][metric.of].float(), results["placed"][metric.of])
-        out[metric.name] = torch.stack([_metric_value(metric.kind, v, answers, r) for r, v in enumerate(rows)
-                                        if both[r] and v is not None])
+        out[metric.name] = torch.stack([scoring(v, {column: ids[r] for column, ids in answers.items()})
+                                        for r, v in enumerate(rows) if both[r] and v is not None])
     return out
 
 

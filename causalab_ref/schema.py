@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from .validate import METRIC_COLUMNS
+from .metrics import KINDS
 
 
 def _sw(shape: dict) -> dict:
@@ -60,7 +60,7 @@ _POSITION = {
 
 
 def _metric(kind: str) -> dict:
-    columns = METRIC_COLUMNS[kind]
+    columns = KINDS[kind].columns
     props = {"kind": {"const": kind}, "of": _sw(STR), "token_form": _sw({"const": "space_prefixed"})}
     props.update({c: _sw(STR) for c in columns})
     return _closed(props, ("kind", "of") + columns)
@@ -98,7 +98,7 @@ SCHEMA: dict[str, Any] = {
             "featurizer": _sw(STR), "features": _sw({"anyOf": [{"type": "null"}, {"type": "array", "items": INT}]}),
             "params": _sw({"type": "object"}),
         }, ("site", "pos", "mechanism")),
-        "metric": {"oneOf": [_metric(k) for k in METRIC_COLUMNS]},
+        "metric": {"oneOf": [_metric(k) for k in KINDS]},
         "intervention": _closed({
             "reads": _sw({**_named({"$ref": "#/$defs/read"}), "minProperties": 1}),
             "writes": _sw(_named({"$ref": "#/$defs/write"})),

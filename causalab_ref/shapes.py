@@ -289,7 +289,6 @@ class Document:
     sites: tuple[tuple[str, Site], ...]
     interventions: tuple[tuple[str, Intervention], ...]
     steps: tuple[tuple[str, Any], ...]  # Observe, Fit or Weights
-    description: str = ""
     featurizers: tuple[tuple[str, Featurizer], ...] = ()
 
 

@@ -4,28 +4,22 @@ Hand-rolled: every object at every depth rejects unknown keys, every field is
 type-checked, and the rules that need no model, no tokenizer and no data (SPEC.md
 "Documents", the validation rows of "Positions: what is refused" and "Locations:
 what is refused") are decided here. Sweeps are lowered before (sweeps.py), so each
-point is an ordinary document; JSON text is read by reader.py. What the format describes but this reference does
-not implement yet (featurizers, fits, outputs, most mechanisms) is refused by name.
+point is an ordinary document; JSON text is read by reader.py. `points_of` is the one pass
+a command takes before compile. What the format describes but this reference does not
+implement yet (outputs, most mechanisms) is refused by name.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from . import address
+from . import address, metrics, sweeps
 from . import featurizers as featurizer_table
-from .names import inside_out
+from .names import colliding, inside_out, one_segment
 from .reader import type_name
-from .sweeps import find_wrappers
-from .shapes import (Anchor, Document, Featurizer, Fit, IntervenedModel, Intervention, Metric, Model,
+from .shapes import (CUTS, FRAMES, Anchor, Document, Featurizer, Fit, IntervenedModel, Intervention, Metric, Model,
                      Observe, Read, Refusal, Role, Save, Site, Weights, Where, Write)
 
-METRIC_COLUMNS = {
-    "match": ("expected",),
-    "logit_diff": ("a", "b"),
-    "cross_entropy": ("target",),
-    "token_logit": ("token",),
-    "token_prob": ("token",),
-}
 MECHANISMS = ("swap",)
 LATER_MECHANISMS = ("add_scaled", "lerp", "gaussian", "clamp", "renormalize")
 DTYPES = ("fp32", "bf16")
@@ -54,9 +48,12 @@ def _object(raw: Any, path: str, allowed: tuple, required: tuple = ()) -> dict:
     return raw
 
 
-def _mapping(raw: Any, path: str) -> dict:
+def _mapping(raw: Any, path: str, declares: bool = True) -> dict:
+    """An object of named entries; when it declares names, each is one path segment (names.one_segment)."""
     if not isinstance(raw, dict):
         _fail(path, f"expected an object of named entries, got {type_name(raw)}")
+    for name in raw if declares else ():
+        one_segment(name, f"{path}.{name}")
     return raw
 
 
@@ -100,12 +97,12 @@ def where(raw: Any, path: str) -> Where:
         _fail(path, "a position is an integer or an object, got a boolean")
     if isinstance(raw, int):
         return Where(index=raw)
-    _object(raw, path, ("index", "span", "last", "all", "scope", "frame"))
-    named = [c for c in ("index", "span", "last", "all")
+    _object(raw, path, CUTS + ("scope", "frame"))
+    named = [c for c in CUTS
              if c in raw and raw[c] is not None and raw[c] is not False]
     if len(named) != 1:
         _fail(path, f"a position names exactly one of index/span/last/all, got {named}")
-    frame = _choice(raw.get("frame", "prompt"), f"{path}.frame", ("prompt", "generated"))
+    frame = _choice(raw.get("frame", "prompt"), f"{path}.frame", FRAMES)
     index = span = last = None
     every = False
     if "index" in named:
@@ -127,24 +124,27 @@ def where(raw: Any, path: str) -> Where:
         if raw["all"] is not True:
             _fail(f"{path}.all", "all is true or absent")
         every = True
-    scope = None
-    if raw.get("scope") is not None:
-        scope_raw = _object(raw["scope"], f"{path}.scope", ("variable", "segment"))
-        variable = scope_raw.get("variable")
-        segment = scope_raw.get("segment")
-        if variable is None and segment is None:
-            _fail(f"{path}.scope", "an anchor names a variable, a segment, or both")
-        if variable is not None:
-            _str(variable, f"{path}.scope.variable")
-        if segment is not None:
-            _str(segment, f"{path}.scope.segment")
-            if segment == "eos" and frame == "prompt":
-                _fail(f"{path}.scope.segment", "segment 'eos' is a run of the generated frame, not the prompt")
-            if segment != "eos" and frame == "generated":
-                _fail(f"{path}.scope.segment", f"segment '{segment}' is a run of the prompt frame, not the "
-                      "generated one; the continuation has one segment, 'eos'")
-        scope = Anchor(variable=variable, segment=segment)
+    scope = _anchor(raw["scope"], f"{path}.scope", frame) if raw.get("scope") is not None else None
     return Where(index=index, span=span, last=last, all=every, scope=scope, frame=frame)
+
+
+def _anchor(raw: Any, path: str, frame: str) -> Anchor:
+    """A position's scope: a variable's text, a segment of the frame, or both."""
+    scope_raw = _object(raw, path, ("variable", "segment"))
+    variable = scope_raw.get("variable")
+    segment = scope_raw.get("segment")
+    if variable is None and segment is None:
+        _fail(path, "an anchor names a variable, a segment, or both")
+    if variable is not None:
+        _str(variable, f"{path}.variable")
+    if segment is not None:
+        _str(segment, f"{path}.segment")
+        if segment == "eos" and frame == "prompt":
+            _fail(f"{path}.segment", "segment 'eos' is a run of the generated frame, not the prompt")
+        if segment != "eos" and frame == "generated":
+            _fail(f"{path}.segment", f"segment '{segment}' is a run of the prompt frame, not the "
+                  "generated one; the continuation has one segment, 'eos'")
+    return Anchor(variable=variable, segment=segment)
 
 
 def _generated_rules(pos: Where, kind: str, name: str, decode: int, path: str, prefix: str):
@@ -255,10 +255,9 @@ def _write(raw: Any, path: str) -> Write:
 
 
 def _metric(raw: Any, path: str) -> Metric:
-    _object(raw, path, ("kind",) + tuple(sorted({c for cs in METRIC_COLUMNS.values() for c in cs}))
-            + ("of", "token_form"), ("kind",))
-    kind = _choice(raw["kind"], f"{path}.kind", tuple(METRIC_COLUMNS))
-    columns = METRIC_COLUMNS[kind]
+    _object(raw, path, ("kind",) + metrics.COLUMNS + ("of", "token_form"), ("kind",))
+    kind = _choice(raw["kind"], f"{path}.kind", tuple(metrics.KINDS))
+    columns = metrics.KINDS[kind].columns
     _object(raw, path, ("kind", "of", "token_form") + columns, ("kind", "of") + columns)
     _choice(raw.get("token_form", "space_prefixed"), f"{path}.token_form", ("space_prefixed",))
     return Metric(kind=kind, of=_str(raw["of"], f"{path}.of"),
@@ -266,94 +265,113 @@ def _metric(raw: Any, path: str) -> Metric:
 
 
 def _intervention(raw: Any, path: str, site_map: dict, roles: tuple, declared: dict) -> Intervention:
+    """Parse an intervention's parts, then check how they name each other, the sites and the roles."""
     _object(raw, path, ("reads", "writes", "models", "metrics", "decode"), ("reads",))
     decode = _int(raw.get("decode", 0), f"{path}.decode")
     if decode < 0:
         _fail(f"{path}.decode", f"decode {decode} is not a number of tokens: 0 is a single forward")
-    prefix = f"{path}: "
     reads = tuple((k, _read(v, f"{path}.reads.{k}")) for k, v in _mapping(raw["reads"], f"{path}.reads").items())
     writes = tuple((k, _write(v, f"{path}.writes.{k}"))
                    for k, v in _mapping(raw.get("writes", {}), f"{path}.writes").items())
-    models = []
-    for k, v in _mapping(raw.get("models", {}), f"{path}.models").items():
-        mp = f"{path}.models.{k}"
-        if k == "original":
-            _fail(mp, "'original' is the model with no writes, and is reserved")
-        _object(v, mp, ("input", "writes"), ("input", "writes"))
-        if not isinstance(v["writes"], list):
-            _fail(f"{mp}.writes", f"expected a list of write names, got {type_name(v['writes'])}")
-        models.append((k, IntervenedModel(input=_str(v["input"], f"{mp}.input"),
-                                          writes=tuple(_str(w, f"{mp}.writes.{i}") for i, w in enumerate(v["writes"])))))
-    metrics = tuple((k, _metric(v, f"{path}.metrics.{k}"))
-                    for k, v in _mapping(raw.get("metrics", {}), f"{path}.metrics").items())
-    read_map, write_map, model_map = dict(reads), dict(writes), dict(models)
+    models = tuple((k, _intervened_model(k, v, f"{path}.models.{k}"))
+                   for k, v in _mapping(raw.get("models", {}), f"{path}.models").items())
+    metrics_ = tuple((k, _metric(v, f"{path}.metrics.{k}"))
+                     for k, v in _mapping(raw.get("metrics", {}), f"{path}.metrics").items())
     if not reads:
         _fail(f"{path}.reads", "an intervention reads at least one value")
-
+    prefix = f"{path}: "
     for r, read in reads:
-        rp = f"{path}.reads.{r}"
-        if read.site not in site_map:
-            _fail(f"{rp}.site", f"{prefix}read '{r}': undeclared site '{read.site}'")
-        if read.input not in roles:
-            _fail(f"{rp}.input", f"{prefix}read '{r}': undeclared role '{read.input}'")
-        if read.model != "original" and read.model not in model_map:
-            _fail(f"{rp}.model", f"{prefix}read '{r}': model '{read.model}' is neither 'original' nor declared")
-        if read.model != "original" and model_map[read.model].input != read.input:
-            _fail(f"{rp}.input", f"{prefix}read '{r}': model '{read.model}' runs on '{model_map[read.model].input}', "
-                                 f"so its reads take input '{model_map[read.model].input}'")
-        _declared_featurizer(read, "read", r, declared, f"{rp}.featurizer", prefix)
-        component = site_map[read.site].component
-        if read.view == "logits" and component not in address.RESIDUAL:
-            _fail(f"{rp}.view", f"{prefix}read '{r}': view 'logits' projects the residual stream through the head, "
-                                f"and '{component}' is not the residual stream (one of {sorted(address.RESIDUAL)})")
-        _generated_rules(read.pos, "read", r, decode, f"{rp}.pos", prefix)
-
+        _check_read(r, read, f"{path}.reads.{r}", prefix, site_map, roles, dict(models), decode, declared)
     for w, write in writes:
-        wp = f"{path}.writes.{w}"
-        if write.site not in site_map:
-            _fail(f"{wp}.site", f"{prefix}write '{w}': undeclared site '{write.site}'")
-        component = site_map[write.site].component
-        facts = address.TABLE.get(component)
-        if facts is not None and facts.read_only:
-            _fail(f"{wp}.site", f"{prefix}write '{w}': '{component}' is read-only — the model's input, not an activation")
-        _declared_featurizer(write, "write", w, declared, f"{wp}.featurizer", prefix)
-        _generated_rules(write.pos, "write", w, decode, f"{wp}.pos", prefix)
-        if isinstance(write.operand, str):
-            if write.operand not in read_map:
-                _fail(f"{wp}.operand", f"{prefix}write '{w}': operand '{write.operand}' is not a read of this "
-                                       "intervention; a value from an earlier step is {\"ref\": …}")
-            operand = read_map[write.operand]
-            if operand.view == "logits":
-                _fail(f"{wp}.operand", f"{prefix}write '{w}': operand '{write.operand}' is a logits view, which is "
-                                       "vocabulary-wide and cannot be written back at a site")
-            want, have = write.pos.width, operand.pos.width
-            if want is not None and have is not None and want != have:
-                _fail(f"{wp}.pos", f"{prefix}write '{w}' covers {want} position(s) but its operand "
-                                   f"'{write.operand}' was read over {have}; the windows must match")
-
+        _check_write(w, write, f"{path}.writes.{w}", prefix, site_map, dict(reads), decode, declared)
     for m, model in models:
-        mp = f"{path}.models.{m}"
-        if model.input not in roles:
-            _fail(f"{mp}.input", f"{prefix}model '{m}': undeclared role '{model.input}'")
-        for k, w in enumerate(model.writes):
-            if w not in write_map:
-                _fail(f"{mp}.writes.{k}", f"{prefix}model '{m}': undeclared write '{w}'")
-        if len(set(model.writes)) != len(model.writes):
-            _fail(f"{mp}.writes", f"{prefix}model '{m}' names a write twice")
+        _check_model(m, model, f"{path}.models.{m}", prefix, roles, dict(writes))
+    for m, metric in metrics_:
+        _check_metric(m, metric, f"{path}.metrics.{m}", prefix, dict(reads))
+    return Intervention(reads=reads, writes=writes, models=models, metrics=metrics_, decode=decode)
 
-    for m, metric in metrics:
-        mp = f"{path}.metrics.{m}"
-        if metric.of not in read_map:
-            _fail(f"{mp}.of", f"{prefix}metric '{m}': `of` must be a read name, got '{metric.of}'")
-        if read_map[metric.of].featurizer != "identity":
-            _fail(f"{mp}.of", f"{prefix}metric '{m}' reads '{metric.of}' via featurizer "
-                              f"'{read_map[metric.of].featurizer}', whose features are not the vocabulary's logits; "
-                              "a metric's read is via 'identity'")
-        width = read_map[metric.of].pos.width
-        if width != 1:
-            _fail(f"{mp}.of", f"{prefix}metric '{m}' reads '{metric.of}', a window of "
-                              f"{'varying' if width is None else width} positions; a metric scores one position per row")
-    return Intervention(reads=reads, writes=writes, models=tuple(models), metrics=metrics, decode=decode)
+
+def _intervened_model(name: str, raw: Any, path: str) -> IntervenedModel:
+    if name == "original":
+        _fail(path, "'original' is the model with no writes, and is reserved")
+    _object(raw, path, ("input", "writes"), ("input", "writes"))
+    if not isinstance(raw["writes"], list):
+        _fail(f"{path}.writes", f"expected a list of write names, got {type_name(raw['writes'])}")
+    return IntervenedModel(input=_str(raw["input"], f"{path}.input"),
+                           writes=tuple(_str(w, f"{path}.writes.{i}") for i, w in enumerate(raw["writes"])))
+
+
+def _check_read(r: str, read: Read, rp: str, prefix: str, site_map: dict, roles: tuple, model_map: dict,
+                decode: int, declared: dict) -> None:
+    """A read names a declared site, role, model and featurizer; a model's reads take its input (SPEC.md D10)."""
+    if read.site not in site_map:
+        _fail(f"{rp}.site", f"{prefix}read '{r}': undeclared site '{read.site}'")
+    if read.input not in roles:
+        _fail(f"{rp}.input", f"{prefix}read '{r}': undeclared role '{read.input}'")
+    if read.model != "original" and read.model not in model_map:
+        _fail(f"{rp}.model", f"{prefix}read '{r}': model '{read.model}' is neither 'original' nor declared")
+    if read.model != "original" and model_map[read.model].input != read.input:
+        _fail(f"{rp}.input", f"{prefix}read '{r}': model '{read.model}' runs on '{model_map[read.model].input}', "
+                             f"so its reads take input '{model_map[read.model].input}'")
+    _declared_featurizer(read, "read", r, declared, f"{rp}.featurizer", prefix)
+    component = site_map[read.site].component
+    if read.view == "logits" and component not in address.RESIDUAL:
+        _fail(f"{rp}.view", f"{prefix}read '{r}': view 'logits' projects the residual stream through the head, "
+                            f"and '{component}' is not the residual stream (one of {sorted(address.RESIDUAL)})")
+    _generated_rules(read.pos, "read", r, decode, f"{rp}.pos", prefix)
+
+
+def _check_write(w: str, write: Write, wp: str, prefix: str, site_map: dict, read_map: dict, decode: int,
+                 declared: dict) -> None:
+    """A write names a declared, writable site and an operand read in the same intervention (SPEC.md D11)."""
+    if write.site not in site_map:
+        _fail(f"{wp}.site", f"{prefix}write '{w}': undeclared site '{write.site}'")
+    component = site_map[write.site].component
+    facts = address.TABLE.get(component)
+    if facts is not None and facts.read_only:
+        _fail(f"{wp}.site", f"{prefix}write '{w}': '{component}' is read-only — the model's input, not an "
+                            "activation")
+    _declared_featurizer(write, "write", w, declared, f"{wp}.featurizer", prefix)
+    _generated_rules(write.pos, "write", w, decode, f"{wp}.pos", prefix)
+    if not isinstance(write.operand, str):
+        return
+    if write.operand not in read_map:
+        _fail(f"{wp}.operand", f"{prefix}write '{w}': operand '{write.operand}' is not a read of this "
+                               "intervention; a value from an earlier step is {\"ref\": …}")
+    operand = read_map[write.operand]
+    if operand.view == "logits":
+        _fail(f"{wp}.operand", f"{prefix}write '{w}': operand '{write.operand}' is a logits view, which is "
+                               "vocabulary-wide and cannot be written back at a site")
+    want, have = write.pos.width, operand.pos.width
+    if want is not None and have is not None and want != have:
+        _fail(f"{wp}.pos", f"{prefix}write '{w}' covers {want} position(s) but its operand "
+                           f"'{write.operand}' was read over {have}; the windows must match")
+
+
+def _check_model(m: str, model: IntervenedModel, mp: str, prefix: str, roles: tuple, write_map: dict) -> None:
+    """An intervened model runs on a declared role with declared writes, each named once (SPEC.md D13)."""
+    if model.input not in roles:
+        _fail(f"{mp}.input", f"{prefix}model '{m}': undeclared role '{model.input}'")
+    for k, w in enumerate(model.writes):
+        if w not in write_map:
+            _fail(f"{mp}.writes.{k}", f"{prefix}model '{m}': undeclared write '{w}'")
+    if len(set(model.writes)) != len(model.writes):
+        _fail(f"{mp}.writes", f"{prefix}model '{m}' names a write twice")
+
+
+def _check_metric(m: str, metric: Metric, mp: str, prefix: str, read_map: dict) -> None:
+    """A metric scores one position per row of a read of this intervention, via 'identity' (SPEC.md D14)."""
+    if metric.of not in read_map:
+        _fail(f"{mp}.of", f"{prefix}metric '{m}': `of` must be a read name, got '{metric.of}'")
+    if read_map[metric.of].featurizer != "identity":
+        _fail(f"{mp}.of", f"{prefix}metric '{m}' reads '{metric.of}' via featurizer "
+                          f"'{read_map[metric.of].featurizer}', whose features are not the vocabulary's logits; "
+                          "a metric's read is via 'identity'")
+    width = read_map[metric.of].pos.width
+    if width != 1:
+        _fail(f"{mp}.of", f"{prefix}metric '{m}' reads '{metric.of}', a window of "
+                          f"{'varying' if width is None else width} positions; a metric scores one position "
+                          "per row")
 
 
 def featurizer(raw: Any, path: str) -> Featurizer:
@@ -420,7 +438,7 @@ def produced_names(names: tuple, interventions: dict) -> list[str]:
 
 def _rows(raw: Any, path: str, who: str, roles: tuple) -> tuple[tuple[str, str], ...]:
     """A step's `rows` (`who` is "step '<s>'" or "step '<s>'.eval"): a dataset ref for every declared role."""
-    rows_raw = _mapping(raw, path)
+    rows_raw = _mapping(raw, path, declares=False)
     for role in rows_raw:
         if role not in roles:
             _fail(f"{path}.{role}", f"{who}: undeclared role '{role}'")
@@ -655,10 +673,10 @@ def document(raw: Any) -> Document:
     """Validate one (already lowered) document."""
     _object(raw, "", ("header", "model", "roles", "sites", "featurizers", "interventions", "steps"),
             ("model", "roles", "sites", "interventions", "steps"))
-    for path, wrapper in find_wrappers(raw, ()):
+    for path, wrapper in sweeps.find_wrappers(raw, ()):
         _fail(".".join(str(p) for p in path), "a sweep wrapper must be lowered before validation")
     header = _object(raw.get("header", {}), "header", ("description",))
-    description = _str(header.get("description", ""), "header.description")
+    _str(header.get("description", ""), "header.description")  # authoring metadata: checked, not kept
     model = model_block(raw["model"])
     roles = []
     for k, v in _mapping(raw["roles"], "roles").items():
@@ -683,6 +701,13 @@ def document(raw: Any) -> Document:
     steps = tuple((k, _step(v, f"steps.{k}", dict(interventions), role_names, declared))
                   for k, v in steps_raw.items())
     check_order(steps, dict(interventions), declared)
+    _check_save_paths(steps)
+    return Document(model=model, roles=tuple(roles), sites=sites, interventions=interventions,
+                    steps=steps, featurizers=tuple(declared.items()))
+
+
+def _check_save_paths(steps: tuple) -> None:
+    """No two saves of a document write one file, and none is a folder of another (SPEC.md D16, S44)."""
     written: dict[str, str] = {}
     for k, step in steps:
         for i, save in enumerate(all_saves(step)):
@@ -690,5 +715,24 @@ def document(raw: Any) -> Document:
                 _fail(f"steps.{k}.saves.{i}.file_path", f"'{save.file_path}' is already written by step "
                       f"'{written[save.file_path]}'; name another file")
             written[save.file_path] = k
-    return Document(model=model, roles=tuple(roles), sites=sites, interventions=interventions,
-                    steps=steps, description=description, featurizers=tuple(declared.items()))
+    saves = [(k, i, save.file_path) for k, step in steps for i, save in enumerate(all_saves(step))]
+    clash = colliding([file_path for _k, _i, file_path in saves])
+    if clash is not None:
+        (k, i, mine), other = saves[clash[0]], clash[1]
+        inner, outer = (mine, other) if len(mine) > len(other) else (other, mine)
+        _fail(f"steps.{k}.saves.{i}.file_path", f"'{mine}' and '{other}' collide as paths: '{inner}' would be "
+              f"written inside '{outer}', which this run writes as a file; name another file")
+
+
+@dataclass(frozen=True)
+class Point:
+    """One sweep point, or the unswept document: its label (its folder under --out, "" when
+    unswept), its raw JSON (what is hashed and written as document.json) and its Document."""
+    label: str
+    raw: Any
+    document: Document
+
+
+def points_of(raw: Any) -> list[Point]:
+    """The one pass a document takes before compile: lower its sweeps once, validate each point once."""
+    return [Point(label=label, raw=point, document=document(point)) for label, point in sweeps.points(raw)]

@@ -2,7 +2,8 @@
 
 `case(rng, tmp)` takes one shipped document and, with the data root, writes a mutated
 copy into `tmp`: wrong types, missing and extra keys, out-of-range and huge numbers,
-unicode, deep nesting, broken JSON, and the same done to a data table. `check(argv)`
+unicode, deep nesting, broken JSON, keys named twice, integers past 4300 digits, names
+that are paths, and the same done to a data table. `check(argv)`
 runs the command line in this process and says whether the outcome was the project's
 own: status 0, or status 2 with one `<stage>: ...` line and no traceback.
 
@@ -17,6 +18,7 @@ import io
 import json
 import pathlib
 import random
+import re
 import shutil
 from typing import Any
 
@@ -29,6 +31,7 @@ WEIRD_STRINGS = ["", " ", "..", "../x", "/abs", "a/../../b", "\u00e9t\u00e9", "\
                  "\u202e\u0301", "x" * 5000, "weekdays/../weekdays/train", "weekdays/train#nope", "#",
                  "weekdays//train", "\ud800", "a.b[0]", "c[999]", "[", "block_output", "eager", "fixture:nope",
                  "fixture:tiny-gpt2", "-1", "null", "\n\t", "Monday", "\u3042\u3044"]
+PATH_NAMES = ["a/b", "a.b", "..", ".", "", "x/../y", "a\\b", "/abs", "iia.json/x", "n\nl", "a" * 300]
 WEIRD_NUMBERS = [0, 1, -1, 2, 3, 7, -7, 10 ** 6, -(10 ** 6), 2 ** 31, 2 ** 63, 10 ** 100, -(10 ** 100), 0.5, -0.0,
                  1e308, float("inf"), float("nan"), True, False]
 
@@ -79,7 +82,7 @@ def mutate_tree(rng: random.Random, tree: Any, keys: list[str]) -> Any:
     for _ in range(rng.randrange(1, 4)):
         paths = _paths(tree)
         path = rng.choice(paths)
-        op = rng.randrange(5)
+        op = rng.randrange(6)
         if not path:
             if op == 0:
                 tree = weird_value(rng)
@@ -97,6 +100,8 @@ def mutate_tree(rng: random.Random, tree: Any, keys: list[str]) -> Any:
             other = rng.choice(paths)
             if other and other[: len(path)] != path:
                 parent[last] = copy.deepcopy(_get(tree, other))
+        elif op == 5 and isinstance(parent, dict):  # rename a key (a declared name, often) to a path-like one
+            parent[rng.choice(PATH_NAMES)] = parent.pop(last)
         else:
             parent[last] = weird_value(rng)
     return tree
@@ -106,11 +111,33 @@ def _keys(tree: Any) -> list[str]:
     return sorted({str(p[-1]) for p in _paths(tree) if p and isinstance(p[-1], str)})
 
 
+def _twice(rng: random.Random, text: str) -> str:
+    """A key named twice: repeat one object's key (with another value) right after its `{` or `, `."""
+    keys = [m for m in re.finditer(r'([{,] ?)("(?:[^"\\]|\\.)*"): ', text)]
+    if not keys:
+        return text
+    m = rng.choice(keys)
+    return text[:m.end(1)] + m.group(2) + ": " + rng.choice(["0", "null", "[1]", '"x"']) + ", " + text[m.end(1):]
+
+
+def _huge_integer(rng: random.Random, text: str) -> str:
+    """An integer of more than 4300 digits (which Python will not convert) where a number was."""
+    numbers = list(re.finditer(r"(?<=[:\[,] )-?\d+(?=[,\]}])", text))
+    if not numbers:
+        return text
+    m = rng.choice(numbers)
+    return text[:m.start()] + rng.choice(["", "-"]) + "9" * rng.choice([4301, 5000, 20000]) + text[m.end():]
+
+
 def _text(rng: random.Random, tree: Any) -> str:
     try:
         text = json.dumps(tree, ensure_ascii=rng.random() < 0.5, allow_nan=True)
     except RecursionError:  # nested past what json can write: say so in text instead
         text = "[" * 5000 + "]" * 5000
+    if rng.random() < 0.06:
+        text = _twice(rng, text)
+    if rng.random() < 0.06:
+        text = _huge_integer(rng, text)
     if rng.random() < 0.02:  # nested past what json can read
         text = "[" * 100_000 + text + "]" * 100_000
     if rng.random() < 0.08:  # broken JSON: cut, spliced, or not UTF-8

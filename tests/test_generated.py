@@ -52,7 +52,7 @@ def _run(llama, doc, root=DATA):
 
 
 def test_said_rows_report_the_step_and_token_others_alignment_missing(llama, tmp_path):
-    """SPEC.md:102 [P45] a row that said its text reports the step and the token; a row that did not is
+    """SPEC.md:103 [P45] a row that said its text reports the step and the token; a row that did not is
     alignment_missing, value null, eligible false, and stays in the table (seed 000:286-291)."""
     generated, _ = _greedy(llama, 6)
     tok = llama.tokenizer
@@ -72,7 +72,7 @@ def test_said_rows_report_the_step_and_token_others_alignment_missing(llama, tmp
 
 
 def test_no_row_stops_so_eos_is_alignment_missing_everywhere(llama):
-    """SPEC.md:94 [P37] EOS is held off, so no row stops and the eos segment is missing on every row
+    """SPEC.md:95 [P37] EOS is held off, so no row stops and the eos segment is missing on every row
     (seed 000:322)."""
     _step, results, _plan = _run(llama, GENERATED)
     assert results["positions"]["at_stop"]["reason"] == ("alignment_missing",) * 4
@@ -80,7 +80,7 @@ def test_no_row_stops_so_eos_is_alignment_missing_everywhere(llama):
 
 
 def test_decode_runs_to_its_bound_greedily(llama):
-    """SPEC.md:93 [P36] every forward decodes exactly `decode` tokens, greedily: the ids equal
+    """SPEC.md:94 [P36] every forward decodes exactly `decode` tokens, greedily: the ids equal
     transformers' own greedy generate with min == max new tokens."""
     _step, results, _plan = _run(llama, GENERATED)
     want, _ = _greedy(llama, 6)
@@ -88,7 +88,7 @@ def test_decode_runs_to_its_bound_greedily(llama):
 
 
 def test_a_step_read_is_the_logits_that_produced_that_token(llama, tmp_path):
-    """SPEC.md:96 [P39] step k is the forward that produces generated token k: token_prob at the step of
+    """SPEC.md:97 [P39] step k is the forward that produces generated token k: token_prob at the step of
     the said token equals softmax of transformers' score for that step."""
     generated, scores = _greedy(llama, 6)
     tok = llama.tokenizer
@@ -104,7 +104,7 @@ def test_a_step_read_is_the_logits_that_produced_that_token(llama, tmp_path):
 
 
 def test_a_fixed_step_read_fires_at_that_step(llama):
-    """SPEC.md:96 [P39] {"frame": "generated", "index": k} reads step k and reports position k and the
+    """SPEC.md:97 [P39] {"frame": "generated", "index": k} reads step k and reports position k and the
     token produced there."""
     doc = copy.deepcopy(GENERATED)
     doc["interventions"]["generation"]["reads"]["step2"] = {"site": "head", "pos": {"frame": "generated",
@@ -118,7 +118,7 @@ def test_a_fixed_step_read_fires_at_that_step(llama):
 
 
 def test_a_write_at_step_k_changes_the_continuation_from_k_on(llama):
-    """SPEC.md:100 [P43] a write at decode step k leaves tokens before k as they were and changes the
+    """SPEC.md:101 [P43] a write at decode step k leaves tokens before k as they were and changes the
     continuation from step k."""
     doc = copy.deepcopy(GENERATED)
     intervention = doc["interventions"]["generation"]
@@ -136,7 +136,7 @@ def test_a_write_at_step_k_changes_the_continuation_from_k_on(llama):
 
 
 def test_a_stacked_read_over_256_mib_is_refused_at_compile_without_allocating(llama):
-    """SPEC.md:98 [P41] rows x decode x width x 4 bytes above 256 MiB is refused when compiled, giving the
+    """SPEC.md:99 [P41] rows x decode x width x 4 bytes above 256 MiB is refused when compiled, giving the
     number and what to change."""
     doc = copy.deepcopy(GENERATED)
     doc["interventions"]["generation"]["decode"] = 600
@@ -149,7 +149,7 @@ def test_a_stacked_read_over_256_mib_is_refused_at_compile_without_allocating(ll
 
 
 def test_continuation_map_is_built_from_the_decoded_ids(llama):
-    """SPEC.md:95 [P38] the continuation's offsets come from decoding prefixes of the generated ids."""
+    """SPEC.md:96 [P38] the continuation's offsets come from decoding prefixes of the generated ids."""
     generated, _ = _greedy(llama, 6)
     tok = llama.tokenizer
     frame = locate.frame_of_continuation(tok, generated, tok.eos_token_id)
@@ -160,7 +160,7 @@ def test_continuation_map_is_built_from_the_decoded_ids(llama):
 
 
 def test_eos_resolves_over_hand_made_ids(llama):
-    """SPEC.md:94 [P37] the positive eos case over hand-made ids: the frame is cut at the first stop token
+    """SPEC.md:95 [P37] the positive eos case over hand-made ids: the frame is cut at the first stop token
     and eos is that token; a row that never stopped has no eos (seed 000:322)."""
     tok = llama.tokenizer
     eos = tok.eos_token_id
@@ -174,7 +174,7 @@ def test_eos_resolves_over_hand_made_ids(llama):
 
 
 def test_prompt_taps_in_a_decode_act_at_step_zero(llama):
-    """SPEC.md:101 [P44] a prompt read in a decoding forward is the prompt's own forward: it equals the
+    """SPEC.md:102 [P44] a prompt read in a decoding forward is the prompt's own forward: it equals the
     same read without decode."""
     doc = copy.deepcopy(GENERATED)
     doc["interventions"]["generation"]["reads"]["prompt_last"] = {"site": "head", "pos": -1, "input": "base"}
@@ -184,7 +184,7 @@ def test_prompt_taps_in_a_decode_act_at_step_zero(llama):
 
 
 def test_an_earlier_prompt_position_of_the_head_during_a_decode_is_refused(llama):
-    """SPEC.md:101 [P44] the head is computed at the last prompt position only during a decode; asking for
+    """SPEC.md:102 [P44] the head is computed at the last prompt position only during a decode; asking for
     an earlier one is refused rather than read from a neighbour."""
     doc = copy.deepcopy(GENERATED)
     doc["interventions"]["generation"]["reads"]["early"] = {"site": "head", "pos": -2, "input": "base"}
@@ -194,7 +194,7 @@ def test_an_earlier_prompt_position_of_the_head_during_a_decode_is_refused(llama
 
 
 def test_other_continuation_cuts_stack_every_step_and_cut_per_row(llama):
-    """SPEC.md:97 [P40] a negative index, `last`, and `all` in the generated frame are one read per decode
+    """SPEC.md:98 [P40] a negative index, `last`, and `all` in the generated frame are one read per decode
     step, stacked and cut per row against the continuation afterwards: the plan says so, and the values
     are transformers' scores at the steps each cut names (no row stops, so -1 is step 5)."""
     doc = copy.deepcopy(GENERATED)

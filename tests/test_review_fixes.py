@@ -61,7 +61,7 @@ def test_two_steps_may_not_save_to_one_file():
 
 
 def test_a_negative_layer_is_refused_at_compile_by_number(llama):
-    """SPEC.md:117 [L3] a negative layer is outside the stack: refused when compiled, by number."""
+    """SPEC.md:118 [L3] a negative layer is outside the stack: refused when compiled, by number."""
     doc = copy.deepcopy(PATCHING)
     doc["sites"]["target"]["layers"] = [-1]
     validate.document(doc)
@@ -72,7 +72,7 @@ def test_a_negative_layer_is_refused_at_compile_by_number(llama):
 
 
 def test_heads_at_an_added_place_with_no_head_count_is_refused():
-    """SPEC.md:128 [L14] heads at a place added with `extra` (no head count) is refused, not a TypeError."""
+    """SPEC.md:129 [L14] heads at a place added with `extra` (no head count) is refused, not a TypeError."""
     spec = validate.document(PATCHING).model
     shell = engine.load(spec, weights=False, extra={"gate": ("mlp.gate_proj", 42)})
     doc = copy.deepcopy(PATCHING)
@@ -84,7 +84,7 @@ def test_heads_at_an_added_place_with_no_head_count_is_refused():
 
 
 def test_a_last_cut_makes_a_pass_report_its_positions(llama):
-    """SPEC.md:87 [P32] only a pass of bare `index` cuts reports nothing; a `last` cut is the row's own
+    """SPEC.md:88 [P32] only a pass of bare `index` cuts reports nothing; a `last` cut is the row's own
     and is reported."""
     doc = copy.deepcopy(PATCHING)
     for op in (doc["interventions"]["patching"]["reads"]["v_cf"], doc["interventions"]["patching"]["writes"]["patch"]):
@@ -97,7 +97,7 @@ def test_a_last_cut_makes_a_pass_report_its_positions(llama):
 
 
 def test_a_decode_past_the_models_positions_is_refused_at_compile(llama):
-    """SPEC.md:93 [P36] prompt length + decode beyond max_position_embeddings is refused before any forward."""
+    """SPEC.md:94 [P36] prompt length + decode beyond max_position_embeddings is refused before any forward."""
     doc = copy.deepcopy(GENERATED)
     doc["interventions"]["generation"]["decode"] = 5000
     doc["interventions"]["generation"]["reads"] = {"step0": {"site": "head", "input": "base",
@@ -112,7 +112,7 @@ def test_a_decode_past_the_models_positions_is_refused_at_compile(llama):
 
 
 def test_a_write_and_operand_of_different_widths_are_refused_at_compile(llama):
-    """SPEC.md:140 [L26] 64 mlp_activation features cannot land in a 16-wide block_output: refused when
+    """SPEC.md:141 [L26] 64 mlp_activation features cannot land in a 16-wide block_output: refused when
     compiled, naming both places."""
     doc = copy.deepcopy(PATCHING)
     doc["sites"]["act"] = {"component": "mlp_activation", "layers": [0]}
@@ -126,7 +126,7 @@ def test_a_write_and_operand_of_different_widths_are_refused_at_compile(llama):
 
 
 def test_a_continuation_write_with_a_cut_and_a_scope_gets_the_cut_refusal():
-    """SPEC.md:99 [P42] the finished-continuation cut is refused before the scope, in A9's order."""
+    """SPEC.md:100 [P42] the finished-continuation cut is refused before the scope, in A9's order."""
     doc = copy.deepcopy(GENERATED)
     iv = doc["interventions"]["generation"]
     iv["writes"] = {"w": {"site": "head", "mechanism": "swap", "operand": 0.0,

@@ -60,12 +60,12 @@ MUTANTS = [
     ("an excluded read's row stays eligible", "P30", "run.py",
      "both = tuple(col and not reason for col, reason in zip(metric.eligible, read.reasons))",
      "both = tuple(bool(col) for col, reason in zip(metric.eligible, read.reasons))"),
-    ("logit_diff is b - a", "R8", "run.py",
-     'return vector[answers["a"][r]] - vector[answers["b"][r]]',
-     'return vector[answers["b"][r]] - vector[answers["a"][r]]'),
-    ("token_prob as a log-probability", "R8", "run.py",
-     'return torch.softmax(vector, -1)[answers["token"][r]]  # token_prob',
-     'return torch.log_softmax(vector, -1)[answers["token"][r]]  # token_prob'),
+    ("logit_diff is b - a", "R8", "metrics.py",
+     'return vector[ids["a"]] - vector[ids["b"]]',
+     'return vector[ids["b"]] - vector[ids["a"]]'),
+    ("token_prob as a log-probability", "R8", "metrics.py",
+     'return vector.softmax(-1)[ids["token"]]',
+     'return vector.log_softmax(-1)[ids["token"]]'),
     ("a bare pass reports positions", "P33", "run.py",
      '"positions": list(where["rows"][r]) if step.dynamic else None,',
      '"positions": list(where["rows"][r]) if where else [],'),
@@ -81,7 +81,7 @@ MUTANTS = [
     ("eos allowed in the prompt frame", "P14", "validate.py",
      'if segment == "eos" and frame == "prompt":', 'if False and segment == "eos" and frame == "prompt":'),
     ("a metric over a varying window is accepted", "P49", "validate.py",
-     "        if width != 1:", "        if width is not None and width != 1:"),
+     "    if width != 1:", "    if width is not None and width != 1:"),
     ("write/operand width mismatch accepted", "P50", "validate.py",
      "if want is not None and have is not None and want != have:", "if False:"),
     ("input_ids writable", "L8", "validate.py",
@@ -172,6 +172,13 @@ MUTANTS = [
     # The engine (issue 10): a row's numbers do not depend on the rows beside it.
     ("no position ids from the attention mask", "R20", "contract.py",
      '"position_ids": position_ids(mask_t)}', '"position_ids": None}'),
+    # Documents, data files and names (S43-S45; S40-S42 are read from the text, which a case's JSON cannot hold).
+    ("a name with '/' or '.' accepted", "S43", "names.py",
+     "    bad = (not name or len(", "    bad = False and (not name or len("),
+    ("saves that collide as paths accepted", "S44", "names.py",
+     "            if parts != theirs and parts[:n] == theirs[:n]:", "            if False:"),
+    ("a prompt past the model's positions accepted", "S45", "compile.py",
+     "    if over:", "    if False:"),
 ]
 
 
