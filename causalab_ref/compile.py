@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from . import bundles, data, fit, locate, metrics, reader, validate
+from . import bundles, data, fit, locate, metrics, reader, share, validate
 from .plan import FeaturizerPlan, FitPlan, Forward, MetricPlan, ObservePlan, Plan, Tap, WeightsPlan
 from .shapes import Address, Document, Refusal, Where
 
@@ -496,10 +496,11 @@ def compile_document(raw: Any, engine, data_root: Path, points: Optional[list] =
     """The root plan: one leaf per sweep point (or the document itself when unswept).
 
     `points` are the document's lowered and validated points (`validate.points_of(raw)`) when the
-    caller has them already, so that each is validated once; otherwise they are made here."""
+    caller has them already, so that each is validated once; otherwise they are made here. Forwards
+    that several steps compute identically are marked shared (share.py)."""
     points = validate.points_of(raw) if points is None else points
     if len(points) == 1 and points[0].label == "":
-        return compile_point(points[0], engine, data_root)
+        return share.mark(compile_point(points[0], engine, data_root))
     cache: dict = {}
     leaves = tuple(compile_point(point, engine, data_root, cache) for point in points)
-    return Plan(label="", digest=reader.digest(raw), raw=raw, points=leaves)
+    return share.mark(Plan(label="", digest=reader.digest(raw), raw=raw, points=leaves))

@@ -56,8 +56,9 @@ class Forward:
     segments: Optional[tuple[dict, ...]] = None
     sample: str = ""
     check: str = ""  # row 0 decoded by the tokenizer that encoded the plan
-
     decode: int = 0
+    computation: str = ""  # set when other steps compute this forward identically (share.py)
+    shared: tuple[str, ...] = ()  # those steps, `<point>/<step>`, this one included
 
     def line(self) -> str:
         tail = f", then {self.decode} decode steps" if self.decode else ""
@@ -182,7 +183,21 @@ class Plan:
         return out
 
     def text(self) -> str:
-        return "\n".join(self.lines())
+        return "\n".join(self.lines() + self.shared_lines())
+
+    def shared_lines(self) -> list[str]:
+        """After the points: each forward that runs once for several steps, and which (SPEC.md Q6)."""
+        seen: dict[str, Forward] = {}
+        for leaf in self.leaves():
+            for step in leaf.steps:
+                for forward in getattr(step, "forwards", ()):  # a fit or weights step has none of its own
+                    if forward.computation:
+                        seen.setdefault(forward.computation, forward)
+        if not seen:
+            return []
+        return ["  shared forwards (each runs once, its reads serve every step named):"] + [
+            f"    '{f.model}' on '{f.input}'  ({len(f.ids)} rows x {len(f.ids[0])} tokens): {', '.join(f.shared)}"
+            for f in seen.values()]
 
     def leaves(self) -> list["Plan"]:
         return [self] if not self.points else [p for point in self.points for p in point.leaves()]

@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import torch
 
-from . import bundles, featurizers, fit, locate, metrics, results
+from . import bundles, featurizers, fit, locate, metrics, results, share
 from .plan import Forward, ObservePlan, Plan, Tap
 from .contract import Action, Batch
 from .shapes import Refusal, Selection
@@ -114,12 +114,13 @@ def _in_layout(value: torch.Tensor, ragged: bool, rows: int) -> torch.Tensor:
 
 
 def run_step(engine, step: ObservePlan, batch_size: Optional[int] = None, bar=None, live: Optional[dict] = None,
-             grad: bool = False) -> dict:
+             grad: bool = False, memo: Optional[share.Memo] = None) -> dict:
     """One observe pass: forwards, then metrics. Returns the step's results (plain data + tensors).
 
     With `batch_size`, the rows are split into windows of that many and each window runs the
     whole pass (its forwards, in order) at the batch's full padded width, so positions and
-    values are those of one pass; row numbers in refusals are the document's.
+    values are those of one pass; row numbers in refusals are the document's. With `memo`, a
+    forward that other steps compute identically runs once for all of them (share.py).
     """
     path = f"interventions.{step.intervention}"
     for forward in step.forwards:
@@ -128,7 +129,7 @@ def run_step(engine, step: ObservePlan, batch_size: Optional[int] = None, bar=No
     size = batch_size or rows
     parts = []
     for lo in range(0, rows, size):
-        parts.append(_pass(engine, window(step, lo, min(lo + size, rows)), path, lo, live or {}, grad))
+        parts.append(_pass(engine, window(step, lo, min(lo + size, rows)), path, lo, live or {}, grad, memo))
         if bar is not None:
             bar.update(1)
     values = {k: torch.cat([p[0][k] for p in parts], dim=0) for k in parts[0][0]}
@@ -173,7 +174,8 @@ def window(step: ObservePlan, lo: int, hi: int) -> ObservePlan:
     return replace(step, forwards=forwards, example_ids=step.example_ids[lo:hi])
 
 
-def _pass(engine, step: ObservePlan, path: str, offset: int, live: dict, grad: bool = False):
+def _pass(engine, step: ObservePlan, path: str, offset: int, live: dict, grad: bool = False,
+          memo: Optional[share.Memo] = None):
     """The forwards of one window of rows: (values read, where each tap acted)."""
     values: dict[str, torch.Tensor] = {}
     placed: dict[str, Resolved] = {}
@@ -188,11 +190,42 @@ def _pass(engine, step: ObservePlan, path: str, offset: int, live: dict, grad: b
                                    operand=operand_value(tap, resolved, values, windows, path, offset)
                                    if tap.kind == "write" else None, featurizer=live.get(tap.featurizer))
                             for tap in forward.taps)
-            batch = Batch(ids=forward.ids, mask=forward.mask, actions=actions, grad=grad)
-            read = _in_document(lambda: engine.forward(batch), path)
+            if memo is not None and forward.computation and not grad:
+                read = _shared_forward(engine, forward, actions, frames[forward.input], memo, path, offset)
+            else:
+                batch = Batch(ids=forward.ids, mask=forward.mask, actions=actions, grad=grad)
+                read = _in_document(lambda: engine.forward(batch), path)
         values.update(read)
         placed.update({tap.name: resolved[tap.name] for tap in forward.taps})
     return values, placed
+
+
+def _shared_forward(engine, forward: Forward, actions: tuple, frame, memo: share.Memo, path: str,
+                    offset: int) -> dict[str, torch.Tensor]:
+    """A forward other steps compute identically (SPEC.md Q5): the reads an earlier one kept, or one
+    run with every user's reads added, kept for the others. A read of another step that cannot be
+    placed on these rows is left to that step, which then runs the forward itself (Q7)."""
+    lead = memo.leads(forward, offset)
+    taken = None if lead else memo.take(forward, offset)
+    if taken is not None:
+        return taken
+    extra, names = [], {}
+    for k, (identity, tap) in enumerate(memo.others(forward, offset, offset + len(forward.ids)) if lead else ()):
+        named = replace(tap, name=f"shared:{k}")
+        if tap.pos.scope is not None and not frame.offsets:  # this pass built no character map
+            continue
+        try:
+            where = place(frame, [named], False, path, offset)[named.name]
+        except Refusal:
+            continue
+        extra.append(Action(tap=named, selection=selection_of(named, where)))
+        names[identity] = named.name
+    ordered = tuple(sorted(actions + tuple(extra), key=lambda a: (a.tap.address.rank, a.tap.kind != "write")))
+    got = _in_document(lambda: engine.forward(Batch(ids=forward.ids, mask=forward.mask, actions=ordered)), path)
+    if lead:
+        mine = {share.read_identity(a.tap): got[a.name] for a in actions if a.tap.kind == "read"}
+        memo.keep(forward, offset, mine | {identity: got[name] for identity, name in names.items()})
+    return {a.name: got[a.name] for a in actions if a.tap.kind == "read"}
 
 
 def _in_document(call, path: str):
@@ -355,7 +388,7 @@ def fit_step(engine, step, live: dict, batch_size: Optional[int] = None) -> dict
     return {"curves": curves, "evaluation": last["results"]}
 
 
-def _leaf_step(engine, step, live: dict, leaf: Plan, batch_size, bar) -> list[tuple[str, Any]]:
+def _leaf_step(engine, step, live: dict, leaf: Plan, batch_size, bar, memo=None) -> list[tuple[str, Any]]:
     """Run one step of a leaf; returns its files in write order as (file_path, content): a metric table
     (a list), or (tensors, metadata) for a .safetensors file."""
     if step.kind == "weights":
@@ -366,7 +399,7 @@ def _leaf_step(engine, step, live: dict, leaf: Plan, batch_size, bar) -> list[tu
         files: list[tuple[str, Any]] = [(path, ({"weight": results["curves"][name]}, {})) for name, path in step.saves]
         return files + [(path, metric_table(step.evaluation, results["evaluation"], name, leaf.digest))
                         for name, path in step.evaluation.saves]
-    results = run_step(engine, step, batch_size, bar, live=live)
+    results = run_step(engine, step, batch_size, bar, live=live, memo=memo)
     return [(path, metric_table(step, results, name, leaf.digest)) for name, path in step.saves]
 
 
@@ -414,6 +447,7 @@ def execute(plan: Plan, engine, out: Path, batch_size: Optional[int] = None, rep
         passes = sum(-(-len(step.example_ids) // (batch_size or len(step.example_ids) or 1))
                      for leaf in leaves for step in leaf.steps if isinstance(step, ObservePlan))
         bar = results.progress(passes, progress, "run")
+        memo = share.Memo(plan)
         try:
             folder.write("document.json", plan.raw)
             for leaf in leaves:
@@ -421,7 +455,7 @@ def execute(plan: Plan, engine, out: Path, batch_size: Optional[int] = None, rep
                     folder.write(_within(leaf.label, "document.json"), leaf.raw)
                 live = featurizers.build(leaf.featurizers)
                 for step in leaf.steps:
-                    for file_path, content in _leaf_step(engine, step, live, leaf, batch_size, bar):
+                    for file_path, content in _leaf_step(engine, step, live, leaf, batch_size, bar, memo):
                         where, path = _within(leaf.label, file_path), f"steps.{step.name}.saves"
                         if isinstance(content, tuple):
                             folder.write_bytes(where, bundles.encode(*content), path=path)

@@ -179,6 +179,9 @@ MUTANTS = [
      "            if parts != theirs and parts[:n] == theirs[:n]:", "            if False:"),
     ("a prompt past the model's positions accepted", "S45", "compile.py",
      "    if over:", "    if False:"),
+    # Shared forwards (Q5): a forward is the same computation only with the same writes.
+    ("forwards shared whatever their writes", "Q5", "share.py",
+     '        parts.append((repr(replace(tap, name="", operand=None)), operand))', "        pass"),
 ]
 
 
