@@ -214,46 +214,42 @@ def plan_json(plan, engine) -> list[dict]:
     as the run resolves them but with no refusal; a continuation tap's positions are only
     known after the decode, so they are null.
     """
-    tok = engine.tokenizer
-    leaves = []
-    for leaf in plan.leaves():
-        steps = []
-        for step in leaf.steps:
-            if not isinstance(step, ObservePlan):
-                steps.append({"name": step.name, "kind": step.kind, "saves": [list(s) for s in step.saves]})
-                continue
-            forwards = []
-            for forward in step.forwards:
-                frame = locate.frame_of_ids(tok, forward.ids, forward.mask, segments=forward.segments)
-                taps = []
-                for tap in forward.taps:
-                    a = tap.address
-                    entry = {"kind": tap.kind, "name": tap.name, "site": tap.site, "component": a.component,
-                             "layer": a.layer, "module": a.module, "io": a.io, "op": a.op, "width": a.width,
-                             "heads": a.heads, "pos": tap.pos.spelling(),
-                             "features": features_label(tap.groups, tap.take).split("=", 1)[-1] or None,
-                             "view": tap.view, "stacked": tap.stacked,
-                             "operand": tap.operand if tap.kind == "write" else None}
-                    if tap.pos.frame == "prompt":
-                        windows, reasons = locate.locate(frame, tap.pos, tap.anchors)
-                        entry["positions"] = [list(w) for w in windows]
-                        entry["reasons"] = list(reasons)
-                        entry["tokens"] = [locate.tokens_of(frame, w, r) for r, w in enumerate(windows)]
-                    else:
-                        entry["positions"] = entry["reasons"] = entry["tokens"] = None
-                    taps.append(entry)
-                forwards.append({"model": forward.model, "input": forward.input, "rows": len(forward.ids),
-                                 "tokens": len(forward.ids[0]), "decode": forward.decode,
-                                 "starts": list(frame.starts),
-                                 "segments": ([{k: None if v is None else list(v) for k, v in s.items()}
-                                               for s in forward.segments]
-                                              if forward.segments is not None else None),
-                                 "taps": taps})
-            steps.append({"name": step.name, "intervention": step.intervention, "dynamic": step.dynamic,
-                          "example_ids": list(step.example_ids),
-                          "metrics": [{"name": m.name, "kind": m.kind, "of": m.of, "unit": m.unit,
-                                       "estimand_version": m.estimand_version, "eligible": list(m.eligible)}
-                                      for m in step.metrics],
-                          "saves": [list(s) for s in step.saves], "forwards": forwards})
-        leaves.append({"label": leaf.label, "produced_by": leaf.digest, "steps": steps})
-    return leaves
+    return [{"label": leaf.label, "produced_by": leaf.digest,
+             "steps": [_step_json(step, engine.tokenizer) for step in leaf.steps]} for leaf in plan.leaves()]
+
+
+def _step_json(step, tok) -> dict:
+    if not isinstance(step, ObservePlan):
+        return {"name": step.name, "kind": step.kind, "saves": [list(s) for s in step.saves]}
+    return {"name": step.name, "intervention": step.intervention, "dynamic": step.dynamic,
+            "example_ids": list(step.example_ids),
+            "metrics": [{"name": m.name, "kind": m.kind, "of": m.of, "unit": m.unit,
+                         "estimand_version": m.estimand_version, "eligible": list(m.eligible)} for m in step.metrics],
+            "saves": [list(s) for s in step.saves], "forwards": [_forward_json(f, tok) for f in step.forwards]}
+
+
+def _forward_json(forward: Forward, tok) -> dict:
+    frame = locate.frame_of_ids(tok, forward.ids, forward.mask, segments=forward.segments)
+    segments = ([{k: None if v is None else list(v) for k, v in s.items()} for s in forward.segments]
+                if forward.segments is not None else None)
+    return {"model": forward.model, "input": forward.input, "rows": len(forward.ids),
+            "tokens": len(forward.ids[0]), "decode": forward.decode, "starts": list(frame.starts),
+            "segments": segments, "taps": [_tap_json(tap, frame) for tap in forward.taps]}
+
+
+def _tap_json(tap: Tap, frame) -> dict:
+    a = tap.address
+    entry = {"kind": tap.kind, "name": tap.name, "site": tap.site, "component": a.component,
+             "layer": a.layer, "module": a.module, "io": a.io, "op": a.op, "width": a.width,
+             "heads": a.heads, "pos": tap.pos.spelling(),
+             "features": features_label(tap.groups, tap.take).split("=", 1)[-1] or None,
+             "view": tap.view, "stacked": tap.stacked,
+             "operand": tap.operand if tap.kind == "write" else None}
+    if tap.pos.frame == "prompt":
+        windows, reasons = locate.locate(frame, tap.pos, tap.anchors)
+        entry["positions"] = [list(w) for w in windows]
+        entry["reasons"] = list(reasons)
+        entry["tokens"] = [locate.tokens_of(frame, w, r) for r, w in enumerate(windows)]
+    else:
+        entry["positions"] = entry["reasons"] = entry["tokens"] = None
+    return entry
