@@ -8,6 +8,8 @@ and check the cut is inside it. Rows that cannot be placed get an empty window
 and a reason ('alignment_missing', 'alignment_ambiguous', 'out_of_range'); whether
 that is a refusal is the caller's decision, never this module's.
 
+Character maps are built in linear time where the tokenizer's decode is local (SPEC.md
+§11 Q1-Q4), identical to the decode-prefix definition (`char_map`, P22) that stays the oracle.
 It imports nothing but the standard library, torch and shapes.py, so it runs
 wherever the model's tokenizer is and needs no model library of its own.
 Text is always decoded with special tokens kept (a chat prompt's `</s><s>` is part
@@ -17,6 +19,7 @@ SPEC.md §2 Positions.
 """
 from __future__ import annotations
 
+import json
 from typing import Optional, Sequence
 
 import torch
@@ -46,7 +49,10 @@ _special_prefix = special_prefix  # the seed's spelling
 
 
 def char_map(tok, ids: Sequence[int]) -> tuple[int, ...]:
-    """offsets[k] = the character where token k starts, from decoding growing prefixes.
+    """offsets[k] = the character where token k starts, from decoding growing prefixes (SPEC.md P22).
+
+    The definition and the oracle, O(n) decodes of O(n) ids; frames are built by `linear_char_map`
+    where the tokenizer is served (Q1, Q2).
 
     Kept non-decreasing; a prefix that does not decode to a prefix of the whole text
     (a byte-fallback piece in the middle of a character) reuses the previous offset.
@@ -56,13 +62,88 @@ def char_map(tok, ids: Sequence[int]) -> tuple[int, ...]:
     text = _decode(tok, ids)
     offsets = [0]
     for k in range(1, len(ids)):
-        prefix = _decode(tok, ids[:k])
-        at = len(prefix) if text.startswith(prefix) else offsets[-1]
-        offsets.append(max(at, offsets[-1]))
+        offsets.append(_prefix_offset(tok, ids, k, text, offsets[-1]))
     return tuple(offsets[: len(ids)]) + (len(text),)
 
 
-_char_map = char_map  # frame_of_ids has a parameter of the same name
+def _prefix_offset(tok, ids: list[int], k: int, text: str, before: int) -> int:
+    """The definition at token k: the length of ids[:k] decoded when that is a prefix of the text, else `before`."""
+    prefix = _decode(tok, ids[:k])
+    return max(len(prefix) if text.startswith(prefix) else before, before)
+
+
+# Decoders under which a prefix's text is the text before a clean cut plus what a short window from that cut
+# adds: each token's own string laid end to end, byte-fallback pieces joined to their neighbours, and at most
+# a strip at the very start (SPEC.md Q2). These are the sentencepiece (Llama) and byte-level BPE (GPT-2) families.
+LOCAL_DECODERS = ("ByteLevel", "Metaspace", "Replace", "ByteFallback", "Fuse", "Strip")
+# transformers' decode of a fast tokenizer, when a model's tokenizer class does not override it: the backend's
+# own decode and, with clean-up off, nothing else (4.x and 5.x spellings).
+BACKEND_DECODES = ("TokenizersBackend._decode", "PreTrainedTokenizerFast._decode")
+WINDOW = 8  # tokens a window may span before its start moves up to a later clean cut
+
+
+def _decoder_steps(decoder) -> list[dict]:
+    """A tokenizers decoder as the list of its steps (a Sequence flattened), [] when it cannot be read."""
+    try:
+        state = json.loads(decoder.__getstate__())
+    except Exception:  # not a tokenizers decoder: nothing to say about it
+        return []
+    steps = state.get("decoders", [state]) if state.get("type") == "Sequence" else [state]
+    return [step for step in steps if isinstance(step, dict)]
+
+
+def linear_map_serves(tok) -> bool:
+    """Whether `linear_char_map` maps this tokenizer's rows (SPEC.md Q2): a fast tokenizer whose decode is the
+    backend's own and whose decoder is local (no strip at the end)."""
+    if getattr(getattr(type(tok), "_decode", None), "__qualname__", "") not in BACKEND_DECODES:
+        return False
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is None:
+        return False
+    steps = _decoder_steps(backend.decoder) if backend.decoder is not None else []
+    return bool(steps) and all(step.get("type") in LOCAL_DECODERS and not step.get("stop") for step in steps)
+
+
+def linear_char_map(tok, ids: Sequence[int]) -> tuple[int, ...]:
+    """The offsets of `char_map` in linear time (SPEC.md Q1), for a tokenizer `linear_map_serves`.
+
+    A clean cut is a prefix that decodes to a prefix of the text without U+FFFD. Each prefix is decoded as a
+    window of a few tokens from a clean cut `ctx`; what it adds to the window of the last clean cut (`head`)
+    is what the prefix adds to the text, so the prefix is a prefix of the text exactly when that addition is
+    found there. `ctx` moves up to the cut before the last one, never to the last, so a window's first token
+    is stripped as in its head. A window holding U+FFFD ends inside a character: no prefix of the text,
+    unless the text holds U+FFFD too, and then that position is the definition's (Q3). A row whose pieces do
+    not rebuild its text (Q4; a window that does not extend its head says so at once) is mapped by the
+    definition.
+    """
+    ids = list(ids)
+    text = _decode(tok, ids)
+    garbled = "\ufffd" in text
+    decode = tok.backend_tokenizer.decode
+    offsets, cuts, ctx, head, length = [0], [0], 0, "", 0
+    for k in range(1, len(ids) + 1):
+        window = decode(ids[ctx:k], skip_special_tokens=False)
+        if "\ufffd" in window:
+            offsets.append(_prefix_offset(tok, ids, k, text, offsets[-1]) if garbled else offsets[-1])
+            continue
+        if not window.startswith(head):
+            return char_map(tok, ids)  # not a local decode after all (Q4)
+        tail = window[len(head):]
+        if text.startswith(tail, length):
+            length, head = length + len(tail), window
+            cuts.append(k)
+            if k - ctx > WINDOW:
+                ctx = cuts[-2]
+                head = decode(ids[ctx:k], skip_special_tokens=False)
+        offsets.append(max(length, offsets[-1]))
+    if len(ids) and offsets[-1] != len(text):
+        return char_map(tok, ids)  # the windows did not rebuild the text (Q4)
+    return tuple(offsets[: len(ids)]) + (len(text),)
+
+
+def row_map(tok, ids: Sequence[int], linear: bool) -> tuple[int, ...]:
+    """A row's character map: linear where the tokenizer is served (Q2), else the definition (P22)."""
+    return linear_char_map(tok, ids) if linear else char_map(tok, ids)
 
 
 # ---------------------------------------------------------------- frames
@@ -96,11 +177,12 @@ def frame_of_ids(tok, ids, mask, segments=None, char_map=True) -> shapes.Frame:
     if not char_map:
         return shapes.Frame(starts=starts, ends=ends, segments=segs)
     contents = [row[lo:hi] for row, (lo, hi) in zip(rows, spans)]
+    linear = linear_map_serves(tok)
     return shapes.Frame(
         starts=starts,
         ends=ends,
         texts=tuple(_decode(tok, c) for c in contents),
-        offsets=tuple(_char_map(tok, c) for c in contents),
+        offsets=tuple(row_map(tok, c, linear) for c in contents),
         segments=segs,
     )
 
@@ -166,10 +248,11 @@ def frame_of_continuation(tok, generated, stop_ids) -> shapes.Frame:
     else:
         stops = {int(s) for s in stop_ids}
     texts, offsets, ends, segments = [], [], [], []
+    linear = linear_map_serves(tok)
     for row in _rows(generated):
         stop = next((j for j, i in enumerate(row) if i in stops), None)
         cut = row if stop is None else row[: stop + 1]
-        offs = char_map(tok, cut)
+        offs = row_map(tok, cut, linear)
         texts.append(_decode(tok, cut))
         offsets.append(offs)
         ends.append(len(cut))
