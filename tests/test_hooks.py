@@ -82,12 +82,13 @@ def _both(nn, hk, ids, mask, items):
 # ---------------------------------------------------------------- reads
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES + ("olmo2", "qwen3next"))
 def test_every_boundary_read_equals_the_nnterp_engines(engines, family):
     """SPEC.md:121 [L6] / SPEC.md:122 [L7] / SPEC.md:152 [R4] / seed 004:100 / SPEC.md:139 [L24] — every boundary
     component that resolves (layer 0 and the last layer) reads the same values through a hook as
     through nnterp: at {"index": -1}, over every content position, over a rectangular window, and
-    one head of attention_premix (SPEC.md:128 [L13])."""
+    one head of attention_premix (SPEC.md:128 [L13]); the post-norm and hybrid fixtures' placements too (their
+    attention places at the hybrid's softmax layer 1)."""
     nn, hk = engines(family)
     ids, mask, frame = _batch(nn.tokenizer)
     last, every, rect = _windows(ids, frame)
@@ -109,8 +110,9 @@ def test_every_boundary_read_equals_the_nnterp_engines(engines, family):
                       _read(f"{label}/rect", addr, rect)]
             if name == "attention_premix":
                 items.append(_read(f"{label}/head1", addr, last, groups=addr.heads, take=(1,)))
+    at = 1 if family == "qwen3next" else 0
     expected = {"input_ids", "embeddings", "ln_final", "lm_head", "logits", "block_input[0]", "block_output[0]",
-                "attention_output[0]", "attention_premix[0]", "mlp_output[0]", "block_mid[0]", "mlp_input[0]"}
+                f"attention_output[{at}]", f"attention_premix[{at}]", "mlp_output[0]", "block_mid[0]", "mlp_input[0]"}
     assert expected <= set(resolved)
     if family != "gptoss":
         assert {"mlp_activation[0]", "mlp_neuron_output[0]"} <= set(resolved)
