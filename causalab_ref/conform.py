@@ -54,7 +54,7 @@ class InProcess:
 
     def __call__(self, argv: list[str], cwd: Path) -> tuple[int, str, str]:
         out, err = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), contextlib.chdir(cwd):
             try:
                 status = self.main(argv)
             except SystemExit as exit_:  # argparse usage errors
@@ -105,6 +105,9 @@ def _prepare(case: dict, tmp: Path) -> tuple[list[str], Path]:
         target = data_root / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(json.dumps(table, indent=1, ensure_ascii=False), encoding="utf-8")
+    for rel in case.get("files") or ():  # repository files a document names by relative path (a bundle)
+        (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(_repo(case) / rel, tmp / rel)
     doc = tmp / "document.json"
     out = tmp / "out"
     verb = case["verb"]
@@ -126,7 +129,22 @@ def _tables(out: Path) -> dict:
         if file.name in ("document.json", "run.json"):
             continue
         tables[file.relative_to(out).as_posix()] = json.loads(file.read_text(encoding="utf-8"))
+    for file in sorted(out.rglob("*.safetensors")):
+        tables[file.relative_to(out).as_posix()] = tensor_file(file)
     return tables
+
+
+def tensor_file(file: Path) -> dict:
+    """A saved tensor file as comparable data: each tensor's dtype, shape and values (nested lists), and the
+    metadata but `engine`, which names the implementation that wrote it (SPEC.md FZ32)."""
+    from safetensors import safe_open
+
+    with safe_open(str(file), framework="pt") as handle:
+        metadata = {k: v for k, v in sorted((handle.metadata() or {}).items()) if k != "engine"}
+        tensors = {name: handle.get_tensor(name) for name in sorted(handle.keys())}
+    return {"metadata": metadata, "tensors": {name: {"dtype": str(t.dtype).replace("torch.", ""),
+                                                     "shape": list(t.shape), "values": t.tolist()}
+                                              for name, t in tensors.items()}}
 
 
 def observe(case: dict, impl, tmp: Path) -> dict:

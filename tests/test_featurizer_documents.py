@@ -222,3 +222,16 @@ def test_a_bundle_of_another_layer_is_refused_at_compile(meta, tmp_path):
     r = refused(raw, lambda d: compiled(d, meta))
     assert (r.stage, r.path) == ("compile", "featurizers.rot.file_path")
     assert r.message == f"featurizer 'rot': '{file}' is not this featurizer — layer: bundle says '1', document says '0'"
+
+
+def test_a_tensor_file_compares_as_tensors_and_metadata(tmp_path):
+    """SPEC.md:233 [FZ32] the conformance runner reads a .safetensors file as dtype, shape and values per tensor plus
+    the metadata without `engine`, so another implementation's bundle compares with this one's."""
+    from causalab_ref import conform
+    file = tmp_path / "rot.safetensors"
+    bundles.write(file, {"weight": torch.tensor([[1.0, 2.0]])}, {"engine": "other", "k": "2"})
+    assert conform.tensor_file(file) == {"metadata": {"k": "2"}, "tensors": {
+        "weight": {"dtype": "float32", "shape": [1, 2], "values": [[1.0, 2.0]]}}}
+    case = json.loads((ROOT / "tests" / "conformance" / "run_tiny_das_fit.json").read_text())
+    curve = case["expect"]["tables"]["train_loss.safetensors"]["tensors"]["weight"]
+    assert curve["shape"] == [3] and curve["values"][2] < curve["values"][0]

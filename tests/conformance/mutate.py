@@ -27,6 +27,25 @@ CASES = ROOT / "tests" / "conformance"
 
 # (name, rule, file, old, new)
 MUTANTS = [
+    # Featurizer maps and the fit (SPEC.md §9): each caught by a run_* case of a featurizer.
+    ("subspace inverse drops the base's complement", "FZ2", "featurizers.py",
+     "return f @ q.T + (x - (x @ q) @ q.T)", "return f @ q.T"),
+    ("Cayley basis from (I - A)E", "FZ2", "featurizers.py",
+     "torch.linalg.solve(eye - skew, (eye + skew) @ first)", "torch.linalg.solve(eye - skew, (eye - skew) @ first)"),
+    ("the initial draw unscaled (no / sqrt d)", "FZ3", "featurizers.py",
+     "return torch.randn(d, k, generator=generator, dtype=torch.float32) / d ** 0.5",
+     "return torch.randn(d, k, generator=generator, dtype=torch.float32)"),
+    ("a gate's hard mask keeps theta = 0", "FZ8", "featurizers.py",
+     "return (theta > 0).to(torch.float32)", "return (theta >= 0).to(torch.float32)"),
+    ("the SAE drops its error term", "FZ6", "featurizers.py",
+     'return self._decode(f, self._on(f.device)) + err', 'return self._decode(f, self._on(f.device))'),
+    ("the SAE without its ReLU", "FZ6", "featurizers.py",
+     '        if self.kind == "sae":\n            f = torch.relu(f)', '        if False:\n            f = torch.relu(f)'),
+    ("features ignored: the mechanism acts on every coordinate", "FZ5", "featurizers.py",
+     "    if features is None:\n        return _landed(change(f, *operands), f)",
+     "    if True:\n        return _landed(change(f, *operands), f)"),
+    ("the fit maximizes its objective", "FZ14", "fit.py",
+     "            loss = loss_of(settings.objective, scored)", "            loss = -loss_of(settings.objective, scored)"),
     ("search the stripped value first", "P19", "locate.py",
      'for spelling in (value, " " + value, value.strip()):', 'for spelling in (value.strip(), value, " " + value):'),
     ("search ' '+value before the value", "P19", "locate.py",
