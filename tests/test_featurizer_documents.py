@@ -225,7 +225,7 @@ def test_a_bundle_of_another_layer_is_refused_at_compile(meta, tmp_path):
 
 
 def test_a_tensor_file_compares_as_tensors_and_metadata(tmp_path):
-    """SPEC.md:240 [FZ32] the conformance runner reads a .safetensors file as dtype, shape and values per tensor plus
+    """SPEC.md:248 [FZ32] the conformance runner reads a .safetensors file as dtype, shape and values per tensor plus
     the metadata without `engine`, so another implementation's bundle compares with this one's."""
     from causalab_ref import conform
     file = tmp_path / "rot.safetensors"
