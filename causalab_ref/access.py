@@ -47,7 +47,7 @@ def _eager(model) -> bool:
 def _op(model, address: Address, touch: bool = True):
     """The attention call's operation envoy; under eager its nested .source is touched
     first, so the dispatched function's operations stay reachable later in the pass."""
-    op = getattr(model.layers[address.layer].self_attn.source, address.op)
+    op = getattr(model.layers[address.layer].self_attn.source, str(address.op))
     if touch and _eager(model):
         op.source  # noqa: B018 -- touching installs the nested source for this forward
     return op

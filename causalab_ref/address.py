@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, NoReturn, Optional
 
 from .shapes import Address, Refusal
 
@@ -356,7 +356,7 @@ def _unknown(name: str) -> str:
             f"time with extra addresses: extra={{'{name}': (module path relative to the layer, order)}}")
 
 
-def _refuse(message: str, site: str):
+def _refuse(message: str, site: str) -> NoReturn:
     raise Refusal(message, path=f"sites.{site}", stage="compile")
 
 
@@ -381,6 +381,7 @@ def _locate_extra(model, name: str, layer: Optional[int], site: str, entry: tupl
     _check_layer(model, name, True, layer, site)
     if not _has(model.layers[layer], module):
         _refuse(f"component '{name}': this model's layer {layer} has no module '{module}'", site)
+    assert layer is not None  # _check_layer refused a per-layer place without one
     return Address(component=name, layer=layer, module=module, io="output",
                    rank=(layer, int(order)), seq_axis=1, width=None, heads=None)
 
@@ -402,7 +403,7 @@ def _width(model, row: Component, heads: Optional[int], layer_envoy=None) -> Opt
         return _vocab(model)
     if kind == "intermediate_size":
         return _intermediate(model, layer_envoy)
-    if kind in ("head_dim", "qk_head_dim"):
+    if kind in ("head_dim", "qk_head_dim") and heads is not None:
         return _head_dim(model, kind) * heads
     return None
 
@@ -447,7 +448,7 @@ def _refuse_absent(model, name: str, row: Component, layer: int, site: str) -> N
         _refuse(POST_NORM_REASON.format(name=name, layer=layer), site)
 
 
-def _boundary_module(lay, name: str, row: Component, layer: int, site: str) -> tuple[str, Optional[str]]:
+def _boundary_module(lay, name: str, row: Component, layer: int, site: str) -> tuple[Optional[str], Optional[str]]:
     """(module, io) of a per-layer boundary on this layer: the block structure's placement, else
     the first family spelling the module tree has, else the row's default."""
     moved = {"sandwich": SANDWICH, "post-norm": POST_NORM}.get(block_structure(lay), {})
@@ -465,7 +466,7 @@ def _boundary_module(lay, name: str, row: Component, layer: int, site: str) -> t
 def _locate_boundary(model, name: str, row: Component, layer: int, site: str) -> Address:
     lay = model.layers[layer]
     module, io = _boundary_module(lay, name, row, layer, site)
-    if not _has(lay, module):
+    if module is None or not _has(lay, module):
         _refuse(f"component '{name}': layer {layer} has no module '{module}'", site)
     heads = _heads(model, row)
     return Address(component=name, layer=layer, module=module, io=io, rank=(layer, row.order),
@@ -491,9 +492,10 @@ def locate(model, name: str, layer: Optional[int] = None, site: str = "target",
     if row is None:
         if name not in (extra or {}):
             _refuse(_unknown(name), site)
-        return _locate_extra(model, name, layer, site, extra[name])
+        return _locate_extra(model, name, layer, site, (extra or {})[name])
     _check_layer(model, name, row.layered, layer, site)
     if row.layered:
+        assert layer is not None  # _check_layer refused a per-layer place without one
         _refuse_absent(model, name, row, layer, site)
     impl = attn_implementation or runs_attention(model)
     if row.eager and impl != "eager":
@@ -501,6 +503,7 @@ def locate(model, name: str, layer: Optional[int] = None, site: str = "target",
                 f"'{impl}': say \"attn_implementation\": \"eager\" in the document's model block", site)
     if not row.layered:
         return _locate_whole_model(model, name, row, site)
+    assert layer is not None  # _check_layer refused a per-layer place without one
     if row.interior or row.reach == "pattern":
         return _locate_on_attention(model, name, row, layer, site)
     return _locate_boundary(model, name, row, layer, site)

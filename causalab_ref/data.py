@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 from . import reader
 from .shapes import Refusal
@@ -20,7 +20,7 @@ from .shapes import Refusal
 _STEP = re.compile(r"^([A-Za-z_][A-Za-z0-9_\-]*)((?:\[\d+\])*)$")
 
 
-def _refuse(message: str, path: str = "", stage: str = "compile"):
+def _refuse(message: str, path: str = "", stage: str = "compile") -> NoReturn:
     raise Refusal(message, path=path, stage=stage)
 
 
@@ -173,7 +173,7 @@ def answer_eligible(rows: list[dict], columns: tuple[str, ...], metric: str, pat
     for column in columns:
         if not any(column in r for r in rows):
             _refuse(f"metric '{metric}': no row has a column '{column}'", path)
-    eligible = tuple(all(isinstance(r.get(c), str) and r.get(c).strip() != "" for c in columns) for r in rows)
+    eligible = tuple(all(isinstance(r.get(c), str) and str(r.get(c)).strip() != "" for c in columns) for r in rows)
     if not any(eligible):
         _refuse(f"metric '{metric}': none of these {len(rows)} row(s) has a value in {list(columns)}; "
                 "a metric of nothing has no mean", path)

@@ -359,7 +359,7 @@ def locate(frame: shapes.Frame, where: shapes.Where, anchors=None):
     windows, reasons = [], []
     for row in range(len(frame.starts)):
         (a, b), reason = _run(frame, where.scope, row, anchors)
-        cut = ()
+        cut: tuple[int, ...] = ()
         if not reason:
             cut, reason = _cut(b - a, where)
         windows.append(tuple(frame.starts[row] + a + i for i in cut))

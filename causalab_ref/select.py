@@ -51,7 +51,8 @@ def _restore(canon: torch.Tensor, like: torch.Tensor, seq_axis: int) -> torch.Te
 
 
 def _index(selection: Selection, device) -> tuple[torch.Tensor, torch.Tensor]:
-    rows, pos = [], []
+    rows: list[int] = []
+    pos: list[int] = []
     for r, window in enumerate(selection.windows):
         rows.extend([r] * len(window))
         pos.extend(window)
@@ -68,7 +69,7 @@ def _check(selection: Selection, canon: torch.Tensor) -> None:
             raise ValueError(f"a rectangular selection has windows of lengths {sorted(widths)}")
     if (selection.groups is None) != (selection.take is None):
         raise ValueError("groups and take go together")
-    if selection.groups is not None:
+    if selection.groups is not None and selection.take is not None:
         if canon.dim() == 2:
             raise ValueError("a (batch, seq) tensor has no feature axis to take groups of")
         f = canon.shape[-1]
@@ -112,7 +113,7 @@ def scatter(tensor: torch.Tensor, selection: Selection, values: torch.Tensor) ->
         out[rows, pos] = vals.reshape(total)
         return _restore(out, tensor, selection.seq_axis)
     vals = vals.reshape(total, -1)
-    if selection.groups is None:
+    if selection.groups is None or selection.take is None:
         out[rows, pos] = vals
     else:
         take = torch.tensor(selection.take, dtype=torch.long, device=out.device)

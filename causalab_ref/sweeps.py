@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from typing import Any
+from typing import Any, NoReturn
 
 from .names import inside_out
 from .reader import type_name
@@ -19,7 +19,7 @@ from .shapes import Refusal
 MAX_POINTS = 10_000
 
 
-def _fail(path: str, message: str):
+def _fail(path: str, message: str) -> NoReturn:
     raise Refusal(message, path=path, stage="validation")
 
 
@@ -78,10 +78,7 @@ def _replace(raw: Any, path: tuple, value: Any) -> Any:
     if not path:
         return value
     head, rest = path[0], path[1:]
-    if isinstance(raw, dict):
-        copy = dict(raw)
-    else:
-        copy = list(raw)
+    copy: Any = dict(raw) if isinstance(raw, dict) else list(raw)
     copy[head] = _replace(raw[head], rest, value)
     return copy
 
@@ -114,8 +111,8 @@ def points(raw: Any) -> list[tuple[str, Any]]:
                          "wrappers on one axis have equal lengths")
         members.append((path, name, values))
     total = 1
-    for k in order:
-        total *= len(axes[k][0][2])
+    for key in order:
+        total *= len(axes[key][0][2])
     if total > MAX_POINTS:
         _fail(".".join(str(p) for p in wrappers[0][0]), f"the sweeps make {total} points; a sweep has at most "
                                                          f"{MAX_POINTS} points")
