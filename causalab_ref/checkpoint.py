@@ -9,7 +9,9 @@ the libraries into one refusal naming the key (`unloadable`). SPEC.md §7 Harden
 """
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Optional
 
 from . import exported, fixtures
@@ -33,21 +35,91 @@ def quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
-def where(spec: Model) -> tuple[str, Optional[str], dict[str, Any]]:
-    """Where a model block's checkpoint is: (directory or hub key, the fixture's recipe digest or None,
-    the extra `from_pretrained` arguments). A `fixture:` key is built or reused here (both engines), unless
-    the key names a local folder (a path key, or a key `$CONFORM_CHECKPOINTS` maps; exported.py)."""
+def where(spec: Model) -> tuple[str, Optional[str]]:
+    """Where a model block's checkpoint is: (a local directory, the fixture's recipe digest or None).
+
+    A folder key (a path key, or a key `$CONFORM_CHECKPOINTS` maps; exported.py) is that folder; a
+    `fixture:` key is built, verified or rebuilt here; a hub key is found in the local hub cache first
+    and fetched only when it is not there (SPEC.md S21). Every loader then reads a local directory."""
     folder = exported.folder_for(spec.key)
     if folder is not None:
-        return str(folder), exported.recipe_of(folder), {}
+        return str(folder), exported.recipe_of(folder)
     if fixtures.is_fixture(spec.key):
-        return str(fixtures.checkpoint_dir(spec.key)), fixtures.recipe_digest(spec.key), {}
-    return spec.key, None, {"revision": spec.revision}
+        return str(fixtures.checkpoint_dir(spec.key)), fixtures.recipe_digest(spec.key)
+    if Path(spec.key).is_dir():
+        return spec.key, None
+    return hub_snapshot(spec), None
+
+
+#: the files a hub checkpoint is fetched with: configs, tokenizer files, safetensors weights; never code
+HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken"]
+
+
+def hub_snapshot(spec: Model) -> str:
+    """A hub key's local snapshot directory: the local cache first; the network only when the key is not
+    there, after a quick check that the hub is reachable. Refused naming the key and what was tried."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import HFValidationError
+
+    label = f"model '{spec.key}' at revision '{spec.revision}'"
+    tried = []
+    try:
+        return snapshot_download(spec.key, revision=spec.revision, local_files_only=True, allow_patterns=HUB_FILES)
+    except HFValidationError:
+        raise Refusal(f"{label} is not a fixture ('fixture:tiny-llama', ...), a checkpoint directory, or a hub "
+                      "key of the form 'owner/name'", path="model.key", stage="compile") from None
+    except (OSError, ValueError) as error:
+        tried.append(f"the local hub cache {constants.HF_HUB_CACHE} ({type(error).__name__})")
+    unreachable = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else _unreachable(constants.ENDPOINT)
+    if not unreachable:
+        try:
+            return snapshot_download(spec.key, revision=spec.revision, allow_patterns=HUB_FILES)
+        except (OSError, ValueError) as error:
+            unreachable = f"{type(error).__name__}: {_first_line(error)}"
+    tried.append(f"the hub {constants.ENDPOINT} ({unreachable})")
+    raise Refusal(f"{label} could not be found: tried {' and '.join(tried)}; name a fixture, a local checkpoint "
+                  "directory, or a hub key that is cached or reachable", path="model.key", stage="compile")
+
+
+def _unreachable(endpoint: str) -> str:
+    """'' when the hub's host takes a connection within a few seconds (or a proxy is configured), else why."""
+    import socket
+    from urllib.parse import urlparse
+
+    if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return ""
+    url = urlparse(endpoint)
+    try:
+        socket.create_connection((url.hostname, url.port or 443), timeout=3).close()
+    except OSError as error:
+        return f"unreachable: {error}"
+    return ""
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error)
+    return text.splitlines()[0] if text else ""
+
+
+def own_code(directory: str, spec: Model) -> None:
+    """Refuse a checkpoint that names its own code (an `auto_map` in any of its JSON files: config.json,
+    tokenizer_config.json, ...), before anything of it is read by the libraries (SPEC.md S20)."""
+    for file in sorted(Path(directory).glob("*.json")):
+        if file.name.endswith(".index.json"):
+            continue  # the weight index: tensor names only
+        try:
+            text = file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue  # the library's own load will name it
+        if '"auto_map"' in text:
+            raise Refusal(f"model '{spec.key}': {file.name} has an `auto_map`, which names code shipped with the "
+                          "checkpoint; causalab_ref never runs a checkpoint's own code. Use a checkpoint of an "
+                          "architecture transformers implements, with no auto_map", path="model.key", stage="compile")
 
 
 def unloadable(spec: Model, error: Exception) -> Refusal:
     """The refusal for a checkpoint the libraries could not load (both engines)."""
-    first = str(error).splitlines()[0] if str(error) else ""
+    first = _first_line(error)
     *others, last = [repr(name) for name in fixtures.names()]
     return Refusal(f"model '{spec.key}' at revision '{spec.revision}' could not be loaded "
                    f"({type(error).__name__}: {first}); "
@@ -55,15 +127,55 @@ def unloadable(spec: Model, error: Exception) -> Refusal:
                    path="model.key", stage="compile")
 
 
+def loading_errors() -> tuple[type, ...]:
+    """What loading a checkpoint raises for a bad or absent checkpoint: files (OSError), configs and
+    tokenizers (ValueError, KeyError), weights (RuntimeError, safetensors' error), nnterp's renaming.
+    Anything else (a TypeError, an AttributeError, ...) is a bug and stays one (SPEC.md S10)."""
+    from nnterp.rename_utils import RenamingError
+    from safetensors import SafetensorError
+
+    return OSError, ValueError, KeyError, RuntimeError, ImportError, SafetensorError, RenamingError
+
+
 @contextmanager
 def mapped(spec: Model):
-    """Inside: a refusal passes through; any other failure of the libraries becomes `unloadable`."""
+    """Inside: a refusal passes through; a failure of loading (`loading_errors`) becomes `unloadable`."""
     try:
         yield
     except Refusal:
         raise
-    except Exception as error:
+    except loading_errors() as error:
         raise unloadable(spec, error) from None
+
+
+@contextmanager
+def tensors_checked(spec: Model):
+    """Inside: a weights load whose tensors do not match the model — missing, unexpected or mis-shaped —
+    is refused naming them (SPEC.md S22), instead of loading random values silently.
+
+    transformers decides which tensors a model needs (tied weights, renamed keys, ignorable buffers) and
+    reports it through `log_state_dict_report`; while inside, that report is read here first."""
+    from transformers import modeling_utils
+
+    original = modeling_utils.log_state_dict_report
+
+    def report(model, pretrained_model_name_or_path, ignore_mismatched_sizes, loading_info, logger=None):
+        problems = [(what, sorted(str(k) for k in keys)[:8], len(keys)) for what, keys in (
+            ("missing", loading_info.missing_keys), ("unexpected", loading_info.unexpected_keys),
+            ("mis-shaped", loading_info.mismatched_keys)) if keys]
+        if problems:
+            said = "; ".join(f"{what} {', '.join(names)}" + (f" (and {n - len(names)} more)" if n > len(names) else "")
+                             for what, names, n in problems)
+            raise Refusal(f"model '{spec.key}': its weights do not match its config ({said}); a checkpoint must "
+                          "hold every tensor the model has, each with its shape, and nothing else",
+                          path="model.key", stage="compile")
+        return original(model, pretrained_model_name_or_path, ignore_mismatched_sizes, loading_info, logger)
+
+    modeling_utils.log_state_dict_report = report
+    try:
+        yield
+    finally:
+        modeling_utils.log_state_dict_report = original
 
 
 def _gpt2_probs_source():
@@ -170,13 +282,13 @@ def standardized(path: str, attn_implementation: Optional[str] = None, weights: 
     return model
 
 
-def transformers_model(path: str, attn_implementation: str, dtype: str, **overrides):
+def transformers_model(path: str, attn_implementation: str, dtype: str):
     """The plain transformers model of a checkpoint (the hooks engine's forward), in eval mode."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
         path, attn_implementation=attn_implementation, dtype=torch_dtype(dtype), device_map="cpu",
-        trust_remote_code=False, use_safetensors=True, **overrides)
+        trust_remote_code=False, use_safetensors=True, local_files_only=True)
     model.eval()
     return model
 
@@ -190,11 +302,12 @@ def load(spec: Model, weights: bool = True, hooked: bool = False):
     from .address import runs_attention
 
     quiet_transformers()
-    path, recipe, overrides = where(spec)
-    with mapped(spec):
+    path, recipe = where(spec)
+    own_code(path, spec)
+    with mapped(spec), tensors_checked(spec):
         model = standardized(path, attn_implementation=spec.attn_implementation,
-                             weights=weights and not hooked, dtype=spec.dtype, **overrides)
+                             weights=weights and not hooked, dtype=spec.dtype)
         hf_model = None
         if hooked and weights:
-            hf_model = transformers_model(path, runs_attention(model), spec.dtype, **overrides)
+            hf_model = transformers_model(path, runs_attention(model), spec.dtype)
     return model, hf_model, recipe

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
 import traceback
 from pathlib import Path
 
@@ -61,10 +63,11 @@ def cmd_explain(args):
 
 
 def cmd_run(args):
-    from . import run
+    from . import results, run
     if args.batch_size is not None and args.batch_size <= 0:
         raise Refusal(f"--batch-size {args.batch_size} is not a number of rows", path="--batch-size",
                       stage="validation")
+    results.check_out(Path(args.out), args.replace)  # before any weights load; judged again once claimed
     _raw, eng, plan = _compile(args, args.engine, weights=True)
     written = run.execute(plan, eng, Path(args.out), batch_size=args.batch_size, replace=args.replace,
                           progress=not args.quiet)
@@ -76,17 +79,23 @@ def cmd_run(args):
     return {"text": "\n".join(lines), "written": written}
 
 
+#: how many of a table's values the run's summary line shows (SPEC.md S19)
+SHOWN = 5
+
+
 def summary_line(path: Path) -> str:
-    """One line per written metric table: its per-row values and the mean over scored rows."""
+    """One line per written metric table: the mean over scored rows, their count, and its first values."""
     if path.name in ("document.json", "run.json") or path.suffix != ".json":
         return ""
     rows = json.loads(path.read_text(encoding="utf-8"))
     values = [r["value"] for r in rows]
     scored = [v for v in values if v is not None]
-    mean = sum(scored) / len(scored) if scored else None
-    shown = ", ".join("null" if v is None else f"{v:.6g}" for v in values)
-    return (f"{path}: {rows[0]['metric']} per row [{shown}]; mean {mean:.6g} over {len(scored)} of "
-            f"{len(rows)} rows ({rows[0]['unit']})" if mean is not None else f"{path}: no row scored")
+    if not scored:
+        return f"{path}: no row scored"
+    shown = ", ".join("null" if v is None else f"{v:.6g}" for v in values[:SHOWN])
+    more = f", ... {len(values) - SHOWN} more" if len(values) > SHOWN else ""
+    return (f"{path}: {rows[0]['metric']} mean {sum(scored) / len(scored):.6g} over {len(scored)} of "
+            f"{len(rows)} rows ({rows[0]['unit']}); rows [{shown}{more}]")
 
 
 def cmd_vocab(args):
@@ -292,12 +301,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _terminated(signum, frame):
+    """SIGTERM is handled as SIGINT is: the run stops where it is and removes what it staged (SPEC.md S6).
+
+    A trace's own threads (nnsight's mediators) fail when the main thread stops under them; that is the
+    interrupt, not a second error, so from here on a thread's failure prints nothing."""
+    threading.excepthook = _quiet_thread
+    raise KeyboardInterrupt
+
+
+def _quiet_thread(args) -> None:
+    """A thread failing after an interrupt: already reported as the one `interrupted` line."""
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not args.verb:
         parser.print_usage(sys.stderr)
         return 2
+    handled = (signal.SIGINT, signal.SIGTERM) if _main_thread() else ()
+    previous = {signum: signal.signal(signum, _terminated) for signum in handled}
     try:
         result = args.func(args)
     except Refusal as refusal:
@@ -305,8 +333,10 @@ def main(argv=None) -> int:
         line = f"{refusal.stage}: {where}{refusal.message}"  # one line whatever the document's text holds (D4)
         print(line.replace("\r", "\\r").replace("\n", "\\n"), file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted; nothing was written", file=sys.stderr)
+    except KeyboardInterrupt as interrupt:  # SIGINT, or SIGTERM (S6): the staging folder is already removed
+        done = type(interrupt).__name__ == "Written"
+        print("interrupted; " + ("the run had finished, and its results are in place" if done
+                                 else "nothing was written"), file=sys.stderr)
         return 130
     except Exception as error:  # the project's own failure, never a document's
         if args.traceback:
@@ -314,6 +344,10 @@ def main(argv=None) -> int:
         print(f"internal error ({type(error).__name__}): {error}. This is a causalab_ref bug; "
               "--traceback shows where", file=sys.stderr)
         return 1
+    finally:
+        for signum, handler in previous.items():
+            if handler is not None:  # None: a handler installed outside Python, which cannot be put back
+                signal.signal(signum, handler)
     try:
         print(json.dumps(result, indent=1, default=str) if args.json else result["text"])
     except BrokenPipeError:  # a reader such as `head` stopped early; the result was complete

@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from . import results
+
 ROOT = Path(__file__).resolve().parents[1]
 CASES = ROOT / "tests" / "conformance"
 VERBS = ("run", "explain", "validate", "model")
@@ -102,7 +104,9 @@ def _prepare(case: dict, tmp: Path) -> tuple[list[str], Path]:
     data_root = tmp / "data"
     shutil.copytree(_repo(case) / "documents" / "data", data_root)
     for rel, table in (case.get("data") or {}).items():
-        target = data_root / rel
+        # a key is a path under the data root: `..`, an absolute path or a link out is refused (SPEC.md S8)
+        where = f"{Path(case.get('_file', 'case')).name}: data"
+        target = results.confined(data_root, rel, where, data_root, "the data root")
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(json.dumps(table, indent=1, ensure_ascii=False), encoding="utf-8")
     for rel in case.get("files") or ():  # repository files a document names by relative path (a bundle)

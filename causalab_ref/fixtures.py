@@ -554,7 +554,62 @@ def _build(name: str, recipe: dict[str, Any], digest: str, out: pathlib.Path) ->
     _write_json(out / "config.json", _RECIPES[name]["config"])
     sd = _state_dict(name)
     save_file({k: sd[k] for k in sorted(sd)}, str(out / "model.safetensors"), metadata={"format": "pt"})
-    _write_json(out / "fixture_recipe.json", {"digest": digest, "recipe": recipe})
+    files = {f.name: _sha256_file(f) for f in sorted(out.iterdir())}
+    _write_json(out / RECORD, {"digest": digest, "recipe": recipe, "files": files})
+
+
+#: the file of a fixture's cache folder that records its recipe and every other file's sha256
+RECORD = "fixture_recipe.json"
+_VERIFIED: dict[pathlib.Path, tuple] = {}
+
+
+def _signature(folder: pathlib.Path) -> tuple:
+    return tuple(sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in folder.iterdir()))
+
+
+def damaged(folder: pathlib.Path, digest: str) -> list[str]:
+    """The files of a cached fixture that are not what its build wrote: missing, truncated or changed
+    (sha256 against the record written at build); every file when the record itself is unreadable,
+    of another recipe, or from before records held the files' digests (SPEC.md S23)."""
+    try:
+        record = json.loads((folder / RECORD).read_text(encoding="utf-8"))
+        files = record["files"] if record.get("digest") == digest else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        files = None
+    if not isinstance(files, dict):
+        return [RECORD]
+    return [name for name, sha in sorted(files.items())
+            if not (folder / name).is_file() or _sha256_file(folder / name) != sha]
+
+
+def _verified(name: str, recipe: dict[str, Any], digest: str, final: pathlib.Path) -> pathlib.Path:
+    """A cached fixture folder whose files are checked against its record once per process (and again when
+    a file's size or time changes); damaged files are rebuilt in place, one atomic replace each."""
+    try:
+        signature = _signature(final)
+        if _VERIFIED.get(final) == signature:
+            return final
+        bad = damaged(final, digest)
+        if bad:
+            _repair(name, recipe, digest, final)
+        _VERIFIED[final] = _signature(final)
+    except OSError as error:
+        raise Refusal(f"fixture '{name}': its cache folder {final} could not be verified or rebuilt "
+                      f"({error.strerror or type(error).__name__}); make {final.parent} writable or point "
+                      f"${CACHE_ENV} at a writable folder", path="model.key", stage="compile") from None
+    return final
+
+
+def _repair(name: str, recipe: dict[str, Any], digest: str, final: pathlib.Path) -> None:
+    """Rebuild a fixture beside its folder and move each rebuilt file over the cached one (the record last),
+    so a reader of the folder sees each file whole, old or new (builds are byte-identical, X1)."""
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    try:
+        _build(name, recipe, digest, tmp)
+        for file in sorted(tmp.iterdir(), key=lambda f: f.name == RECORD):
+            os.replace(file, final / file.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def checkpoint_dir(key: str) -> pathlib.Path:
@@ -565,7 +620,7 @@ def checkpoint_dir(key: str) -> pathlib.Path:
     root = _cache_root()
     final = root / f"{name}-{digest[:12]}"
     if final.is_dir():
-        return final
+        return _verified(name, recipe, digest, final)
     root.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{name}-{digest[:12]}.", suffix=".tmp", dir=root))
     try:

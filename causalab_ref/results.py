@@ -9,13 +9,19 @@ run.json says about this package (`package_digest`, `versions`) and the progress
 """
 from __future__ import annotations
 
+import ctypes
+import errno
+import fcntl
 import functools
 import hashlib
 import json
 import os
+import re
 import shutil
+import signal
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
@@ -56,33 +62,52 @@ def versions() -> dict:
     return dict(_versions_cached())
 
 
-def confined(base: Path, file_path: str, path: str, root: Path) -> Path:
+def confined(base: Path, file_path: str, path: str, root: Path, folder: str = "--out") -> Path:
     """A save's file (or a sweep point's folder) under `base`, never outside `root` (SPEC.md R12).
 
     The name itself was judged at validation (names.inside_out: no absolute path, `..`,
-    empty or over-long part); what only the disk knows is a link that resolves outside."""
+    empty or over-long part); what only the disk knows is a link that resolves outside.
+    `folder` is what `root` is called in the refusal."""
     target = base / file_path
     try:
         inside = root.resolve() in target.resolve().parents
     except (OSError, RuntimeError, ValueError):
         inside = False
     if not inside:
-        raise Refusal(f"'{file_path}' resolves outside --out ({target.resolve()}); results stay inside --out",
+        raise Refusal(f"'{file_path}' resolves outside {folder} ({target.resolve()}); files stay inside {folder}",
                       path=path, stage="run")
     return target
 
 
+#: the random part tempfile.mkdtemp gives a folder name: 8 of [a-z0-9_]
+_RANDOM = r"[a-z0-9_]{8}"
+
+
+def beside(out: Path, kind: str, pid: Optional[int] = None) -> str:
+    """The name of this tool's own folders beside --out: `.<out>.<kind>-pid<P>-` (kind: partial, old)."""
+    return f".{out.name}.{kind}-pid{os.getpid() if pid is None else pid}-"
+
+
+def writer_of(entry: str, out: Path, kind: str) -> Optional[int]:
+    """The pid in the name of one of this tool's folders beside `out` (exactly `.<out>.<kind>-pid<P>-<8>`)."""
+    match = re.fullmatch(re.escape(f".{out.name}.{kind}-pid") + r"(\d+)-" + _RANDOM, entry)
+    return int(match.group(1)) if match else None
+
+
 def clean_stale(out: Path) -> None:
-    """Staging folders a killed run left beside --out (`.NAME.partial-*`) are never results: removed here."""
-    for old in out.parent.glob(f".{out.name}.partial-*"):
-        if old.is_dir() and not old.is_symlink():
-            try:
-                pid = int(old.name.rsplit("-pid", 1)[1].split("-")[0])
-            except (IndexError, ValueError):
-                pid = None
-            if pid is not None and pid != os.getpid() and alive(pid):
-                continue  # another run is writing it
-            shutil.rmtree(old, ignore_errors=True)
+    """What a killed run left beside --out is never a result: its staging folder is removed, and an old
+    result it had moved aside is put back if --out is missing, else removed Only this tool's
+    folders, matched by their exact names, of a process that is not alive, are touched (SPEC.md S7)."""
+    for entry in sorted(os.listdir(out.parent)):
+        for kind in ("partial", "old"):
+            pid = writer_of(entry, out, kind)
+            old = out.parent / entry
+            if pid is None or not old.is_dir() or old.is_symlink() or (pid != os.getpid() and alive(pid)):
+                continue
+            if kind == "old" and not (out.exists() or out.is_symlink()):
+                os.rename(old, out)
+            else:
+                shutil.rmtree(old, ignore_errors=True)
 
 
 def alive(pid: int) -> bool:
@@ -104,25 +129,146 @@ def progress(total: int, show: bool, what: str):
     return tqdm(total=total, desc=what, unit="pass", leave=False, file=sys.stderr)
 
 
-class Folder:
-    """A run's results folder: written in a staging folder beside `out`, moved into place by `commit`.
+def record_of(folder: Path) -> Optional[dict]:
+    """The run.json of a folder a run of this tool wrote (it names this package's digest), else None."""
+    try:
+        record = json.loads((folder / "run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("causalab_ref"), str) else None
 
-    Used as a context manager: leaving it by an exception (a refusal, an interrupt) removes the
-    staging folder, so a refused or interrupted run leaves no result folder behind. A staging
-    folder that a killed run left (`.<out>.partial-*`) is removed by the next run beside it.
+
+def fault(error: OSError, what: str) -> Refusal:
+    """An environment fault (read-only or full file system, a file where a folder goes, an over-long name)
+    as one refusal naming the path and the cause (SPEC.md S9)."""
+    where = error.filename or what
+    cause = error.strerror or type(error).__name__
+    if isinstance(error, (FileExistsError, NotADirectoryError)) and not Path(where).is_dir():
+        cause = "Not a directory (a file is where a folder must be)"
+    return Refusal(f"cannot {what}: {where}: {cause}; choose an --out on a "
+                   "writable file system, with room, under folders", path="--out", stage="run")
+
+
+def check_out(out: Path, replace: bool) -> None:
+    """An --out that may be written: not `.`, `..` or empty; new, or with --replace a folder a run wrote."""
+    if out.name in ("", ".", ".."):
+        raise Refusal(f"--out '{out}' names no new folder (it is the current folder, a parent or the root); "
+                      "name a folder for the results", path="--out", stage="run")
+    try:
+        present = out.exists() or out.is_symlink()
+    except OSError as error:  # a name the file system will not take, a folder it will not open
+        raise fault(error, f"use --out {out}") from None
+    if not present:
+        return
+    if not replace:
+        raise Refusal(f"--out {out} already exists; choose a new folder or say --replace", stage="run")
+    if out.is_symlink() or not out.is_dir():
+        raise Refusal(f"--out {out} is a link or a file, not a results folder; choose a new folder", stage="run")
+    if record_of(out) is None:
+        raise Refusal(f"--out {out} is not a folder a run wrote (it holds no run.json of causalab_ref); "
+                      "--replace only replaces a previous run's results, so it is left as it is; choose a new "
+                      "folder", path="--out", stage="run")
+
+
+class Claim:
+    """The exclusive right to write one --out: a lock on `.<out>.lock` beside it (flock, so the kernel
+    drops it when the process dies, SIGKILL included). A second run is refused while the first holds it."""
+
+    def __init__(self, out: Path):
+        self.path = out.parent / f".{out.name}.lock"
+        for _attempt in range(5):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(fd, 32).decode("ascii", "replace").strip() or "?"
+                os.close(fd)
+                raise Refusal(f"--out {out} is being written by another run (pid {holder}); wait for it to "
+                              "finish, or choose another --out", path="--out", stage="run") from None
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:  # not a lock file its last holder removed between our open and our lock
+                os.ftruncate(fd, 0)
+                os.write(fd, str(os.getpid()).encode())
+                self.fd = fd
+                return
+            os.close(fd)
+        raise Refusal(f"--out {out}: its lock {self.path} keeps changing; try again", path="--out", stage="run")
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+        os.close(self.fd)
+        self.fd = None
+
+
+@contextmanager
+def signals_held():
+    """SIGINT and SIGTERM wait until the block is done (the moves of a commit are not interrupted)."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
+
+
+def rename2(src: Path, dst: Path, flags: int) -> bool:
+    """Linux renameat2: False when the system or the file system does not offer it."""
+    fn = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if fn is None:
+        return False
+    if fn(-100, os.fsencode(src), -100, os.fsencode(dst), flags) == 0:  # -100: AT_FDCWD
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(dst))
+
+
+class Written(KeyboardInterrupt):
+    """An interrupt that arrived while the results were moved into place: they were, whole."""
+
+
+class Folder:
+    """A run's results folder: claimed, written in a staging folder beside `out`, moved into place by `commit`.
+
+    Used as a context manager: leaving it by an exception (a refusal, SIGINT, SIGTERM) removes the
+    staging folder and leaves --out as it was. What a killed run left beside --out is cleaned by the
+    next run (`clean_stale`). The claim is taken before --out is judged, so two runs cannot both
+    decide it is theirs (SPEC.md S1-S7).
     """
 
     def __init__(self, out: Path, replace: bool = False):
         out = Path(out)
-        if (out.exists() or out.is_symlink()) and not replace:
-            raise Refusal(f"--out {out} already exists; choose a new folder or say --replace", stage="run")
-        if out.is_symlink() or (out.exists() and not out.is_dir()):
-            raise Refusal(f"--out {out} is a link or a file, not a results folder; choose a new folder", stage="run")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        clean_stale(out)
-        self.out = out
-        self.staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-pid{os.getpid()}-", dir=out.parent))
-        self.written: list[str] = []
+        self.out, self.claim, self.written = out, None, []
+        check_out(out, replace)
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            self.claim = Claim(out)
+            clean_stale(out)
+            check_out(out, replace)  # again, now that no other run can change it
+            self.replacing = out.exists()
+            self.staging = Path(tempfile.mkdtemp(prefix=beside(out, "partial"), dir=out.parent))
+        except OSError as error:
+            self._release()
+            raise fault(error, f"write --out {out}") from None
+        except BaseException:
+            self._release()
+            raise
+
+    def _release(self) -> None:
+        if self.claim is not None:
+            self.claim.release()
 
     def __enter__(self) -> "Folder":
         return self
@@ -130,6 +276,7 @@ class Folder:
     def __exit__(self, kind, error, trace) -> None:
         if kind is not None:
             shutil.rmtree(self.staging, ignore_errors=True)
+        self._release()
 
     def confine(self, relative: str, path: str) -> Path:
         """Where `relative` lands in the folder, refused (at `path`) if a link takes it outside."""
@@ -137,23 +284,48 @@ class Folder:
 
     def write(self, relative: str, obj: Any, path: str = "", at: Optional[int] = None) -> None:
         """Write one JSON file; `at` puts it at that place in the list of written files."""
-        dump(self.confine(relative, path), obj)
+        target = self.confine(relative, path)
+        try:
+            dump(target, obj)
+        except OSError as error:
+            raise fault(error, f"write {self.out / relative}") from None
         self.written.insert(len(self.written) if at is None else at, relative)
 
     def write_bytes(self, relative: str, data: bytes, path: str = "") -> None:
         """Write one binary file (a .safetensors bundle or tensor) into the folder."""
         target = self.confine(relative, path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        except OSError as error:
+            raise fault(error, f"write {self.out / relative}") from None
         self.written.append(relative)
 
     def commit(self) -> list[str]:
-        """Move the staging folder into place (over the old folder with --replace); the written paths."""
+        """Move the staging folder into place, signals held: a new --out appears whole; an old one is swapped
+        for the new at once (or, where the file system cannot swap, moved aside first and put back by the
+        next run if this one is killed in between). The written paths."""
         try:
-            if self.out.exists():
-                shutil.rmtree(self.out)
-            os.replace(self.staging, self.out)
-        except BaseException:
-            shutil.rmtree(self.staging, ignore_errors=True)
-            raise
+            with signals_held():
+                self._move()
+        except KeyboardInterrupt:  # delivered as the signals were let through: the move was done
+            raise Written() from None
+        except OSError as error:
+            raise fault(error, f"move the results into {self.out}") from None
         return [str(self.out / w) for w in self.written]
+
+    def _move(self) -> None:
+        out, staging = self.out, self.staging
+        if not self.replacing:
+            if not rename2(staging, out, RENAME_NOREPLACE):
+                if out.exists() or out.is_symlink():
+                    raise FileExistsError(errno.EEXIST, "appeared while the run was writing", str(out))
+                os.rename(staging, out)
+            return
+        if rename2(staging, out, RENAME_EXCHANGE):
+            shutil.rmtree(staging, ignore_errors=True)  # the old result, now under the staging name
+            return
+        aside = Path(tempfile.mkdtemp(prefix=beside(out, "old"), dir=out.parent))
+        os.replace(out, aside)
+        os.rename(staging, out)
+        shutil.rmtree(aside, ignore_errors=True)

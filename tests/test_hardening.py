@@ -84,8 +84,8 @@ def test_a_killed_run_leaves_no_result_folder_and_the_next_run_clears_its_stagin
 
 def test_staging_of_a_live_run_is_left_alone(llama, tmp_path):
     """SPEC.md:163 [R15] a staging folder whose process is alive (here: this one's parent) is kept."""
-    live = tmp_path / f".out.partial-pid{os.getppid()}-abc"
-    dead = tmp_path / ".out.partial-pid999999999-abc"
+    live = tmp_path / f".out.partial-pid{os.getppid()}-abcd1234"
+    dead = tmp_path / ".out.partial-pid999999999-abcd1234"
     live.mkdir()
     dead.mkdir()
     run.execute(compiler.compile_document(PATCHING, llama, DATA), llama, tmp_path / "out", progress=False)
