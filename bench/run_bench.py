@@ -25,7 +25,6 @@ import json
 import os
 import pathlib
 import random
-import resource
 import shutil
 import statistics
 import subprocess
