@@ -127,6 +127,10 @@ class Engine:
         """The head's weight (its dtype is what the run served), or None without weights."""
         raise NotImplementedError
 
+    def generation_config(self):
+        """The checkpoint's transformers generation config (None when it has none)."""
+        raise NotImplementedError
+
     def detail(self, a: Address) -> tuple[dict, str]:
         """What `describe_components` adds for a resolved place: (answer fields, line text)."""
         return {}, ""
@@ -139,6 +143,21 @@ class Engine:
         mask_t = torch.tensor(mask, dtype=torch.long)
         return {"input_ids": torch.tensor(ids, dtype=torch.long), "attention_mask": mask_t,
                 "position_ids": position_ids(mask_t)}
+
+    def stop_ids(self) -> tuple[int, ...]:
+        """Every id a continuation can be cut at: the tokenizer's EOS and the generation config's (an id or
+        a list). A decode holds all of them off and the continuation frame is cut at the first of them (P53)."""
+        ids: set[int] = set()
+        for value in (self.tokenizer.eos_token_id, getattr(self.generation_config(), "eos_token_id", None)):
+            if value is not None:
+                ids.update(int(v) for v in (value if isinstance(value, (list, tuple)) else [value]))
+        return tuple(sorted(ids))
+
+    def decoding(self, batch: Batch) -> dict[str, Any]:
+        """The keyword arguments of a greedy decode of `batch.decode` tokens with every stop id held off
+        (min == max new tokens), the same on every engine (P36, P53)."""
+        return {"max_new_tokens": batch.decode, "min_new_tokens": batch.decode, "do_sample": False,
+                "eos_token_id": list(self.stop_ids()) or None, "pad_token_id": self.tokenizer.pad_token_id}
 
     def viewed(self, value: torch.Tensor, view: str) -> torch.Tensor:
         """`"view": "logits"`: the gathered residual through the final norm, the head, and the family's

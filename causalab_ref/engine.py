@@ -54,6 +54,9 @@ class NNterpEngine(Engine):
     def head_weight(self):
         return self.model.lm_head.weight
 
+    def generation_config(self):
+        return getattr(self.model._model, "generation_config", None)
+
     # -------------------------------------------------------------- run-time: reaching an address
 
     def _land(self, actions, reads: seam.Reads, step: int = 0, length: int = 0, grad: bool = False) -> None:
@@ -78,7 +81,7 @@ class NNterpEngine(Engine):
         return reads.result(self.viewed, _unwrap, batch.grad)
 
     def generate(self, batch: Batch) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """Greedy decode of `batch.decode` tokens with EOS held off (min == max new tokens), actions per step.
+        """Greedy decode of `batch.decode` tokens with every stop id held off (`decoding`), actions per step.
 
         A prompt-frame action fires at step 0 over its selection; a continuation action fires at
         each of its steps, at the one position that step computes (the last). Step k is the forward
@@ -87,9 +90,8 @@ class NNterpEngine(Engine):
         length = len(batch.ids[0])
         reads = seam.Reads(batch.actions)
         counter = [0]
-        with torch.no_grad(), self.model.generate(self.inputs(batch.ids, batch.mask), max_new_tokens=batch.decode,
-                                                   min_new_tokens=batch.decode, do_sample=False,
-                                                   pad_token_id=self.tokenizer.pad_token_id) as tracer:
+        inputs = self.inputs(batch.ids, batch.mask)
+        with torch.no_grad(), self.model.generate(inputs, **self.decoding(batch)) as tracer:
             for _ in tracer.iter[:]:
                 step = counter[0]
                 self._land(seam.firing(batch.actions, step), reads, step, length)

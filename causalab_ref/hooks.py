@@ -1,11 +1,11 @@
 """Hooks engine: the same plan, run with plain torch forward hooks on a transformers model.
 
-`HooksEngine` answers the questions `engine.NNterpEngine` answers — `.tokenizer`,
-`.locate(component, layer, site)`, `.forward(ids, mask, items)`, `.run_record(...)`,
-`.describe_components()` — but its forward is an ordinary `AutoModelForCausalLM` call
-with `register_forward_pre_hook` / `register_forward_hook` (`with_kwargs=True`) on the
-modules the plan's taps name; nnsight never runs in the forward.  SPEC.md L6:
-an address is a module, an io side and a rank, and that is all a hook needs.
+`HooksEngine` implements the engine contract (contract.py) as `engine.NNterpEngine` does,
+but its forward (and its decode, transformers' `generate`) is an ordinary
+`AutoModelForCausalLM` call with `register_forward_pre_hook` / `register_forward_hook`
+(`with_kwargs=True`) on the modules the plan's taps name; nnsight never runs in the
+forward.  SPEC.md L6: an address is a module, an io side and a rank, and that is all a
+hook needs; SPEC.md E6: in a decode a pre-hook on the root counts the steps.
 
 How an address becomes a hook (seed 004:100 "Both engines reach it"):
 
@@ -25,12 +25,10 @@ How an address becomes a hook (seed 004:100 "Both engines reach it"):
   `.logits` field — the same one rule with a different field (seed 004:100,
   SPEC.md L9);
 * taps at one boundary run in the order given (rank order, writes before reads,
-  SPEC.md R4); each write gathers the current value, applies the mechanism,
-  scatters, and the boundary's value becomes the new tensor — so a later read at the
-  same boundary, and everything downstream, sees the write.  Reads keep a detached
-  clone of the gathered value (select.py's rule, SPEC.md L13); a read with
-  `"view": "logits"` is then put through the final norm, the head and Gemma-2's
-  softcap, as the nnterp engine does (SPEC.md L10).
+  SPEC.md R4) through the one write seam (seam.py), and the boundary's value becomes
+  the tensor the seam returns — so a later read at the same boundary, and everything
+  downstream, sees the write; a read with `"view": "logits"` is put through the final
+  norm, the head and Gemma-2's softcap by the contract's one logits view (SPEC.md L10).
 
 What a hook cannot see (seed-tables B6 "interiors are nnterp-engine only";
 SPEC.md L12): the four interiors are one argument of one call inside a module's
@@ -188,6 +186,10 @@ class HooksEngine(Engine):
     def head_weight(self):
         return self.hf_model.lm_head.weight if self.hf_model is not None else None
 
+    def generation_config(self):
+        model = self.hf_model if self.hf_model is not None else self.shell._model
+        return getattr(model, "generation_config", None)
+
     # -------------------------------------------------------------- run-time: reaching an address
 
     def _boundaries(self, actions) -> dict[tuple[str, str], list]:
@@ -224,7 +226,17 @@ class HooksEngine(Engine):
                 handle.remove()
         return hooked.reads.result(self.viewed, grad=batch.grad)
 
-    def generate(self, batch: Batch):
-        """Decoding (the generated frame) is the nnterp engine's; refused here by name."""
-        raise Refusal("decode > 0 (the generated frame) is not implemented on the hooks engine; run this "
-                      "document on the nnterp engine", path="decode", stage="run")
+    def generate(self, batch: Batch) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """transformers' greedy decode with the hooks on (`decoding`, the nnterp engine's arguments): the root's
+        pre-hook counts the steps, so each boundary fires the actions of the step it is in, placed as the
+        nnterp engine places them (seam.at_step). Returns (reads, generated ids (rows, decode))."""
+        length = len(batch.ids[0])
+        hooked = _Hooked(batch.actions, length)
+        handles = self._hook(hooked, batch.actions)
+        try:
+            with torch.no_grad():
+                out = self.hf_model.generate(**self.inputs(batch.ids, batch.mask), **self.decoding(batch))
+        finally:
+            for handle in handles:
+                handle.remove()
+        return hooked.reads.result(self.viewed), out.detach().cpu()[:, length:]

@@ -33,6 +33,8 @@ RAGGED_MISMATCH = ("write '{name}' covers {want} positions per row but its opera
                    "{have}; rows {rows} differ. Landing a window of one width in another is a policy this slice "
                    "does not implement — the protocol's `exact_length_buckets` and `padded_masked` — so it refuses")
 
+PAST_STOP = "past_stop"  # a continuation write's reason on a row that stopped before some of its steps
+
 
 def _refuse(message: str, path: str):
     raise Refusal(message, path=path, stage="run")
@@ -282,21 +284,30 @@ def decode_forward(engine, forward: Forward, resolved: dict, values: dict, place
     batch = Batch(ids=forward.ids, mask=forward.mask, decode=forward.decode,
                   actions=_decode_actions(forward, resolved, values, placed, path, offset, live or {}))
     read, generated = _in_document(lambda: engine.generate(batch), path)
-    tok = engine.tokenizer
-    frame = locate.frame_of_continuation(tok, generated, tok.eos_token_id)
+    frame = locate.frame_of_continuation(engine.tokenizer, generated, engine.stop_ids())
     continuation = [t for t in forward.taps if t.pos.frame == "generated"]
     cut = place(frame, [t for t in continuation if t.kind == "read"], True, path, offset)
     for tap in continuation:
         if tap.kind == "write":
-            steps = _steps_of(tap, forward.decode)
-            windows = tuple(steps for _ in range(rows))
-            cut[tap.name] = Resolved(windows=windows, reasons=tuple("" for _ in range(rows)),
-                                     tokens=tuple(locate.tokens_of(frame, w, r) for r, w in enumerate(windows)))
+            cut[tap.name] = continuation_write(frame, _steps_of(tap, forward.decode), rows)
         elif tap.stacked:
             read[tap.name] = _cut_stack(read[tap.name], cut[tap.name].windows, tap.pos.uneven)
     resolved = {**resolved, **cut}
     read[f"{forward.model}.generated"] = generated
     return resolved, read
+
+
+def continuation_write(frame, steps: tuple[int, ...], rows: int) -> Resolved:
+    """A continuation write's provenance: its positions are the decode steps it fired at and its tokens what
+    the model produced there. On a row whose continuation stopped before some of those steps the write still
+    fired at them (the decode runs to its bound), on tokens the frame no longer holds: the tokens end at the
+    stop and the reason is `past_stop` (SPEC.md P54)."""
+    reasons, tokens = [], []
+    for r in range(rows):
+        inside = tuple(k for k in steps if k < frame.ends[r])
+        reasons.append("" if len(inside) == len(steps) else PAST_STOP)
+        tokens.append(locate.tokens_of(frame, inside, r))
+    return Resolved(windows=tuple(steps for _ in range(rows)), reasons=tuple(reasons), tokens=tuple(tokens))
 
 
 def _continuation_operand(tap: Tap, values: dict, placed: dict, rows: int, path: str):

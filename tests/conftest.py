@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from causalab_ref import engine
+from causalab_ref.contract import Engine
 from causalab_ref.shapes import Model
 
 
@@ -11,3 +12,39 @@ from causalab_ref.shapes import Model
 def llama():
     """The seeded Llama fixture with weights, at its default attention (the shipped documents' model block)."""
     return engine.load(Model(key="fixture:tiny-llama", revision="seeded", dtype="fp32"), weights=True)
+
+
+class Delegate(Engine):
+    """An engine that offers compile and run nothing but the contract, every answer delegated to `inner`
+    (tests override a method to change one answer)."""
+
+    name = "delegate"
+    record_name = "Delegate"
+
+    def __init__(self, inner):
+        super().__init__(inner.spec, inner.tokenizer, inner.recipe)
+        self.inner = inner
+
+    config = property(lambda self: self.inner.config)
+    num_layers = property(lambda self: self.inner.num_layers)
+
+    def attention(self):
+        return self.inner.attention()
+
+    def locate(self, component, layer, site="target"):
+        return self.inner.locate(component, layer, site=site)
+
+    def forward(self, batch):
+        return self.inner.forward(batch)
+
+    def generate(self, batch):
+        return self.inner.generate(batch)
+
+    def final_modules(self):
+        return self.inner.final_modules()
+
+    def head_weight(self):
+        return self.inner.head_weight()
+
+    def generation_config(self):
+        return self.inner.generation_config()

@@ -15,46 +15,16 @@ import torch
 from causalab_ref import compile as compiler
 from causalab_ref import contract, engine, locate, mechanisms, run
 from causalab_ref.plan import Tap
-from causalab_ref.contract import Action, Batch, Engine
+from causalab_ref.contract import Action, Batch
 from causalab_ref.hooks import HooksEngine
 from causalab_ref.shapes import Model, Refusal, Selection, Where
+
+from conftest import Delegate
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "documents" / "data"
 PATCHING = json.loads((ROOT / "documents" / "patching.json").read_text())
 TEXTS = ["If today is Thursday, tomorrow is", "Monday comes"]
-
-
-class OnlyTheContract(Engine):
-    """An engine that offers compile and run nothing but the contract: every answer delegated."""
-
-    name = "delegate"
-    record_name = "OnlyTheContract"
-
-    def __init__(self, inner):
-        super().__init__(inner.spec, inner.tokenizer, inner.recipe)
-        self._inner = inner
-
-    config = property(lambda self: self._inner.config)
-    num_layers = property(lambda self: self._inner.num_layers)
-
-    def attention(self):
-        return self._inner.attention()
-
-    def locate(self, component, layer, site="target"):
-        return self._inner.locate(component, layer, site=site)
-
-    def forward(self, batch):
-        return self._inner.forward(batch)
-
-    def generate(self, batch):
-        return self._inner.generate(batch)
-
-    def final_modules(self):
-        return self._inner.final_modules()
-
-    def head_weight(self):
-        return self._inner.head_weight()
 
 
 @pytest.fixture(scope="module")
@@ -86,9 +56,9 @@ def _write(llama, name, component, layer, mechanism, operand, featurizer=None, p
 
 
 def test_compile_and_run_need_nothing_but_the_contract(llama):
-    """SPEC.md:286 [E1] — an engine that offers only the contract (no `model`, no `shell`) compiles
+    """SPEC.md:288 [E1] — an engine that offers only the contract (no `model`, no `shell`) compiles
     documents/patching.json to the same plan and runs it to the same values as the nnterp engine."""
-    only = OnlyTheContract(llama)
+    only = Delegate(llama)
     assert not hasattr(only, "model") and not hasattr(only, "shell")
     plan = compiler.compile_document(PATCHING, only, DATA)
     assert plan == compiler.compile_document(PATCHING, llama, DATA)
@@ -98,7 +68,7 @@ def test_compile_and_run_need_nothing_but_the_contract(llama):
 
 
 def test_actions_and_batches_are_frozen_dataclasses(llama):
-    """SPEC.md:287 [E2] — what crosses into an engine is a frozen Batch of frozen Actions, each naming its tap,
+    """SPEC.md:289 [E2] — what crosses into an engine is a frozen Batch of frozen Actions, each naming its tap,
     selection, operand, steps and featurizer; the engines read them by field."""
     action = _read(llama, "head", "lm_head")
     batch = _batch(llama, action)
@@ -121,7 +91,7 @@ class Doubled:
 
 
 def test_a_featurized_write_goes_through_featurize_and_inverse_on_both_engines(llama, hooks):
-    """SPEC.md:288 [E3] — a swap of 3.0 in the space of a featurizer that doubles lands 1.5 at the site, read
+    """SPEC.md:290 [E3] — a swap of 3.0 in the space of a featurizer that doubles lands 1.5 at the site, read
     back identically on both engines (the same seam), and changes the head the same way."""
     batch = _batch(llama, _write(llama, "w", "block_output", 0, "swap", 3.0, featurizer=Doubled()),
                    _read(llama, "at", "block_output", 0), _read(llama, "head", "lm_head"))
@@ -132,7 +102,7 @@ def test_a_featurized_write_goes_through_featurize_and_inverse_on_both_engines(l
 
 
 def test_a_row_added_to_the_mechanism_table_is_landed_by_both_engines(llama, hooks, monkeypatch):
-    """SPEC.md:289 [E4] — a mechanism added as a row of mechanisms.TABLE (here f' = f·scale + o, with a
+    """SPEC.md:291 [E4] — a mechanism added as a row of mechanisms.TABLE (here f' = f·scale + o, with a
     default scale) is landed by both engines through the seam, its params over its defaults."""
     def formula(f, operand, params, context):
         return f * params["scale"] + operand
@@ -148,7 +118,7 @@ def test_a_row_added_to_the_mechanism_table_is_landed_by_both_engines(llama, hoo
 
 
 def test_the_mechanism_context_holds_the_value_as_it_arrived(llama, hooks, monkeypatch):
-    """SPEC.md:289 [E4] — `context.f0()` is the tap's value before its first write: after a swap of 9.0, a
+    """SPEC.md:291 [E4] — `context.f0()` is the tap's value before its first write: after a swap of 9.0, a
     second write returning 2·f0 lands twice the clean value, not 18. A number operand reaches the formula
     as a 0-d float32 tensor; a tensor operand of another shape is refused with the seam's text."""
     seen = []
@@ -174,7 +144,7 @@ def test_the_mechanism_context_holds_the_value_as_it_arrived(llama, hooks, monke
 
 
 def test_the_shared_parts_exist_once_in_the_contract():
-    """SPEC.md:290 [E5] — neither engine overrides the logits view, the inputs, the run record, the
+    """SPEC.md:292 [E5] — neither engine overrides the logits view, the inputs, the run record, the
     component description or the width; the pad-token fix-up is locate.with_pad, used by both."""
     for cls in (engine.NNterpEngine, HooksEngine):
         for name in ("viewed", "inputs", "run_record", "describe_components", "width"):

@@ -17,6 +17,8 @@ from causalab_ref import compile as compiler
 from causalab_ref import fixtures, locate, run
 from causalab_ref.shapes import Anchor, Refusal, Where
 
+from conftest import Delegate
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "documents" / "data"
 GENERATED = json.loads((ROOT / "documents" / "generated_answer.json").read_text())
@@ -216,3 +218,63 @@ def test_other_continuation_cuts_stack_every_step_and_cut_per_row(llama):
     assert torch.allclose(values["tail"], scores[:, 4:6], atol=1e-4)
     assert torch.allclose(values["final"][:, 0], scores[:, 5], atol=1e-4)
     assert torch.allclose(values["every"], scores.flatten(0, 1), atol=1e-4)  # ragged: flat, row by row
+
+
+def _forced_stop_document() -> dict:
+    """The issue's example: a swap of 1000.0 into the head's unit 2 (the tokenizer's EOS) at decode step 1,
+    and a second write at step 3; reads at the stop token and at the continuation's last token."""
+    doc = copy.deepcopy(GENERATED)
+    doc["sites"].update({"eos_unit": {"component": "lm_head", "units": [2]},
+                         "resid": {"component": "block_output", "layers": [0]}})
+    intervention = doc["interventions"]["generation"]
+    intervention["decode"] = 4
+    intervention["writes"] = {
+        "force": {"site": "eos_unit", "pos": {"frame": "generated", "index": 1}, "mechanism": "swap",
+                  "operand": 1000.0},
+        "late": {"site": "resid", "pos": {"frame": "generated", "index": 3}, "mechanism": "swap", "operand": 0.0}}
+    intervention["models"] = {"forced": {"input": "base", "writes": ["force", "late"]}}
+    intervention["reads"] = {
+        "at_stop": {"site": "head", "pos": {"frame": "generated", "index": -1, "scope": {"segment": "eos"}},
+                    "input": "base", "model": "forced"},
+        "last": {"site": "head", "pos": {"frame": "generated", "index": -1}, "input": "base", "model": "forced"}}
+    intervention["metrics"] = {"p_last": {"kind": "token_prob", "of": "last", "token": "cf_answer"}}
+    doc["steps"]["score"]["saves"] = [{"value": "p_last", "file_path": "p_last.json"}]
+    return doc
+
+
+def test_every_stop_id_is_held_off_so_a_forced_stop_token_is_never_generated(llama):
+    """SPEC.md:104 [P53] a decode holds off every id its continuation can be cut at — the tokenizer's EOS (2 on
+    the Llama fixture) and the generation config's (1) — so the issue's forced stop runs to the end: no
+    generated id is a stop id, the eos read is alignment_missing on every row, and -1 is the last step."""
+    assert llama.stop_ids() == (1, 2)
+    _step, results, _plan = _run(llama, _forced_stop_document())
+    generated = results["values"]["forced.generated"]
+    assert generated.shape == (4, 4)
+    assert not any(int(i) in (1, 2) for i in generated.flatten())
+    assert results["positions"]["at_stop"]["reason"] == ("alignment_missing",) * 4
+    assert results["positions"]["last"]["rows"] == ((3,),) * 4
+    assert results["positions"]["late"]["reason"] == ("",) * 4
+
+
+class _StopsAtStepOne(Delegate):
+    """The Llama engine, except that row 0's continuation says the tokenizer's EOS at step 1 (the positive
+    case is reachable only over hand-made ids, seed 000:322)."""
+
+    def generate(self, batch):
+        reads, generated = self.inner.generate(batch)
+        generated = generated.clone()
+        generated[0, 1] = self.tokenizer.eos_token_id
+        return reads, generated
+
+
+def test_a_row_that_stops_is_cut_there_and_a_later_write_says_past_stop(llama):
+    """SPEC.md:105 [P54] / SPEC.md:95 [P37] a row whose continuation stops at step 1 is cut there: its eos read
+    is step 1 and its -1 is step 1, and the write at step 3 reports the step it fired at with reason
+    `past_stop` and no token; the row that did not stop is unchanged. Nothing crashes."""
+    _step, results, _plan = _run(_StopsAtStepOne(llama), _forced_stop_document())
+    where = results["positions"]
+    assert where["at_stop"]["rows"][:2] == ((1,), ()) and where["at_stop"]["reason"][:2] == ("", "alignment_missing")
+    assert where["last"]["rows"][:2] == ((1,), (3,))
+    assert where["late"]["rows"][:2] == ((3,), (3,))
+    assert where["late"]["reason"][:2] == ("past_stop", "")
+    assert where["late"]["tokens"][0] == "" and where["late"]["tokens"][1] != ""

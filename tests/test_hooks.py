@@ -84,10 +84,10 @@ def _both(nn, hk, ids, mask, items):
 
 @pytest.mark.parametrize("family", FAMILIES + ("olmo2", "qwen3next"))
 def test_every_boundary_read_equals_the_nnterp_engines(engines, family):
-    """SPEC.md:121 [L6] / SPEC.md:122 [L7] / SPEC.md:152 [R4] / seed 004:100 / SPEC.md:139 [L24] — every boundary
+    """SPEC.md:123 [L6] / SPEC.md:124 [L7] / SPEC.md:154 [R4] / seed 004:100 / SPEC.md:141 [L24] — every boundary
     component that resolves (layer 0 and the last layer) reads the same values through a hook as
     through nnterp: at {"index": -1}, over every content position, over a rectangular window, and
-    one head of attention_premix (SPEC.md:128 [L13]); the post-norm and hybrid fixtures' placements too (their
+    one head of attention_premix (SPEC.md:130 [L13]); the post-norm and hybrid fixtures' placements too (their
     attention places at the hybrid's softmax layer 1)."""
     nn, hk = engines(family)
     ids, mask, frame = _batch(nn.tokenizer)
@@ -136,7 +136,7 @@ def test_every_boundary_read_equals_the_nnterp_engines(engines, family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_swap_at_block_output_then_a_head_read_agree(engines, family):
-    """SPEC.md:152 [R4] / SPEC.md:128 [L13] — a swap (a tensor operand, and a number) at block_output[0]
+    """SPEC.md:154 [R4] / SPEC.md:130 [L13] — a swap (a tensor operand, and a number) at block_output[0]
     on the last token, then reads downstream and at the written address itself, equal on both engines;
     the write changed the head's output."""
     nn, hk = engines(family)
@@ -159,7 +159,7 @@ def test_a_swap_at_block_output_then_a_head_read_agree(engines, family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_an_input_side_write_of_one_head_agrees(engines, family):
-    """SPEC.md:128 [L13] — a write at an input boundary (attention_premix, a forward pre-hook) of one head
+    """SPEC.md:130 [L13] — a write at an input boundary (attention_premix, a forward pre-hook) of one head
     over every content position lands the same as nnterp's, read back at block_output and logits."""
     nn, hk = engines(family)
     ids, mask, frame = _batch(nn.tokenizer)
@@ -178,7 +178,7 @@ def test_an_input_side_write_of_one_head_agrees(engines, family):
 
 
 def test_gemma2_lm_head_and_logits_differ_by_the_softcap_on_both_engines(engines):
-    """SPEC.md:124 [L9] / seed 004:98 — a swap of 100.0 into the head reads 100.0 at lm_head and
+    """SPEC.md:126 [L9] / seed 004:98 — a swap of 100.0 into the head reads 100.0 at lm_head and
     tanh(100/30)*30 at logits; the hooks engine reaches logits as the root's output field."""
     nn, hk = engines("gemma2")
     ids, mask, frame = _batch(nn.tokenizer)
@@ -198,7 +198,7 @@ def test_gemma2_lm_head_and_logits_differ_by_the_softcap_on_both_engines(engines
 
 @pytest.mark.parametrize("family", ("llama", "gemma2"))
 def test_a_logits_view_read_agrees(engines, family):
-    """SPEC.md:125 [L10] / SPEC.md:124 [L9] — a residual read with "view": "logits" goes through the final
+    """SPEC.md:127 [L10] / SPEC.md:126 [L9] — a residual read with "view": "logits" goes through the final
     norm, the head and (Gemma-2) the softcap on both engines; at the last layer's output it is the logits."""
     nn, hk = engines(family)
     ids, mask, frame = _batch(nn.tokenizer)
@@ -230,7 +230,7 @@ def _patched_reads(eng, texts):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_row_reads_the_same_alone_and_left_padded_on_both_engines(engines, family):
-    """SPEC.md:168 [R20] — the short row alone and the same row left-padded beside a longer prompt read the
+    """SPEC.md:170 [R20] — the short row alone and the same row left-padded beside a longer prompt read the
     same (a write, then the last layer and the logits at -1) to 1e-5, on both engines."""
     for eng in engines(family):
         _mask, alone = _patched_reads(eng, [SHORT])
@@ -256,7 +256,7 @@ def _observe_document(family: str) -> dict:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_rows_metric_is_the_same_alone_padded_and_under_batch_size_one(engines, family, tmp_path):
-    """SPEC.md:168 [R20] / SPEC.md:159 [R11] — a document's metric for the short row is the same when the row
+    """SPEC.md:170 [R20] / SPEC.md:161 [R11] — a document's metric for the short row is the same when the row
     is alone, beside a longer row (left-padded), and beside it under --batch-size 1, to 1e-5."""
     from causalab_ref import compile as compiler
     from causalab_ref import run
@@ -271,13 +271,50 @@ def test_a_rows_metric_is_the_same_alone_padded_and_under_batch_size_one(engines
     assert values[1] == pytest.approx(values[0], abs=1e-5) and values[2] == pytest.approx(values[0], abs=1e-5)
 
 
+# ---------------------------------------------------------------- decoding
+
+
+def _decode_actions(eng, ids, decode):
+    """A prompt read and a continuation write and reads: at fixed steps, and stacked over every step."""
+    def act(kind, name, component, layer, pos, steps, operand=None, stacked=0):
+        a = eng.locate(component, layer)
+        tap = Tap(kind=kind, name=name, site=name, address=a, pos=pos, mechanism="swap" if kind == "write" else None,
+                  operand=operand, stacked=stacked)
+        windows = tuple((len(ids[0]) - 1,) if pos.frame == "prompt" else (0,) for _ in ids)
+        return Action(tap, Selection(windows=windows, seq_axis=a.seq_axis), operand, steps=steps)
+    every = tuple(range(decode))
+    return (act("read", "prompt", "block_output", 0, Where(index=-1), (0,)),
+            act("write", "half", "block_output", 0, Where(frame="generated", index=2), (2,), 0.5),
+            act("read", "out", "block_output", eng.num_layers - 1, Where(frame="generated", index=-1), every,
+                stacked=decode),
+            act("read", "step1", "lm_head", None, Where(frame="generated", index=1), (1,)),
+            act("read", "logits", "logits", None, Where(frame="generated", index=-1), every, stacked=decode))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_both_engines_decode_the_same_tokens_and_per_step_values(engines, family):
+    """SPEC.md:293 [E6] / SPEC.md:104 [P53] — the hooks engine decodes: on a padded batch, with a write at
+    step 2, both engines generate the same greedy ids and read the same prompt, per-step and stacked values
+    (allclose 1e-6); both hold off the same stop ids, the tokenizer's EOS among them."""
+    nn, hk = engines(family)
+    ids, mask, _frame = locate.frame_of_texts(nn.tokenizer, [SHORT, LONG])
+    batch = Batch(ids=ids, mask=mask, actions=_decode_actions(nn, ids, 5), decode=5)
+    (got_nn, ids_nn), (got_hk, ids_hk) = nn.generate(batch), hk.generate(batch)
+    assert ids_nn.shape == (2, 5) and torch.equal(ids_nn, ids_hk)
+    assert set(got_nn) == set(got_hk) == {"prompt", "out", "step1", "logits"}
+    assert got_hk["out"].shape[:2] == (2, 5)
+    for name in got_nn:
+        assert torch.allclose(got_nn[name], got_hk[name], atol=1e-6, rtol=0), (family, name)
+    assert nn.stop_ids() == hk.stop_ids() and nn.tokenizer.eos_token_id in hk.stop_ids()
+
+
 # ---------------------------------------------------------------- refusals
 
 
 def test_interiors_are_refused_by_name_at_compile():
-    """SPEC.md:139 [L24] / SPEC.md:127 [L12] / seed-tables B6 "interiors are nnterp-engine only" — the four interiors are
+    """SPEC.md:141 [L24] / SPEC.md:129 [L12] / seed-tables B6 "interiors are nnterp-engine only" — the four interiors are
     refused on the hooks engine with the seed's text; attention_probs too, saying why, even under eager
-    where the nnterp engine resolves it (SPEC.md:126 [L11])."""
+    where the nnterp engine resolves it (SPEC.md:128 [L11])."""
     hk = engine.load(_spec("llama", "eager"), "hooks", weights=False)
     assert isinstance(hk, HooksEngine)
     for name in address.INTERIORS:
@@ -300,7 +337,7 @@ def test_interiors_are_refused_by_name_at_compile():
 
 
 def test_the_hooks_module_names_are_the_transformers_names(engines):
-    """SPEC.md:120 [L5] / SPEC.md:121 [L6] — nnterp's standardized spelling maps to the transformers module
+    """SPEC.md:122 [L5] / SPEC.md:123 [L6] — nnterp's standardized spelling maps to the transformers module
     by identity in the shell's module tree, never by a rename table."""
     hk = engines("gpt2")[1]
     name = lambda component, layer=None: hk.module_name(hk.locate(component, layer))  # noqa: E731
@@ -321,7 +358,7 @@ def _values(out: Path) -> dict:
 
 
 def test_patching_document_gives_the_same_numbers_on_both_engines(tmp_path):
-    """SPEC.md:157 [R9] / SPEC.md:152 [R4] — `run documents/patching.json --engine hooks` writes the same
+    """SPEC.md:159 [R9] / SPEC.md:154 [R4] — `run documents/patching.json --engine hooks` writes the same
     iia and logit_diff values as the nnterp engine, and run.json records which engine ran."""
     hooks_out, nnterp_out = tmp_path / "hooks", tmp_path / "nnterp"
     done = subprocess.run([sys.executable, "-m", "causalab_ref", "run", "documents/patching.json", "--engine",

@@ -293,7 +293,7 @@ def test_a_variable_that_is_neither_is_refused_before_any_model_work(llama, tmp_
 
 
 def test_a_ragged_write_whose_operand_differs_on_some_row_is_refused(llama):
-    """SPEC.md:111 [P51] (seed-tables A6, A11) — the whole entity is 3 tokens on a Thursday
+    """SPEC.md:113 [P51] (seed-tables A6, A11) — the whole entity is 3 tokens on a Thursday
     row and 1 on the others, so swapping whole entities between rows 0 and 2 is refused naming them."""
     whole = {"all": True, "scope": {"variable": "entity"}}
     refusal = _refusal(_variant(ENTITY_PATCH, v_cf=whole, patch=whole), llama)
@@ -306,7 +306,7 @@ def test_a_ragged_write_whose_operand_differs_on_some_row_is_refused(llama):
 
 @pytest.mark.parametrize("read_pos, write_pos", [(ENTITY, -1), (-1, ENTITY)])
 def test_an_anchored_window_and_a_bare_one_of_equal_widths_interchange(llama, read_pos, write_pos):
-    """SPEC.md:108 [P48] SPEC.md:111 [P51] — an anchored read is flat and a bare write rectangular (or the
+    """SPEC.md:110 [P48] SPEC.md:113 [P51] — an anchored read is flat and a bare write rectangular (or the
     reverse); with one position on every row the value lands as if both were bare. The entity's last
     token is at 6 = {"index": -5} on every row of this batch, so the two runs must agree exactly."""
     bare = {"index": -5}
@@ -318,7 +318,7 @@ def test_an_anchored_window_and_a_bare_one_of_equal_widths_interchange(llama, re
 
 
 def test_a_bare_write_fed_by_an_anchored_read_that_skipped_a_row_is_refused(llama, tmp_path):
-    """SPEC.md:111 [P51] SPEC.md:81 [P27] — the read may skip counterfactual row 1, but then the write has
+    """SPEC.md:113 [P51] SPEC.md:81 [P27] — the read may skip counterfactual row 1, but then the write has
     no value to land there; refused at run naming the row, not as a shape the engine cannot land."""
     rows = copy.deepcopy(TRAIN)
     rows[1]["counterfactual_inputs_variables"][0]["entity"] = "Tuesday"
@@ -353,7 +353,7 @@ def test_left_padding_same_last_index_each_rows_own_first_token(llama):
 
 
 def test_cli_tokens_shows_a_documents_rows_with_indices():
-    """SPEC.md:167 [R19] seed 000:175-195 (document-format §16) — `tokens --document DOC` prints each role's rows of the
+    """SPEC.md:169 [R19] seed 000:175-195 (document-format §16) — `tokens --document DOC` prints each role's rows of the
     first step as index:'piece', indices into the padded batch."""
     done = subprocess.run([sys.executable, "-m", "causalab_ref", "tokens", "--document",
                            "documents/entity_patch.json"], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -367,7 +367,7 @@ def test_cli_tokens_shows_a_documents_rows_with_indices():
 
 
 def test_a_run_tokenizer_that_disagrees_with_the_plans_is_refused(llama):
-    """SPEC.md:112 [P52] row 0 decoded by the run's tokenizer and by the plan's must agree, compared as
+    """SPEC.md:114 [P52] row 0 decoded by the run's tokenizer and by the plan's must agree, compared as
     decoded strings (seed 000:334-336)."""
     from causalab_ref import fixtures
     plan = compiler.compile_document(copy.deepcopy(PATCHING), llama, DATA)

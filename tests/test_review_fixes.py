@@ -61,7 +61,7 @@ def test_two_steps_may_not_save_to_one_file():
 
 
 def test_a_negative_layer_is_refused_at_compile_by_number(llama):
-    """SPEC.md:118 [L3] a negative layer is outside the stack: refused when compiled, by number."""
+    """SPEC.md:120 [L3] a negative layer is outside the stack: refused when compiled, by number."""
     doc = copy.deepcopy(PATCHING)
     doc["sites"]["target"]["layers"] = [-1]
     validate.document(doc)
@@ -72,7 +72,7 @@ def test_a_negative_layer_is_refused_at_compile_by_number(llama):
 
 
 def test_heads_at_an_added_place_with_no_head_count_is_refused():
-    """SPEC.md:129 [L14] heads at a place added with `extra` (no head count) is refused, not a TypeError."""
+    """SPEC.md:131 [L14] heads at a place added with `extra` (no head count) is refused, not a TypeError."""
     spec = validate.document(PATCHING).model
     shell = engine.load(spec, weights=False, extra={"gate": ("mlp.gate_proj", 42)})
     doc = copy.deepcopy(PATCHING)
@@ -112,7 +112,7 @@ def test_a_decode_past_the_models_positions_is_refused_at_compile(llama):
 
 
 def test_a_write_and_operand_of_different_widths_are_refused_at_compile(llama):
-    """SPEC.md:141 [L26] 64 mlp_activation features cannot land in a 16-wide block_output: refused when
+    """SPEC.md:143 [L26] 64 mlp_activation features cannot land in a 16-wide block_output: refused when
     compiled, naming both places."""
     doc = copy.deepcopy(PATCHING)
     doc["sites"]["act"] = {"component": "mlp_activation", "layers": [0]}

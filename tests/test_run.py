@@ -61,14 +61,14 @@ def _hand_patched_logits():
 
 
 def test_patching_writes_the_four_files(written):
-    """SPEC.md:154 [R6] run writes document.json, run.json and each step's saves."""
+    """SPEC.md:156 [R6] run writes document.json, run.json and each step's saves."""
     out, paths = written
     assert [Path(p).name for p in paths] == ["document.json", "run.json", "iia.json", "logit_diff.json"]
     assert sorted(p.name for p in out.iterdir()) == ["document.json", "iia.json", "logit_diff.json", "run.json"]
 
 
 def test_metric_table_rows_have_the_fields_in_order(written):
-    """SPEC.md:155 [R7] one object per base row, keys in the documented order, ids as strings."""
+    """SPEC.md:157 [R7] one object per base row, keys in the documented order, ids as strings."""
     out, _ = written
     for name in ("iia", "logit_diff"):
         rows = json.loads((out / f"{name}.json").read_text())
@@ -86,7 +86,7 @@ def test_bare_integer_pass_reports_no_positions(written):
 
 
 def test_units_and_estimands_follow_the_kind(written):
-    """SPEC.md:156 [R8] match is a fraction (match/v1), logit_diff a logit (logit_diff/v1)."""
+    """SPEC.md:158 [R8] match is a fraction (match/v1), logit_diff a logit (logit_diff/v1)."""
     out, _ = written
     iia = json.loads((out / "iia.json").read_text())
     diff = json.loads((out / "logit_diff.json").read_text())
@@ -128,7 +128,7 @@ def test_produced_by_is_the_digest_and_ignores_the_header(written):
 
 
 def test_run_json_records_the_fixture_recipe_and_versions(written):
-    """SPEC.md:157 [R9] run.json records engine, package digest, versions, model and recipe digest."""
+    """SPEC.md:159 [R9] run.json records engine, package digest, versions, model and recipe digest."""
     out, _ = written
     record = json.loads((out / "run.json").read_text())
     assert record["engine"] == "NNterpEngine"
@@ -141,7 +141,7 @@ def test_run_json_records_the_fixture_recipe_and_versions(written):
 
 
 def test_existing_out_is_refused_without_replace(llama, written):
-    """SPEC.md:158 [R10] an existing --out is refused unless --replace is given."""
+    """SPEC.md:160 [R10] an existing --out is refused unless --replace is given."""
     out, _ = written
     plan = compiler.compile_document(PATCHING, llama, DATA)
     with pytest.raises(run.Refusal, match="already exists"):
@@ -151,7 +151,7 @@ def test_existing_out_is_refused_without_replace(llama, written):
 
 
 def test_a_refused_run_leaves_no_result_folder(llama, tmp_path):
-    """SPEC.md:158 [R10] a run refused mid-way leaves neither --out nor its temporary folder."""
+    """SPEC.md:160 [R10] a run refused mid-way leaves neither --out nor its temporary folder."""
     doc = copy.deepcopy(PATCHING)
     doc["interventions"]["patching"]["writes"]["patch"]["pos"] = {"index": 40}
     plan = compiler.compile_document(doc, llama, DATA)
@@ -162,14 +162,14 @@ def test_a_refused_run_leaves_no_result_folder(llama, tmp_path):
 
 
 def test_forwards_follow_their_operands(llama):
-    """SPEC.md:151 [R3] the counterfactual forward that reads the operand runs before the patched one."""
+    """SPEC.md:153 [R3] the counterfactual forward that reads the operand runs before the patched one."""
     plan = compiler.compile_document(PATCHING, llama, DATA)
     assert [(f.model, f.input) for f in plan.steps[0].forwards] == [("original", "counterfactual"),
                                                                      ("patched", "base")]
 
 
 def test_taps_run_in_rank_order_writes_first(llama):
-    """SPEC.md:152 [R4] taps in rank order; at one address the write comes before the read."""
+    """SPEC.md:154 [R4] taps in rank order; at one address the write comes before the read."""
     doc = copy.deepcopy(PATCHING)
     doc["interventions"]["patching"]["reads"]["after"] = {"site": "target", "pos": -1, "model": "patched",
                                                            "input": "base"}

@@ -397,7 +397,7 @@ def test_mixed_sign_span_is_accepted_with_no_width():
 
 
 def test_width_of_each_cut():
-    """SPEC.md:106 [P46] width: 1 for index, n for last n, b-a for a same-signed span, none for all (A10)."""
+    """SPEC.md:108 [P46] width: 1 for index, n for last n, b-a for a same-signed span, none for all (A10)."""
     assert validate.where(-1, "p").width == 1
     assert validate.where({"last": 3}, "p").width == 3
     assert validate.where({"span": [1, 4]}, "p").width == 3
@@ -406,7 +406,7 @@ def test_width_of_each_cut():
 
 
 def test_scope_makes_a_width_one_cut_ragged():
-    """SPEC.md:107 [P47] Ragged when the width is none or there is a scope; seed 000:328."""
+    """SPEC.md:109 [P47] Ragged when the width is none or there is a scope; seed 000:328."""
     pos = validate.where({"index": -1, "scope": {"variable": "entity"}}, "p")
     assert pos.width == 1 and pos.ragged
     assert not validate.where(-1, "p").ragged
@@ -452,7 +452,7 @@ def test_frame_must_be_prompt_or_generated():
 
 
 def test_metric_over_a_window_of_three_is_refused():
-    """SPEC.md:109 [P49] A metric reads width 1; `last: 3` is refused with A11's text; seed 000:330."""
+    """SPEC.md:111 [P49] A metric reads width 1; `last: 3` is refused with A11's text; seed 000:330."""
     raw = doc()
     iv(raw)["reads"]["logits"]["pos"] = {"last": 3}
     r = refused(raw)
@@ -462,7 +462,7 @@ def test_metric_over_a_window_of_three_is_refused():
 
 
 def test_metric_over_a_varying_window_is_refused():
-    """SPEC.md:109 [P49] `{"all": true}` under a metric is `a window of varying positions`; seed 000:330."""
+    """SPEC.md:111 [P49] `{"all": true}` under a metric is `a window of varying positions`; seed 000:330."""
     raw = doc()
     iv(raw)["reads"]["logits"]["pos"] = {"all": True}
     r = refused(raw)
@@ -472,14 +472,14 @@ def test_metric_over_a_varying_window_is_refused():
 
 
 def test_metric_over_a_ragged_width_one_read_is_accepted():
-    """SPEC.md:109 [P49] Ragged is fine under a metric when the width is 1; seed 000:330."""
+    """SPEC.md:111 [P49] Ragged is fine under a metric when the width is 1; seed 000:330."""
     raw = doc()
     iv(raw)["reads"]["logits"]["pos"] = {"index": -1, "scope": {"variable": "entity"}}
     validate.document(raw)
 
 
 def test_write_operand_width_mismatch_is_refused():
-    """SPEC.md:110 [P50] A write and its operand with different fixed widths are refused with A11's text."""
+    """SPEC.md:112 [P50] A write and its operand with different fixed widths are refused with A11's text."""
     raw = doc()
     iv(raw)["writes"]["patch"]["pos"] = {"last": 2}
     r = refused(raw)
@@ -489,7 +489,7 @@ def test_write_operand_width_mismatch_is_refused():
 
 
 def test_ragged_write_width_is_left_to_the_run():
-    """SPEC.md:111 [P51] With no fixed width on one side, validation cannot compare; the run does."""
+    """SPEC.md:113 [P51] With no fixed width on one side, validation cannot compare; the run does."""
     raw = doc()
     iv(raw)["writes"]["patch"]["pos"] = {"all": True, "scope": {"variable": "entity"}}
     iv(raw)["reads"]["v_cf"]["pos"] = {"all": True, "scope": {"variable": "entity"}}
@@ -573,7 +573,7 @@ def test_negative_decode_is_refused():
 
 
 def test_layers_with_two_entries_is_refused():
-    """SPEC.md:117 [L2] A multi-layer band is refused with B11's text; seed 004:33."""
+    """SPEC.md:119 [L2] A multi-layer band is refused with B11's text; seed 004:33."""
     raw = doc()
     raw["sites"]["target"]["layers"] = [0, 1]
     r = refused(raw)
@@ -583,7 +583,7 @@ def test_layers_with_two_entries_is_refused():
 
 
 def test_per_layer_component_without_layers_is_refused():
-    """SPEC.md:119 [L4] A per-layer component with no layer is refused (reference's reading of B4); seed 004:90."""
+    """SPEC.md:121 [L4] A per-layer component with no layer is refused (reference's reading of B4); seed 004:90."""
     raw = doc()
     del raw["sites"]["target"]["layers"]
     r = refused(raw)
@@ -592,7 +592,7 @@ def test_per_layer_component_without_layers_is_refused():
 
 
 def test_whole_model_component_with_layers_is_refused():
-    """SPEC.md:119 [L4] A whole-model component with a layer is refused; seed 004:90."""
+    """SPEC.md:121 [L4] A whole-model component with a layer is refused; seed 004:90."""
     raw = doc()
     raw["sites"]["head"]["layers"] = [0]
     r = refused(raw)
@@ -601,14 +601,14 @@ def test_whole_model_component_with_layers_is_refused():
 
 
 def test_unknown_component_is_left_to_compile():
-    """SPEC.md:132 [L17] A component the table does not know is refused at compile, not at validation."""
+    """SPEC.md:134 [L17] A component the table does not know is refused at compile, not at validation."""
     raw = doc()
     raw["sites"]["target"]["component"] = "block_ouput"
     assert dict(validate.document(raw).sites)["target"].component == "block_ouput"
 
 
 def test_heads_and_units_together_are_refused():
-    """SPEC.md:129 [L14] `heads` and `units` together are refused with B11's text; seed 004:159."""
+    """SPEC.md:131 [L14] `heads` and `units` together are refused with B11's text; seed 004:159."""
     raw = doc()
     raw["sites"]["target"] = {"component": "attention_z", "layers": [0], "heads": [0], "units": [1]}
     r = refused(raw)
@@ -617,7 +617,7 @@ def test_heads_and_units_together_are_refused():
 
 
 def test_heads_at_block_output_is_refused():
-    """SPEC.md:129 [L14] `heads` only at a per-head tensor, B11's text with the sorted per-head names."""
+    """SPEC.md:131 [L14] `heads` only at a per-head tensor, B11's text with the sorted per-head names."""
     raw = doc()
     raw["sites"]["target"]["heads"] = [0]
     r = refused(raw)
@@ -628,14 +628,14 @@ def test_heads_at_block_output_is_refused():
 
 
 def test_heads_at_a_per_head_tensor_is_accepted():
-    """SPEC.md:116 [L1] A site is component, one layer, and optionally heads; seed 004:3."""
+    """SPEC.md:118 [L1] A site is component, one layer, and optionally heads; seed 004:3."""
     raw = doc()
     raw["sites"]["target"] = {"component": "attention_premix", "layers": [0], "heads": [1, 3]}
     assert dict(validate.document(raw).sites)["target"].heads == (1, 3)
 
 
 def test_empty_repeated_or_negative_heads_are_refused():
-    """SPEC.md:129 [L14] An empty, repeated or negative `heads` list is refused with B11's text."""
+    """SPEC.md:131 [L14] An empty, repeated or negative `heads` list is refused with B11's text."""
     for heads, path in (([], "sites.target.heads"), ([1, 1], "sites.target.heads"),
                         ([0, -1], "sites.target.heads.1")):
         raw = doc()
@@ -645,7 +645,7 @@ def test_empty_repeated_or_negative_heads_are_refused():
 
 
 def test_empty_or_repeated_units_are_refused():
-    """SPEC.md:129 [L14] An empty or repeated `units` list is refused with B11's units text."""
+    """SPEC.md:131 [L14] An empty or repeated `units` list is refused with B11's units text."""
     for units in ([], [2, 2]):
         raw = doc()
         raw["sites"]["target"]["units"] = units
@@ -654,7 +654,7 @@ def test_empty_or_repeated_units_are_refused():
 
 
 def test_write_at_input_ids_is_refused():
-    """SPEC.md:123 [L8] `input_ids` is read-only; B11's full validate text; seed 004:92."""
+    """SPEC.md:125 [L8] `input_ids` is read-only; B11's full validate text; seed 004:92."""
     raw = doc()
     raw["sites"]["target"] = {"component": "input_ids"}
     r = refused(raw)
@@ -664,7 +664,7 @@ def test_write_at_input_ids_is_refused():
 
 
 def test_read_at_input_ids_is_accepted():
-    """SPEC.md:123 [L8] Only a write at `input_ids` is refused; reading the model's input is fine."""
+    """SPEC.md:125 [L8] Only a write at `input_ids` is refused; reading the model's input is fine."""
     raw = doc()
     raw["sites"]["ids"] = {"component": "input_ids"}
     iv(raw)["reads"]["ids"] = {"site": "ids", "pos": -1, "input": "base"}
@@ -672,7 +672,7 @@ def test_read_at_input_ids_is_accepted():
 
 
 def test_view_logits_off_the_residual_stream_is_refused():
-    """SPEC.md:125 [L10] `view: logits` only on the residual stream; F§20/B11 full text; seed 004:41."""
+    """SPEC.md:127 [L10] `view: logits` only on the residual stream; F§20/B11 full text; seed 004:41."""
     raw = doc()
     iv(raw)["reads"]["logits"]["view"] = "logits"
     r = refused(raw)
@@ -683,7 +683,7 @@ def test_view_logits_off_the_residual_stream_is_refused():
 
 
 def test_view_logits_on_the_residual_stream_is_accepted():
-    """SPEC.md:125 [L10] `view: logits` on block_output validates; seed 004:41."""
+    """SPEC.md:127 [L10] `view: logits` on block_output validates; seed 004:41."""
     raw = doc()
     iv(raw)["reads"]["logits"]["site"] = "target"
     iv(raw)["reads"]["logits"]["view"] = "logits"
@@ -691,7 +691,7 @@ def test_view_logits_on_the_residual_stream_is_accepted():
 
 
 def test_logits_view_is_not_an_operand():
-    """SPEC.md:125 [L10] A logits view is vocabulary-wide and cannot be written back (F§8.2 text)."""
+    """SPEC.md:127 [L10] A logits view is vocabulary-wide and cannot be written back (F§8.2 text)."""
     raw = doc()
     iv(raw)["reads"]["v_cf"]["view"] = "logits"
     r = refused(raw)

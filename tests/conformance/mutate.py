@@ -203,6 +203,9 @@ MUTANTS = [
     # Shared forwards (Q5): a forward is the same computation only with the same writes.
     ("forwards shared whatever their writes", "Q5", "share.py",
      '        parts.append((repr(replace(tap, name="", operand=None)), operand))', "        pass"),
+    ("hold off only the generation config's stop id, cut only there", "P53", "contract.py",
+     'for value in (self.tokenizer.eos_token_id, getattr(self.generation_config(), "eos_token_id", None)):',
+     'for value in (getattr(self.generation_config(), "eos_token_id", None),):'),
 ]
 
 
