@@ -99,7 +99,7 @@ def summary_line(path: Path) -> str:
 
 
 def cmd_vocab(args):
-    from . import address, metrics
+    from . import address, mechanisms, metrics
     lines = ["components:"]
     for name, row in address.describe().items():
         accessor = "interior" if row["interior"] else f"nnterp {row['accessor']}"
@@ -107,14 +107,14 @@ def cmd_vocab(args):
             + ("  (read-only)" if row["read_only"] else "")
         lines.append(f"  {name:22s} {accessor}{marks}")
     lines += [
-        "mechanisms:       swap (add_scaled, clamp, gaussian, lerp, renormalize: in the format, not implemented yet)",
+        "mechanisms:       " + ", ".join(mechanisms.describe().values()),
         "metric kinds:     " + ", ".join(kind.signature() for kind in metrics.KINDS.values()),
         "position forms:   exactly one cut: index=int, span=tuple[int, int], last=int, all=bool",
         "                  scope: variable=str, segment=str",
         "                  frame: Literal['prompt', 'generated']; a bare integer is {\"index\": i}; "
         "-1 is the last token",
     ]
-    return {"text": "\n".join(lines), "components": address.describe()}
+    return {"text": "\n".join(lines), "components": address.describe(), "mechanisms": mechanisms.describe()}
 
 
 def cmd_data(args):

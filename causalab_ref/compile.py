@@ -9,13 +9,13 @@ reads at one address). `explain` prints it. SPEC.md §4 Runs (R1-R5).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from . import bundles, data, fit, locate, metrics, reader, share, validate
+from . import bundles, data, fit, locate, metrics, outputs, reader, share, validate
 from .plan import FeaturizerPlan, FitPlan, Forward, MetricPlan, ObservePlan, Plan, Tap, WeightsPlan
-from .shapes import Address, Document, Refusal, Where
+from .shapes import Address, Document, Observe, Ref, Refusal, Where
 
 # ---------------------------------------------------------------- pieces
 
@@ -231,6 +231,45 @@ def _pattern_layouts_differ(tap: Tap, read, source: Forward, forward: Forward) -
             "tokenize to the same length (documents/data/weekdays_aligned is such a table)")
 
 
+def _published(step_name: str, kept: tuple, forwards: list, rows: int) -> tuple:
+    """What this step's outputs will hold, as later steps' checks need it (a pca's span checked here)."""
+    taps = {t.name: t for f in forwards for t in f.taps if t.kind == "read"}
+    out = []
+    for name, output in kept:
+        tap = taps[output.read]
+        source = outputs.Source(step=step_name, output=output, rows=rows,
+                                per_row=None if tap.pos.ragged else tap.pos.width, width=_feature_width(tap))
+        outputs.check_pca(step_name, name, source, f"steps.{step_name}.outputs.{name}")
+        out.append((name, source))
+    return tuple(out)
+
+
+def _check_refs(step_name: str, forwards: list, sources: dict, rows: int, path: str) -> None:
+    """Each write whose operand is {"ref": x}: rows, pca, windows and width against x's source (M14, M16)."""
+    for forward in forwards:
+        for tap in forward.taps:
+            if tap.kind != "write" or not isinstance(tap.operand, Ref):
+                continue
+            want = 1 if tap.pos.frame == "generated" else (None if tap.pos.ragged else tap.pos.width)
+            outputs.check_ref(step_name, tap.name, tap.operand.name, sources[tap.operand.name], rows, want,
+                              _feature_width(tap), f"{path}.writes.{tap.name}.operand")
+
+
+def _stamps(doc: Document, kept: tuple, forwards: list, digest: str) -> tuple:
+    """Each output's `.safetensors` metadata: the bundle stamp of the read's site, `kind` output/none,
+    output/mean or pca, `k`, `d` the read's width, no parametrization (LR§8; SPEC.md M20)."""
+    taps = {t.name: t for f in forwards for t in f.taps if t.kind == "read"}
+    sites = dict(doc.sites)
+    out = []
+    for name, output in kept:
+        tap = taps[output.read]
+        kind = "pca" if output.reduce == "pca" else f"output/{output.reduce}"
+        stamp = bundles.stamp(doc.model, tap.site, sites[tap.site], tap.address, kind, output.k, _tap_width(tap),
+                              digest, parametrization="")
+        out.append((name, tuple(sorted(stamp.items()))))
+    return tuple(out)
+
+
 def _tap_sort_key(tap: Tap):
     return (tap.address.rank, 0 if tap.kind == "write" else 1)
 
@@ -248,6 +287,8 @@ class Context:
     cache: dict
     addresses: dict
     featurizers: dict  # name -> FeaturizerPlan
+    digest: str = ""
+    sources: dict = field(default_factory=dict)  # output name -> outputs.Source, published so far (SPEC.md §8.2)
 
     def rows(self, rows: tuple, path: str) -> dict[str, list]:
         """Each role's rows of a step (cached by ref); roles pair by index, so their counts must agree."""
@@ -287,7 +328,7 @@ def compile_point(point: validate.Point, engine, data_root: Path, cache: Optiona
         _check_selection(addresses[name], site, name)
     digest = reader.digest(raw)
     ctx = Context(doc=doc, engine=engine, data_root=data_root, cache={} if cache is None else cache,
-                  addresses=addresses, featurizers={})
+                  addresses=addresses, featurizers={}, digest=digest)
     ctx.featurizers = featurizer_plans(ctx, digest)
     steps: list = []
     for step_name, step in doc.steps:
@@ -299,19 +340,24 @@ def compile_point(point: validate.Point, engine, data_root: Path, cache: Optiona
         else:
             rows_by_role = ctx.rows(step.rows, f"steps.{step_name}.rows")
             batches = ctx.batches(rows_by_role, tuple(step.rows), f"steps.{step_name}.rows")
+            published: dict = {}
             for i_name in step.interventions:
                 name = step_name if len(step.interventions) == 1 else f"{step_name}/{i_name}"
                 steps.append(observe_plan(ctx, name, i_name, rows_by_role, batches,
-                                          _saves_of(step.saves, i_name, dict(doc.interventions)[i_name])))
+                                          _saves_of(step, i_name, dict(doc.interventions)), (step_name, step)))
+                published.update(dict(steps[-1].sources))
+            if len(step.interventions) == 1:  # a step listing several publishes to itself only (M13)
+                ctx.sources.update(published)
     return Plan(label=point.label, digest=digest, raw=raw, steps=tuple(steps),
                 featurizers=tuple(ctx.featurizers.values()))
 
 
-def _saves_of(saves, i_name: str, intervention) -> tuple:
-    """The saves of one intervention's child step: its metrics, bare or as `<intervention>/<metric>`."""
-    mine = dict(intervention.metrics)
+def _saves_of(step: Observe, i_name: str, interventions: dict) -> tuple:
+    """The saves of one intervention's child step: what it produces (metrics, outputs, generated ids; M19),
+    bare or as `<intervention>/<name>`."""
+    mine = validate.produced_names((i_name,), interventions, step.outputs)
     return tuple((s.value.split("/", 1)[1] if s.value.startswith(f"{i_name}/") else s.value, s.file_path)
-                 for s in saves
+                 for s in step.saves
                  if s.value in mine or (s.value.startswith(f"{i_name}/") and s.value.split("/", 1)[1] in mine))
 
 
@@ -363,8 +409,9 @@ def _metrics(ctx: Context, intervention, base_rows: list, ipath: str) -> list[Me
 
 
 def observe_plan(ctx: Context, name: str, i_name: str, rows_by_role: dict, batches: dict,
-                 saves: tuple) -> ObservePlan:
-    """One pass of one intervention over these rows."""
+                 saves: tuple, step: Optional[tuple[str, Observe]] = None) -> ObservePlan:
+    """One pass of one intervention over these rows; `step` (name, Observe) brings the step's outputs, and
+    each write with a ref is checked against what earlier steps published (SPEC.md §8.2)."""
     intervention = dict(ctx.doc.interventions)[i_name]
     ipath = f"interventions.{i_name}"
     reads = dict(intervention.reads)
@@ -373,10 +420,16 @@ def observe_plan(ctx: Context, name: str, i_name: str, rows_by_role: dict, batch
     forwards = _forwards(ctx, intervention, rows_by_role, batches, ipath)
     _check_pattern_layouts(forwards, reads, ipath)
     _check_operand_widths(forwards, ipath)
+    step_name, observe = step if step is not None else (name, None)
+    _check_refs(step_name, forwards, ctx.sources, len(base_rows), ipath)
+    kept = tuple((o, out) for o, out in (observe.outputs if observe else ()) if out.read in dict(intervention.reads))
     metric_plans = _metrics(ctx, intervention, base_rows, ipath)
     dynamic = any(tap.pos.dynamic for f in forwards for tap in f.taps)
     return ObservePlan(name=name, intervention=i_name, forwards=tuple(forwards), metrics=tuple(metric_plans),
-                       saves=saves, example_ids=data.example_ids(base_rows), dynamic=dynamic)
+                       saves=saves, example_ids=data.example_ids(base_rows), dynamic=dynamic, outputs=kept,
+                       publishes=observe is None or len(observe.interventions) == 1,
+                       sources=_published(step_name, kept, forwards, len(base_rows)),
+                       stamps=_stamps(ctx.doc, kept, forwards, ctx.digest) if kept else ())
 
 
 def _tap(kind, name, op, sites, addresses, rows, field, path, featurizers: dict) -> Tap:
@@ -396,7 +449,8 @@ def _tap(kind, name, op, sites, addresses, rows, field, path, featurizers: dict)
                   featurizer=op.featurizer, space=space)
     if kind == "write":
         _check_features(op.features, space, name, path)
-        return Tap(kind="write", mechanism=op.mechanism, operand=op.operand, features=op.features, **common)
+        return Tap(kind="write", mechanism=op.mechanism, operand=op.operand, features=op.features, params=op.params,
+                   **common)
     return Tap(kind="read", view=op.view, **common)
 
 

@@ -45,6 +45,7 @@ class Action:
     operand: Any = None
     steps: tuple[int, ...] = (0,)
     featurizer: Optional[Featurizer] = None
+    lead: Optional[tuple[int, int]] = None  # gaussian: (offset, total) of this window in the whole pass
 
     @property
     def name(self) -> str:

@@ -11,7 +11,12 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from . import locate
-from .shapes import Address, Where, features_label
+from .shapes import Address, Output, Ref, Where, features_label
+
+
+def operand_json(operand: Any) -> Any:
+    """A write's operand as explain --json prints it: a read name, a number, {"ref": name}, or null."""
+    return {"ref": operand.name} if isinstance(operand, Ref) else operand
 
 
 @dataclass(frozen=True)
@@ -32,13 +37,15 @@ class Tap:
     featurizer: str = "identity"
     features: Optional[tuple[int, ...]] = None  # coordinates of the feature space a write touches
     space: Optional[int] = None  # width of the feature space (the featurizer's k, or the site's width)
+    params: tuple[tuple[str, float], ...] = ()  # a write's mechanism params, by name
 
     def line(self) -> str:
         where = f"at {self.address.label()} pos={self.pos.spelling()}"
         features = features_label(self.groups, self.take)
         if self.kind == "write":
             coords = f" features={list(self.features)}" if self.features is not None else ""
-            return (f"write '{self.name}' {where}{features} {self.mechanism}({self.operand}) "
+            args = ([] if self.operand is None else [str(self.operand)]) + [f"{k}={v}" for k, v in self.params]
+            return (f"write '{self.name}' {where}{features} {self.mechanism}({', '.join(args)}) "
                     f"via '{self.featurizer}'{coords}")
         tail = " as logits" if self.view == "logits" else ""
         if self.stacked:
@@ -86,11 +93,18 @@ class ObservePlan:
     example_ids: tuple[str, ...]
     dynamic: bool
     kind: str = "observe"
+    outputs: tuple[tuple[str, Output], ...] = ()  # what the step publishes (SPEC.md §8.2)
+    publishes: bool = True  # False for the child of a step running several interventions (M13)
+    stamps: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()  # each output's .safetensors metadata
+    sources: tuple = ()  # (output name, outputs.Source): what compile knows of each output for later steps
 
     def lines(self, indent: str) -> list[str]:
         metrics = [f"{m.name}/{m.kind}" for m in self.metrics]
         saves = [path for _, path in self.saves]
-        out = [f"{indent}{self.name}: Observe  metrics={metrics}  saves={saves}"]
+        shown = [f"{n}={o.read}" if o.reduce == "none" else f"{n}=mean({o.read})" if o.reduce == "mean"
+                 else f"{n}=pca(k={o.k}, {o.read})" for n, o in self.outputs]
+        tail = f"  outputs={shown}" if shown else ""
+        out = [f"{indent}{self.name}: Observe  metrics={metrics}  saves={saves}{tail}"]
         for forward in self.forwards:
             out.append(f"{indent}    {forward.line()}")
             out += [f"{indent}      {tap.line()}" for tap in forward.taps]
@@ -244,7 +258,7 @@ def _tap_json(tap: Tap, frame) -> dict:
              "heads": a.heads, "pos": tap.pos.spelling(),
              "features": features_label(tap.groups, tap.take).split("=", 1)[-1] or None,
              "view": tap.view, "stacked": tap.stacked,
-             "operand": tap.operand if tap.kind == "write" else None}
+             "operand": operand_json(tap.operand) if tap.kind == "write" else None}
     if tap.pos.frame == "prompt":
         windows, reasons = locate.locate(frame, tap.pos, tap.anchors)
         entry["positions"] = [list(w) for w in windows]

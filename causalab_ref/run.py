@@ -17,10 +17,10 @@ from typing import Any, Optional
 
 import torch
 
-from . import bundles, featurizers, fit, locate, metrics, results, share
+from . import bundles, featurizers, fit, locate, metrics, outputs, results, share
 from .plan import Forward, ObservePlan, Plan, Tap
 from .contract import Action, Batch
-from .shapes import Refusal, Selection
+from .shapes import Ref, Refusal, Selection
 
 FIXED_WIDTH = ("{kind} '{name}' at {spelling} has no position on row(s) {rows}. A position of a fixed width "
                "names the same number of tokens on every row, so a row it does not fit is refused rather than "
@@ -88,7 +88,10 @@ def selection_of(tap: Tap, resolved: Resolved) -> Selection:
 
 def operand_value(tap: Tap, resolved: dict[str, Resolved], values: dict[str, torch.Tensor],
                   read_windows: dict[str, tuple], path: str, offset: int = 0):
-    """What a write lands: a read of this intervention (windows checked row by row) or a number."""
+    """What a write lands: a read of this intervention (windows checked row by row), a published value
+    (`values` holds this window's part of it, checked at compile), a number, or nothing."""
+    if tap.operand is None or isinstance(tap.operand, Ref):
+        return None if tap.operand is None else values[tap.operand.name]
     if not isinstance(tap.operand, str):
         return float(tap.operand)
     mine = resolved[tap.name].windows
@@ -116,13 +119,15 @@ def _in_layout(value: torch.Tensor, ragged: bool, rows: int) -> torch.Tensor:
 
 
 def run_step(engine, step: ObservePlan, batch_size: Optional[int] = None, bar=None, live: Optional[dict] = None,
-             grad: bool = False, memo: Optional[share.Memo] = None) -> dict:
-    """One observe pass: forwards, then metrics. Returns the step's results (plain data + tensors).
+             grad: bool = False, memo: Optional[share.Memo] = None, published: Optional[dict] = None) -> dict:
+    """One observe pass: forwards, then metrics, then the step's outputs. Returns the step's results
+    (plain data + tensors); `published` holds the outputs of earlier steps its refs name.
 
     With `batch_size`, the rows are split into windows of that many and each window runs the
     whole pass (its forwards, in order) at the batch's full padded width, so positions and
-    values are those of one pass; row numbers in refusals are the document's. With `memo`, a
-    forward that other steps compute identically runs once for all of them (share.py).
+    values are those of one pass; row numbers in refusals are the document's. Each window takes
+    its rows of an unreduced published value and the whole of a reduced one (SPEC.md M17). With
+    `memo`, a forward that other steps compute identically runs once for all of them (share.py).
     """
     path = f"interventions.{step.intervention}"
     for forward in step.forwards:
@@ -130,8 +135,12 @@ def run_step(engine, step: ObservePlan, batch_size: Optional[int] = None, bar=No
     rows = len(step.example_ids)
     size = batch_size or rows
     parts = []
+    lengths = _noise_lengths(engine, step, path) if size < rows else {}
     for lo in range(0, rows, size):
-        parts.append(_pass(engine, window(step, lo, min(lo + size, rows)), path, lo, live or {}, grad, memo))
+        hi = min(lo + size, rows)
+        refs = {name: outputs.window(value, lo, hi) for name, value in (published or {}).items()}
+        leads = {name: (lo, rows) if n is None else (sum(n[:lo]), sum(n)) for name, n in lengths.items()}
+        parts.append(_pass(engine, window(step, lo, hi), path, lo, live or {}, grad, memo, refs, leads))
         if bar is not None:
             bar.update(1)
     values = {k: torch.cat([p[0][k] for p in parts], dim=0) for k in parts[0][0]}
@@ -149,7 +158,23 @@ def run_step(engine, step: ObservePlan, batch_size: Optional[int] = None, bar=No
                     f"'{metric.of}'; a metric of nothing has no mean", f"{path}.metrics.{metric.name}")
         eligible[metric.name] = both
         tables[metric.name] = score(metric, values[metric.of], read, both)
-    return {"positions": positions, "eligible": eligible, "values": values, "scores": tables, "placed": placed}
+    made = outputs.publish(step.outputs, values, {k: v.windows for k, v in placed.items()},
+                           f"steps.{step.name.split('/')[0]}")
+    return {"positions": positions, "eligible": eligible, "values": values, "scores": tables, "placed": placed,
+            "outputs": made}
+
+
+def _noise_lengths(engine, step: ObservePlan, path: str) -> dict[str, Optional[list[int]]]:
+    """Each gaussian write's leading axis over the whole pass, so a window draws its own part of the
+    whole pass's noise (SPEC.md M4): None for a rectangular write (its rows), else each row's positions."""
+    out: dict[str, Optional[list[int]]] = {}
+    for forward in step.forwards:
+        taps = [t for t in forward.taps if t.kind == "write" and t.mechanism == "gaussian"]
+        ragged = [t for t in taps if t.pos.ragged and t.pos.frame == "prompt"]
+        resolved = resolve_taps(engine, step, forward, path) if ragged else {}
+        for tap in taps:
+            out[tap.name] = [len(w) for w in resolved[tap.name].windows] if tap in ragged else None
+    return out
 
 
 def check_tokenizer(tok, forward: Forward, path: str) -> None:
@@ -177,20 +202,24 @@ def window(step: ObservePlan, lo: int, hi: int) -> ObservePlan:
 
 
 def _pass(engine, step: ObservePlan, path: str, offset: int, live: dict, grad: bool = False,
-          memo: Optional[share.Memo] = None):
-    """The forwards of one window of rows: (values read, where each tap acted)."""
-    values: dict[str, torch.Tensor] = {}
+          memo: Optional[share.Memo] = None, refs: Optional[dict] = None, leads: Optional[dict] = None):
+    """The forwards of one window of rows: (values read, where each tap acted). The value table starts
+    with this window's part of each published value, so a ref is resolved like a read (LR§5.3);
+    `leads` places a gaussian write's window in the whole pass's draw."""
+    refs, leads = refs or {}, leads or {}
+    values: dict[str, torch.Tensor] = dict(refs)
     placed: dict[str, Resolved] = {}
     frames: dict = {}
     for forward in step.forwards:
         resolved = resolve_taps(engine, step, forward, path, offset, frames)
         if forward.decode:
-            resolved, read = decode_forward(engine, forward, resolved, values, placed, path, offset, live)
+            resolved, read = decode_forward(engine, forward, resolved, values, placed, path, offset, live, leads)
         else:
             windows = {k: v.windows for k, v in placed.items()}
             actions = tuple(Action(tap=tap, selection=selection_of(tap, resolved[tap.name]),
                                    operand=operand_value(tap, resolved, values, windows, path, offset)
-                                   if tap.kind == "write" else None, featurizer=live.get(tap.featurizer))
+                                   if tap.kind == "write" else None, featurizer=live.get(tap.featurizer),
+                                   lead=leads.get(tap.name))
                             for tap in forward.taps)
             if memo is not None and forward.computation and not grad:
                 read = _shared_forward(engine, forward, actions, frames[forward.input], memo, path, offset)
@@ -199,7 +228,7 @@ def _pass(engine, step: ObservePlan, path: str, offset: int, live: dict, grad: b
                 read = _in_document(lambda: engine.forward(batch), path)
         values.update(read)
         placed.update({tap.name: resolved[tap.name] for tap in forward.taps})
-    return values, placed
+    return {k: v for k, v in values.items() if k not in refs}, placed
 
 
 def _shared_forward(engine, forward: Forward, actions: tuple, frame, memo: share.Memo, path: str,
@@ -251,7 +280,7 @@ def _steps_of(tap: Tap, decode: int) -> tuple[int, ...]:
 
 
 def _decode_actions(forward: Forward, resolved: dict, values: dict, placed: dict, path: str,
-                   offset: int, live: dict) -> tuple[Action, ...]:
+                   offset: int, live: dict, leads: dict) -> tuple[Action, ...]:
     """A decoding forward's actions: prompt taps over their windows at step 0, continuation taps at
     their steps (the engine places them on the one position each step computes)."""
     rows = len(forward.ids)
@@ -269,12 +298,12 @@ def _decode_actions(forward: Forward, resolved: dict, values: dict, placed: dict
             operand = (operand_value(tap, resolved, values, windows, path, offset) if prompt
                        else _continuation_operand(tap, values, placed, rows, path))
         actions.append(Action(tap=tap, selection=selection, operand=operand, steps=_steps_of(tap, forward.decode),
-                              featurizer=live.get(tap.featurizer)))
+                              featurizer=live.get(tap.featurizer), lead=leads.get(tap.name)))
     return tuple(actions)
 
 
 def decode_forward(engine, forward: Forward, resolved: dict, values: dict, placed: dict, path: str,
-                   offset: int = 0, live: Optional[dict] = None):
+                   offset: int = 0, live: Optional[dict] = None, leads: Optional[dict] = None):
     """A forward that decodes: prompt taps at step 0, continuation taps at their steps, then the cut.
 
     A stacked read comes back (rows, steps, features) and is cut per row against the
@@ -282,7 +311,7 @@ def decode_forward(engine, forward: Forward, resolved: dict, values: dict, place
     """
     rows = len(forward.ids)
     batch = Batch(ids=forward.ids, mask=forward.mask, decode=forward.decode,
-                  actions=_decode_actions(forward, resolved, values, placed, path, offset, live or {}))
+                  actions=_decode_actions(forward, resolved, values, placed, path, offset, live or {}, leads or {}))
     read, generated = _in_document(lambda: engine.generate(batch), path)
     frame = locate.frame_of_continuation(engine.tokenizer, generated, engine.stop_ids())
     continuation = [t for t in forward.taps if t.pos.frame == "generated"]
@@ -311,7 +340,10 @@ def continuation_write(frame, steps: tuple[int, ...], rows: int) -> Resolved:
 
 
 def _continuation_operand(tap: Tap, values: dict, placed: dict, rows: int, path: str):
-    """A continuation write lands a number, or a read of width 1 on every row, at each step it fires at."""
+    """A continuation write lands a number, a published value, or a read of width 1 on every row, at each
+    step it fires at."""
+    if tap.operand is None or isinstance(tap.operand, Ref):
+        return None if tap.operand is None else values[tap.operand.name]
     if not isinstance(tap.operand, str):
         return float(tap.operand)
     windows = placed[tap.operand].windows
@@ -399,9 +431,10 @@ def fit_step(engine, step, live: dict, batch_size: Optional[int] = None) -> dict
     return {"curves": curves, "evaluation": last["results"]}
 
 
-def _leaf_step(engine, step, live: dict, leaf: Plan, batch_size, bar, memo=None) -> list[tuple[str, Any]]:
+def _leaf_step(engine, step, live: dict, leaf: Plan, batch_size, bar, memo=None,
+               published: Optional[dict] = None) -> list[tuple[str, Any]]:
     """Run one step of a leaf; returns its files in write order as (file_path, content): a metric table
-    (a list), or (tensors, metadata) for a .safetensors file."""
+    (a list), or (tensors, metadata) for a .safetensors file. An observe step's outputs join `published`."""
     if step.kind == "weights":
         stamps = {f.name: dict(f.stamp) for f in leaf.featurizers}
         return [(path, ({"weight": live[name].tensors()["weight"]}, stamps[name])) for name, path in step.saves]
@@ -410,8 +443,10 @@ def _leaf_step(engine, step, live: dict, leaf: Plan, batch_size, bar, memo=None)
         files: list[tuple[str, Any]] = [(path, ({"weight": results["curves"][name]}, {})) for name, path in step.saves]
         return files + [(path, metric_table(step.evaluation, results["evaluation"], name, leaf.digest))
                         for name, path in step.evaluation.saves]
-    results = run_step(engine, step, batch_size, bar, live=live, memo=memo)
-    return [(path, metric_table(step, results, name, leaf.digest)) for name, path in step.saves]
+    results = run_step(engine, step, batch_size, bar, live=live, memo=memo, published=published)
+    if step.publishes and published is not None:
+        published.update(results["outputs"])
+    return [(path, _saved(step, results, name, leaf.digest)) for name, path in step.saves]
 
 
 def _every_save(step) -> tuple:
@@ -465,8 +500,10 @@ def execute(plan: Plan, engine, out: Path, batch_size: Optional[int] = None, rep
                 if leaf.label:
                     folder.write(_within(leaf.label, "document.json"), leaf.raw)
                 live = featurizers.build(leaf.featurizers)
+                published: dict = {}  # each sweep point has its own (SPEC.md M13)
                 for step in leaf.steps:
-                    for file_path, content in _leaf_step(engine, step, live, leaf, batch_size, bar, memo):
+                    for file_path, content in _leaf_step(engine, step, live, leaf, batch_size, bar, memo,
+                                                         published):
                         where, path = _within(leaf.label, file_path), f"steps.{step.name}.saves"
                         if isinstance(content, tuple):
                             folder.write_bytes(where, bundles.encode(*content), path=path)
@@ -481,6 +518,16 @@ def execute(plan: Plan, engine, out: Path, batch_size: Optional[int] = None, rep
             if bar is not None:
                 bar.close()
         return folder.commit()
+
+
+def _saved(step: ObservePlan, outcome: dict, value: str, digest: str):
+    """One save's content: a metric's table, or (tensors, metadata) for an output or `<model>.generated`
+    (one tensor `weight`; an output stamped, generated ids not; SPEC.md M20)."""
+    if any(m.name == value for m in step.metrics):
+        return metric_table(step, outcome, value, digest)
+    if value in outcome["outputs"]:
+        return {"weight": outcome["outputs"][value].value}, dict(dict(step.stamps)[value])
+    return {"weight": outcome["values"][value]}, {}
 
 
 def _within(label: str, file_path: str) -> str:

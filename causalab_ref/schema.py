@@ -94,9 +94,9 @@ SCHEMA: dict[str, Any] = {
         "write": _closed({
             "site": _sw(STR), "pos": _sw({"$ref": "#/$defs/position"}),
             "mechanism": _sw({"enum": ["swap", "add_scaled", "lerp", "gaussian", "clamp", "renormalize"]}),
-            "operand": _sw({"anyOf": [STR, {"type": "number"}, _closed({"ref": STR}, ("ref",))]}),
+            "operand": _sw({"anyOf": [STR, {"type": "number"}, {"type": "null"}, _closed({"ref": STR}, ("ref",))]}),
             "featurizer": _sw(STR), "features": _sw({"anyOf": [{"type": "null"}, {"type": "array", "items": INT}]}),
-            "params": _sw({"type": "object"}),
+            "params": _sw({"type": "object", "additionalProperties": _sw({"type": "number"})}),
         }, ("site", "pos", "mechanism")),
         "metric": {"oneOf": [_metric(k) for k in KINDS]},
         "intervention": _closed({
@@ -120,9 +120,13 @@ SCHEMA: dict[str, Any] = {
             _closed({
                 "kind": _sw({"const": "observe"}),
                 "rows": _sw(_named(STR)),
-                "interventions": _sw({"anyOf": [STR, {"type": "array", "minItems": 1, "items": STR}]}),
+                "interventions": _sw({"anyOf": [STR, {"$ref": "#/$defs/intervention"},
+                                                {"type": "array", "minItems": 1,
+                                                 "items": {"anyOf": [STR, {"$ref": "#/$defs/intervention"}]}}]}),
                 "intervention": _sw(STR),
-                "outputs": _sw({}),
+                "outputs": _sw(_named({"anyOf": [STR, _closed({
+                    "read": _sw(STR), "reduce": _sw({"enum": ["none", "mean", "pca"]}),
+                    "k": _sw({"anyOf": [{"type": "null"}, {"type": "integer", "minimum": 1}]})}, ("read",))]})),
                 "saves": _sw({"type": "array", "items": _sw({"$ref": "#/$defs/save"})}),
             }, ("kind", "rows")),
             _closed({
@@ -162,8 +166,8 @@ SCHEMA: dict[str, Any] = {
         }, ("key", "revision", "dtype")),
         "roles": _sw({**_named(_closed({"field": _sw(STR)}, ("field",))), "minProperties": 1}),
         "sites": _sw(_named({"$ref": "#/$defs/site"})),
-        "featurizers": _sw(_named({"$ref": "#/$defs/featurizer"})),
-        "interventions": _sw({**_named({"$ref": "#/$defs/intervention"}), "minProperties": 1}),
+        "featurizers": _sw({"type": "object"}),
+        "interventions": _sw(_named({"$ref": "#/$defs/intervention"})),  # may be empty: written in place (M22)
         "steps": _sw({**_named({"$ref": "#/$defs/step"}), "minProperties": 1}),
     }, ("model", "roles", "sites", "interventions", "steps")),
 }

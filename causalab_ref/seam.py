@@ -35,8 +35,8 @@ def _refuse(message: str, path: str):
 
 
 def operand_for(action: Action, f: torch.Tensor):
-    """The operand a mechanism sees: a tensor of f's shape (or, with `features`, as many as they name) on
-    f's device, a number as a 0-d float32 tensor (it broadcasts), or None."""
+    """The operand a mechanism sees: a tensor that broadcasts to f's shape (or, with `features`, as many as
+    they name) on f's device, a number as a 0-d float32 tensor (it broadcasts), or None."""
     tap, operand = action.tap, action.operand
     if operand is None:
         return None
@@ -45,7 +45,11 @@ def operand_for(action: Action, f: torch.Tensor):
     features = getattr(tap, "features", None)
     if features is not None and operand.shape == f.shape[:-1] + (len(features),):
         return operand.to(f.device)
-    if operand.shape != f.shape:
+    try:
+        fits = torch.broadcast_shapes(operand.shape, f.shape) == f.shape  # a mean lands on every row (LR§1)
+    except RuntimeError:
+        fits = False
+    if not fits:
         _refuse(f"write '{tap.name}' lands {tuple(f.shape)} values but its operand '{tap.operand}' holds "
                 f"{tuple(operand.shape)}; the site and the operand's site must have the same width",
                 f"writes.{tap.name}")
@@ -64,7 +68,8 @@ def write(current: torch.Tensor, action: Action, arrived: torch.Tensor, step: in
         f, err = featurizer.featurize(x)
         index = None if features is None else torch.tensor(features)
         context = mechanisms.Context(f0=lambda: featurizers.cut(
-            featurizer.featurize(select.gather(arrived, action.selection))[0], f.shape[-1], index), step=step)
+            featurizer.featurize(select.gather(arrived, action.selection))[0], f.shape[-1], index), step=step,
+            lead=action.lead)
         landed = featurizers.touch(f, features, lambda part, o: row.formula(part, o, params, context),
                                    operand_for(action, f))
         x_new = featurizer.inverse(landed, err, x)

@@ -191,11 +191,30 @@ class Read:
 
 
 @dataclass(frozen=True)
+class Ref:
+    """An operand `{"ref": name}`: a value an earlier step published (SPEC.md §8.2)."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class Output:
+    """A step output: the read it keeps and how it is reduced (none, mean, pca with k)."""
+
+    read: str
+    reduce: str = "none"
+    k: Optional[int] = None
+
+
+@dataclass(frozen=True)
 class Write:
     site: str
     pos: Where
     mechanism: str
-    operand: Any = None  # a read name (str), a number, or ("ref", name)
+    operand: Any = None  # a read name (str), a number, a Ref, or None
     featurizer: str = "identity"
     features: Optional[tuple[int, ...]] = None
     params: tuple[tuple[str, float], ...] = ()
@@ -239,6 +258,7 @@ class Observe:
     interventions: tuple[str, ...]
     saves: tuple[Save, ...] = ()
     kind: str = "observe"
+    outputs: tuple[tuple[str, Output], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -13,15 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from . import address, metrics, sweeps
+from . import address, mechanisms, metrics, outputs, sweeps
 from . import featurizers as featurizer_table
 from .names import colliding, inside_out, one_segment
 from .reader import type_name
 from .shapes import (CUTS, FRAMES, Anchor, Document, Featurizer, Fit, IntervenedModel, Intervention, Metric, Model,
-                     Observe, Read, Refusal, Role, Save, Site, Weights, Where, Write)
+                     Observe, Read, Ref, Refusal, Role, Save, Site, Weights, Where, Write)
 
-MECHANISMS = ("swap",)
-LATER_MECHANISMS = ("add_scaled", "lerp", "gaussian", "clamp", "renormalize")
 DTYPES = ("fp32", "bf16")
 ATTN = ("eager", "sdpa")
 FLOAT32_MAX = 3.4028234663852886e38
@@ -217,27 +215,26 @@ def _read(raw: Any, path: str) -> Read:
                 featurizer=featurizer, view=view)
 
 
+def _operand(raw: Any, path: str):
+    """A write's operand: a read name, a number, {"ref": name} (an earlier step's output), or absent."""
+    if raw is None or isinstance(raw, str):
+        return raw
+    if isinstance(raw, dict):
+        _object(raw, path, ("ref",), ("ref",))
+        return Ref(_str(raw["ref"], f"{path}.ref"))
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+        _fail(path, f"an operand is a read name, a number or {{\"ref\": …}}, got {type_name(raw)}")
+    if not (abs(raw) <= FLOAT32_MAX):  # also NaN, and ints past float
+        _fail(path, f"operand {raw!r:.40} is not a finite number a float32 activation can hold "
+                    f"(|x| <= {FLOAT32_MAX:.6g})")
+    return raw
+
+
 def _write(raw: Any, path: str) -> Write:
     _object(raw, path, ("site", "pos", "mechanism", "operand", "featurizer", "features", "params"),
             ("site", "pos", "mechanism"))
-    mechanism = _str(raw["mechanism"], f"{path}.mechanism")
-    if mechanism in LATER_MECHANISMS:
-        _fail(f"{path}.mechanism", f"mechanism '{mechanism}' is in the format but not implemented by "
-                                    f"causalab_ref yet; the implemented mechanisms are {list(MECHANISMS)}")
-    if mechanism not in MECHANISMS:
-        _fail(f"{path}.mechanism", f"'{mechanism}' is not one of {list(MECHANISMS + LATER_MECHANISMS)}")
-    operand = raw.get("operand")
-    if operand is None:
-        _fail(f"{path}.operand", f"mechanism '{mechanism}' needs an operand")
-    if isinstance(operand, dict):
-        _object(operand, f"{path}.operand", ("ref",), ("ref",))
-        _fail(f"{path}.operand", "an operand {\"ref\": …} names an output of an earlier step; step outputs "
-                                  "are not implemented by causalab_ref yet")
-    if isinstance(operand, bool) or not isinstance(operand, (str, int, float)):
-        _fail(f"{path}.operand", f"an operand is a read name or a number, got {type_name(operand)}")
-    if not isinstance(operand, str) and not (abs(operand) <= FLOAT32_MAX):  # also NaN, and ints past float
-        _fail(f"{path}.operand", f"operand {operand!r:.40} is not a finite number a float32 activation can hold "
-                                 f"(|x| <= {FLOAT32_MAX:.6g})")
+    mechanism = _choice(raw["mechanism"], f"{path}.mechanism", tuple(mechanisms.TABLE))
+    operand = _operand(raw.get("operand"), f"{path}.operand")
     features = None
     if raw.get("features") is not None:
         value = raw["features"]
@@ -247,11 +244,11 @@ def _write(raw: Any, path: str) -> Write:
     params = raw.get("params", {})
     if not isinstance(params, dict):
         _fail(f"{path}.params", f"expected an object, got {type_name(params)}")
-    if params:
-        _fail(f"{path}.params", f"mechanism '{mechanism}' takes no params {sorted(params)}")
+    mechanisms.check(mechanism, operand is not None, params, path)
     featurizer = _str(raw.get("featurizer", "identity"), f"{path}.featurizer")
     return Write(site=_str(raw["site"], f"{path}.site"), pos=where(raw["pos"], f"{path}.pos"),
-                 mechanism=mechanism, operand=operand, featurizer=featurizer, features=features)
+                 mechanism=mechanism, operand=operand, featurizer=featurizer, features=features,
+                 params=tuple(sorted(params.items())))
 
 
 def _metric(raw: Any, path: str) -> Metric:
@@ -357,6 +354,7 @@ def _check_model(m: str, model: IntervenedModel, mp: str, prefix: str, roles: tu
             _fail(f"{mp}.writes.{k}", f"{prefix}model '{m}': undeclared write '{w}'")
     if len(set(model.writes)) != len(model.writes):
         _fail(f"{mp}.writes", f"{prefix}model '{m}' names a write twice")
+    _renormalize_last(m, model.writes, write_map, f"{mp}.writes", prefix)
 
 
 def _check_metric(m: str, metric: Metric, mp: str, prefix: str, read_map: dict) -> None:
@@ -426,14 +424,38 @@ def featurizer_sites(declared: dict, interventions) -> dict[str, str]:
     return {name: next(iter(sites)) for name, sites in used.items()}
 
 
-def produced_names(names: tuple, interventions: dict) -> list[str]:
-    """What a step may save: its intervention's metric names; with several interventions each
-    metric is also `<intervention>/<metric>`, and the bare name only where it is unambiguous (F§10.1)."""
+def _renormalize_last(model: str, names: tuple, writes: dict, path: str, prefix: str) -> None:
+    """A renormalize restores what the other writes at its site changed: it comes after at least one of
+    them and last among them (language reference §2.6; SPEC.md M7)."""
+    for k, w in enumerate(names):
+        if writes[w].mechanism != "renormalize":
+            continue
+        site = writes[w].site
+        same = [n for n in names if writes[n].site == site]
+        if len(same) < 2 or same[-1] != w:
+            _fail(f"{path}.{k}", f"{prefix}model '{model}': renormalize '{w}' restores the norm the other writes at "
+                                 f"site '{site}' changed, so it comes after at least one of them and last among "
+                                 "them; first, or alone, it is the identity")
+
+
+def produced_names(names: tuple, interventions: dict, outputs: tuple = ()) -> dict[str, str]:
+    """What a step may save, each name to 'metric' or 'tensor': its intervention's metrics, its outputs, and
+    `<model>.generated` for each model read from when the intervention decodes (SPEC.md M19). With several
+    interventions each is also `<intervention>/<name>`, the bare name only where it is unambiguous (F§10.1)."""
+    per = {}
+    for n in names:
+        intervention = interventions[n]
+        reads = dict(intervention.reads)
+        mine = {m: "metric" for m, _ in intervention.metrics}
+        if intervention.decode:
+            mine |= {f"{read.model}.generated": "tensor" for read in reads.values()}
+        mine |= {o: "tensor" for o, output in outputs if output.read in reads}
+        per[n] = mine
     if len(names) == 1:
-        return sorted(m for m, _ in interventions[names[0]].metrics)
-    bare = [m for n in names for m, _ in interventions[n].metrics]
-    return sorted({f"{n}/{m}" for n in names for m, _ in interventions[n].metrics}
-                  | {m for m in bare if bare.count(m) == 1})
+        return per[names[0]]
+    bare = [k for n in names for k in per[n]]
+    return ({f"{n}/{k}": v for n in names for k, v in per[n].items()}
+            | {k: v for n in names for k, v in per[n].items() if bare.count(k) == 1})
 
 
 def _rows(raw: Any, path: str, who: str, roles: tuple) -> tuple[tuple[str, str], ...]:
@@ -456,14 +478,14 @@ def _named(raw: dict, path: str, step: str, interventions: dict) -> tuple[str, .
     if named is None:
         if len(interventions) != 1:
             _fail(path, f"step '{step}' runs a forward and names no intervention; say which with "
-                        f"`interventions` — declared: {sorted(interventions)}")
+                        f"`interventions` — declared: {sorted(interventions)} — or write one there in place")
         names = tuple(interventions)
     elif isinstance(named, str):
         names = (named,)
     elif isinstance(named, list) and named and all(isinstance(n, str) for n in named):
         names = tuple(named)
     else:
-        _fail(f"{path}.{key}", "name an intervention, or list several by name")
+        _fail(f"{path}.{key}", "name an intervention, list several, or write one in place as an object")
     for n in names:
         if n not in interventions:
             _fail(f"{path}.{key}", f"step '{step}': undeclared intervention '{n}'; declared: {sorted(interventions)}")
@@ -486,7 +508,9 @@ def _saves(raw: Any, path: str, who: str, produced: list, tensors: tuple = (), w
             _fail(f"{sp}.file_path", f"save '{value}': a tensor, not a table; give it a .safetensors path, "
                                      f"not '{file_path}'")
         if value not in tensors and not file_path.endswith(".json"):
-            _fail(f"{sp}.file_path", f"a metric is saved as a JSON table; '{file_path}' does not end in .json")
+            _fail(f"{sp}.file_path", f"save '{value}': a per-row metric table; give it a .json path, not "
+                                     f"'{file_path}' (a .safetensors file would drop the example ids, eligibility "
+                                     "and units)")
         inside_out(file_path, f"{sp}.file_path", "a save's file_path")
         if file_path in ("document.json", "run.json") or file_path in [x.file_path for x in saves]:
             _fail(f"{sp}.file_path", f"'{file_path}' is already written by this run; name another file")
@@ -506,11 +530,37 @@ def _step(raw: Any, path: str, interventions: dict, roles: tuple, declared: dict
     step = path.split(".", 1)[1]
     rows = _rows(raw["rows"], f"{path}.rows", f"step '{step}'", roles)
     names = _named(raw, path, step, interventions)
-    if raw.get("outputs"):
-        _fail(f"{path}.outputs", "step outputs (published values, {\"ref\": …}) are not implemented by "
-                                 "causalab_ref yet")
-    saves = _saves(raw.get("saves", []), f"{path}.saves", f"step '{step}'", produced_names(names, interventions))
-    return Observe(rows=rows, interventions=names, saves=saves)
+    reads = {r for n in names for r, _ in interventions[n].reads}
+    declared_outputs = outputs.declare(raw.get("outputs", {}), f"{path}.outputs", step, reads)
+    produced = produced_names(names, interventions, declared_outputs)
+    saves = _saves(raw.get("saves", []), f"{path}.saves", f"step '{step}'", sorted(produced),
+                   tensors=tuple(k for k, v in produced.items() if v == "tensor"))
+    return Observe(rows=rows, interventions=names, saves=saves, outputs=declared_outputs)
+
+
+def hoisted(steps: Any, declared: Any) -> tuple[Any, Any]:
+    """Interventions written in place on a step, hoisted under the step's name (`<step>[<k>]` inside a list);
+    returns (interventions, steps) with each object replaced by its name (F§0; SPEC.md M22)."""
+    if not isinstance(steps, dict) or not isinstance(declared, dict):
+        return declared, steps
+    declared, steps = dict(declared), dict(steps)
+    for step, raw in list(steps.items()):
+        named = raw.get("interventions") if isinstance(raw, dict) else None
+        items = named if isinstance(named, list) else [named]
+        if not any(isinstance(x, dict) for x in items):
+            continue
+        names = []
+        for k, item in enumerate(items):
+            name = item if not isinstance(item, dict) else step if not isinstance(named, list) else f"{step}[{k}]"
+            if isinstance(item, dict):
+                if name in declared:
+                    _fail(f"steps.{step}.interventions", f"step '{step}' writes an intervention in place, which is "
+                          f"named '{name}' after its step, and `interventions` declares '{name}' already; "
+                          "rename one")
+                declared[name] = item
+            names.append(name)
+        steps[step] = {**raw, "interventions": names if isinstance(named, list) else names[0]}
+    return declared, steps
 
 
 # ---------------------------------------------------------------- fit and weights steps (SPEC.md §9)
@@ -688,19 +738,20 @@ def document(raw: Any) -> Document:
     sites = tuple((k, _site(v, f"sites.{k}")) for k, v in _mapping(raw["sites"], "sites").items())
     declared = {k: featurizer(v, f"featurizers.{k}")
                 for k, v in _mapping(raw.get("featurizers", {}), "featurizers").items()}
-    interventions_raw = _mapping(raw["interventions"], "interventions")
+    interventions_raw, steps_raw = hoisted(raw["steps"], _mapping(raw["interventions"], "interventions"))
     if not interventions_raw:
         _fail("interventions", "a document declares at least one intervention")
     site_map = dict(sites)
     interventions = tuple((k, _intervention(v, f"interventions.{k}", site_map, role_names, declared))
                           for k, v in interventions_raw.items())
     featurizer_sites(declared, interventions)
-    steps_raw = _mapping(raw["steps"], "steps")
+    steps_raw = _mapping(steps_raw, "steps")
     if not steps_raw:
         _fail("steps", "a document has at least one step")
     steps = tuple((k, _step(v, f"steps.{k}", dict(interventions), role_names, declared))
                   for k, v in steps_raw.items())
     check_order(steps, dict(interventions), declared)
+    outputs.check_refs(steps, dict(interventions))
     _check_save_paths(steps)
     return Document(model=model, roles=tuple(roles), sites=sites, interventions=interventions,
                     steps=steps, featurizers=tuple(declared.items()))

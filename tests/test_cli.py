@@ -85,7 +85,8 @@ def test_run_of_a_malformed_document_writes_nothing(tmp_path):
     out_parent = tmp_path / "results"
     out_parent.mkdir()
     proc = cli("run", doc, "--out", str(out_parent / "out"))
-    assert_refusal(proc, "validation: interventions.patching.writes.patch.mechanism: mechanism 'lerp'")
+    assert_refusal(proc, "validation: interventions.patching.writes.patch.params: mechanism 'lerp' needs params "
+                         "['t']")
     assert not (out_parent / "out").exists()
     assert list(out_parent.iterdir()) == []
 

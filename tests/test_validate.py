@@ -305,16 +305,6 @@ def test_undeclared_intervention_in_a_step_is_refused():
 # ================================================================ later work, refused by name
 
 
-def test_add_scaled_is_refused_by_name():
-    """SPEC.md:24 [D12] `add_scaled` (and lerp, gaussian, clamp, renormalize) is in the format, not implemented."""
-    for mechanism in ("add_scaled", "lerp", "gaussian", "clamp", "renormalize"):
-        raw = doc()
-        iv(raw)["writes"]["patch"]["mechanism"] = mechanism
-        r = refused(raw)
-        assert r.path == f"{IV}.writes.patch.mechanism"
-        assert r.message.startswith(f"mechanism '{mechanism}' is in the format but not implemented")
-
-
 def test_unknown_mechanism_is_refused():
     """SPEC.md:24 [D12] A mechanism the format does not have is refused listing the format's names."""
     raw = doc()
@@ -322,24 +312,6 @@ def test_unknown_mechanism_is_refused():
     r = refused(raw)
     assert r.path == f"{IV}.writes.patch.mechanism"
     assert r.message.startswith("'replace' is not one of ['swap', 'add_scaled'")
-
-
-def test_ref_operand_is_refused_by_name():
-    """SPEC.md:24 [D12] A `{"ref": …}` operand names a step output; refused as not implemented yet."""
-    raw = doc()
-    iv(raw)["writes"]["patch"]["operand"] = {"ref": "mean"}
-    r = refused(raw)
-    assert r.path == f"{IV}.writes.patch.operand"
-    assert "{\"ref\": …}" in r.message and "not implemented" in r.message
-
-
-def test_step_outputs_are_refused_by_name():
-    """SPEC.md:24 [D12] Step outputs (published values) are refused as not implemented yet."""
-    raw = doc()
-    raw["steps"]["score"]["outputs"] = {"mean": {"read": "v_cf", "reduce": "mean"}}
-    r = refused(raw)
-    assert r.path == "steps.score.outputs"
-    assert "not implemented" in r.message
 
 
 # ================================================================ positions

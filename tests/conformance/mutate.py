@@ -148,12 +148,12 @@ MUTANTS = [
     # Rules added or sharpened after the corpus was first written (D16, D20, L3, L26, P32, P36, P42).
     ("qualified save names resolved to whichever intervention has the metric", "D16", "compile.py",
      '    return tuple((s.value.split("/", 1)[1] if s.value.startswith(f"{i_name}/") else s.value, s.file_path)\n'
-     '                 for s in saves\n'
+     '                 for s in step.saves\n'
      '                 if s.value in mine or (s.value.startswith(f"{i_name}/") and s.value.split("/", 1)[1] in mine))',
-     '    return tuple((s.value.split("/", 1)[-1], s.file_path) for s in saves\n'
+     '    return tuple((s.value.split("/", 1)[-1], s.file_path) for s in step.saves\n'
      '                 if s.value.split("/", 1)[-1] in mine)'),
     ("an ambiguous bare metric name accepted", "D16", "validate.py",
-     "| {m for m in bare if bare.count(m) == 1})", "| set(bare))"),
+     "for k, v in per[n].items() if bare.count(k) == 1})", "for k, v in per[n].items()})"),
     ("two steps may save to one file", "D16", "validate.py",
      "            if save.file_path in written:", "            if False:"),
     ("a metric may read any tensor", "D20", "compile.py",
@@ -206,6 +206,46 @@ MUTANTS = [
     ("hold off only the generation config's stop id, cut only there", "P53", "contract.py",
      'for value in (self.tokenizer.eos_token_id, getattr(self.generation_config(), "eos_token_id", None)):',
      'for value in (getattr(self.generation_config(), "eos_token_id", None),):'),
+    # mechanisms and step outputs (SPEC.md §8)
+    ("swap lands the unwritten value", "M1", "mechanisms.py",
+     "    return o.to(f.dtype).expand_as(f)", "    return f"),
+    ("add_scaled subtracts", "M1", "mechanisms.py",
+     'return f + params["scale"] * o', 'return f - params["scale"] * o'),
+    ("lerp's weights swapped", "M1", "mechanisms.py",
+     "return (1 - t) * f + t * o", "return t * f + (1 - t) * o"),
+    ("gaussian draws from seed + 1", "M3", "mechanisms.py",
+     "generator=torch.Generator().manual_seed(seed))", "generator=torch.Generator().manual_seed(seed + 1))"),
+    ("clamp ignores lo", "M1", "mechanisms.py",
+     'torch.clamp(f, min=params.get("lo"), max=params.get("hi"))', 'torch.clamp(f, max=params.get("hi"))'),
+    ("renormalize keeps the steered norm", "M6", "mechanisms.py",
+     "    return f * restored / torch.clamp(", "    return f + 0 * restored / torch.clamp("),
+    ("missing params are not checked", "M8", "mechanisms.py",
+     "    if missing:\n", "    if False and missing:\n"),
+    ("a boolean param is a number", "M9", "mechanisms.py",
+     "if isinstance(value, bool) or not isinstance(value, (int, float))", "if not isinstance(value, (int, float))"),
+    ("a fractional seed is accepted", "M5", "mechanisms.py",
+     'if mechanism == "gaussian" and (', 'if False and ('),
+    ("renormalize first is accepted", "M7", "validate.py",
+     "        if len(same) < 2 or same[-1] != w:", "        if False:"),
+    ("a ref to a later step is accepted", "M13", "outputs.py",
+     "if isinstance(write.operand, Ref) and write.operand.name not in visible:",
+     "if isinstance(write.operand, Ref) and False:"),
+    ("two publishers of one name", "M12", "outputs.py", "            if name in publisher:", "            if False:"),
+    ("an unreduced ref over other rows", "M14", "outputs.py",
+     'if reduce in ("none", "pca") and source.rows != rows:', "if False:"),
+    ("a ref's window is not checked", "M14", "outputs.py",
+     "        fits = source.per_row is None or want == source.per_row or (want is None and source.per_row == 1)",
+     "        fits = True"),
+    ("pca's span counts the uncentred vectors", "M15", "outputs.py",
+     "    if source.output.k > vectors - 1:", "    if source.output.k > vectors:"),
+    ("a ref's width is not checked", "M16", "outputs.py",
+     "    if width is not None and source.width is not None and width != source.width:", "    if False:"),
+    ("mean is row 0", "M11", "outputs.py", "        return value.mean(dim=0)", "        return value[0:1].mean(dim=0)"),
+    ("a tensor may be saved to .json", "M21", "validate.py",
+     '        if value in tensors and not file_path.endswith(".safetensors"):',
+     '        if False and value in tensors and not file_path.endswith(".safetensors"):'),
+    ("an inline intervention may take a declared name", "M22", "validate.py",
+     "                if name in declared:", "                if False:"),
 ]
 
 
