@@ -244,22 +244,19 @@ def cmd_schema(args):
     return {"text": json.dumps(schema(), indent=1), "schema": schema()}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="causalab-ref", description="A reference implementation of the intervention language.")
-    parser.add_argument("--json", action="store_true", help="print the verb's result as JSON")
-    parser.add_argument("--traceback", action="store_true", help="show a full traceback on an internal error")
-    verbs = parser.add_subparsers(dest="verb", parser_class=_Parser)
+def _verb(verbs, name: str, func, help_text: str) -> argparse.ArgumentParser:
+    p = verbs.add_parser(name, help=help_text)
+    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
+    p.set_defaults(func=func)
+    return p
 
-    def verb(name, func, help_text):
-        p = verbs.add_parser(name, help=help_text)
-        p.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
-        p.set_defaults(func=func)
-        return p
 
+def _document_verbs(verbs) -> None:
+    """validate, explain and run: a document, its data root and the engine."""
     for name, func, help_text in (("validate", cmd_validate, "check a document (compiles it, no weights)"),
                                   ("explain", cmd_explain, "print the compiled plan (no weights)"),
                                   ("run", cmd_run, "run a document and write its results")):
-        p = verb(name, func, help_text)
+        p = _verb(verbs, name, func, help_text)
         p.add_argument("document")
         p.add_argument("--data-root", default=DEFAULT_DATA_ROOT)
         p.add_argument("--engine", choices=("nnterp", "hooks"), default="nnterp")
@@ -268,36 +265,54 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--replace", action="store_true", help="replace an existing --out folder")
             p.add_argument("--batch-size", type=int, default=None)
             p.add_argument("--quiet", action="store_true", help="no progress bar")
-    verb("vocab", cmd_vocab, "the component table and the position forms")
-    p = verb("data", cmd_data, "a dataset's rows, columns, splits and a sample")
+
+
+def _inspection_verbs(verbs) -> None:
+    """vocab, data, tokens and model: what the language, a dataset, a tokenizer and a checkpoint hold."""
+    _verb(verbs, "vocab", cmd_vocab, "the component table and the position forms")
+    p = _verb(verbs, "data", cmd_data, "a dataset's rows, columns, splits and a sample")
     p.add_argument("ref")
     p.add_argument("--data-root", default=DEFAULT_DATA_ROOT)
-    p = verb("tokens", cmd_tokens, "texts (KEY TEXT...) or a document's rows (--document DOC) as the model's "
-             "tokenizer splits them, with indices")
+    p = _verb(verbs, "tokens", cmd_tokens, "texts (KEY TEXT...) or a document's rows (--document DOC) as the "
+              "model's tokenizer splits them, with indices")
     p.add_argument("key", nargs="?")
     p.add_argument("texts", nargs="*")
     p.add_argument("--document", default=None, help="show each role's rows of the document's first step")
     p.add_argument("--data-root", default=DEFAULT_DATA_ROOT)
     p.add_argument("--revision", default="main")
-    p = verb("model", cmd_model, "every component at every layer of a checkpoint (no weights)")
+    p = _verb(verbs, "model", cmd_model, "every component at every layer of a checkpoint (no weights)")
     p.add_argument("key")
     p.add_argument("--revision", default="main")
     p.add_argument("--engine", choices=("nnterp", "hooks"), default="nnterp")
     p.add_argument("--attn-implementation", choices=("eager", "sdpa"), default=None)
     p.add_argument("--lands", action="store_true", help="print where each component lands: rank, io, module")
     p.add_argument("--layer", type=int, default=0, help="the layer --lands asks per-layer components at")
-    p = verb("conform", cmd_conform, "run the conformance corpus against an implementation (default: this one)")
+
+
+def _corpus_verbs(verbs) -> None:
+    """conform, fixtures and schema: what another implementation is checked with."""
+    p = _verb(verbs, "conform", cmd_conform, "run the conformance corpus against an implementation (default: this one)")
     p.add_argument("--impl", default=None, help="the other implementation's command, e.g. \"mycli --flag\"")
     p.add_argument("--cases", default=None, help="the corpus folder (default tests/conformance)")
     p.add_argument("--only", default=None, help="run the cases whose name contains this")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first failed case")
     p.add_argument("--record", action="store_true", help="write causalab_ref's results into the cases' expect")
     p.add_argument("--quiet", action="store_true", help="print failed and not-applicable cases only")
-    p = verb("fixtures", cmd_fixtures, "write the fixtures as ordinary checkpoint folders with a manifest")
+    p = _verb(verbs, "fixtures", cmd_fixtures, "write the fixtures as ordinary checkpoint folders with a manifest")
     p.add_argument("action", choices=("export",))
     p.add_argument("dir", help="the folder to write <name>/ checkpoint folders and manifest.json into")
     p.add_argument("--key", action="append", default=None, help="export only this fixture key (repeatable)")
-    verb("schema", cmd_schema, "the document format as a JSON Schema")
+    _verb(verbs, "schema", cmd_schema, "the document format as a JSON Schema")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="causalab-ref", description="A reference implementation of the intervention language.")
+    parser.add_argument("--json", action="store_true", help="print the verb's result as JSON")
+    parser.add_argument("--traceback", action="store_true", help="show a full traceback on an internal error")
+    verbs = parser.add_subparsers(dest="verb", parser_class=_Parser)
+    _document_verbs(verbs)
+    _inspection_verbs(verbs)
+    _corpus_verbs(verbs)
     return parser
 
 
