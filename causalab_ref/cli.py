@@ -222,7 +222,7 @@ def _where_each_lands(eng, layer: int):
 def cmd_conform(args):
     from .conform import conform
     result = conform(args.impl, cases_dir=args.cases, only=args.only, fail_fast=args.fail_fast,
-                     record=args.record, quiet=args.quiet, main=main)
+                     record=args.record, quiet=args.quiet, main=main, fixtures_dir=args.fixtures)
     if not result["ok"]:
         print(result["summary"])
         raise SystemExit(1)
@@ -294,7 +294,9 @@ def _corpus_verbs(verbs) -> None:
     p = _verb(verbs, "conform", cmd_conform, "run the conformance corpus against an implementation (default: this one)")
     p.add_argument("--impl", default=None, help="the other implementation's command, e.g. \"mycli --flag\"")
     p.add_argument("--cases", default=None, help="the corpus folder (default tests/conformance)")
-    p.add_argument("--only", default=None, help="run the cases whose name contains this")
+    p.add_argument("--fixtures", default=None, help="with --impl: the exported fixture folders to use (reused "
+                   "when intact, exported there otherwise; default a temporary folder)")
+    p.add_argument("--only", default=None, help="run the cases whose name contains this (comma-separated: any of these)")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first failed case")
     p.add_argument("--record", action="store_true", help="write causalab_ref's results into the cases' expect")
     p.add_argument("--quiet", action="store_true", help="print failed and not-applicable cases only")
