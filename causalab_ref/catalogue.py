@@ -42,7 +42,7 @@ def entries(spec_text: str) -> list[Entry]:
         if fenced and line.strip():
             parts = [p.strip() for p in line.split(" | ")]
             if len(parts) != 4:
-                raise ValueError(f"SPEC.md:{number}: a catalogue line is `stage | path | message | source`")
+                raise ValueError(f"SPEC.md line {number}: a catalogue line is `stage | path | message | source`")
             out.append(Entry(*parts, line=number))
     return out
 

@@ -54,7 +54,11 @@ def covers(entry: Entry, site: Site) -> bool:
         return False
     if not _fits(site.message, entry.message):
         return False
-    return site.path is None or _fits(site.path, "" if entry.path == catalogue_format.NO_PATH else entry.path)
+    if site.path is None:
+        return True
+    template = "" if entry.path == catalogue_format.NO_PATH else entry.path
+    # a path template may be more general than the code (`<where>` for any path) or more specific
+    return _fits(site.path, template) or bool(catalogue_format.regex(template).fullmatch(site.path))
 
 
 def _fits(rendered: str, template: str) -> bool:

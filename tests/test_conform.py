@@ -220,7 +220,7 @@ def test_a_refusal_the_catalogue_does_not_state_is_found():
 
 
 def test_catalogue_lines_with_a_seed_source_quote_it():
-    """SPEC.md:191 [C15] a line whose source is a seed table or a reference section quotes it: a run of its fixed
+    """SPEC.md:190 [C15] a line whose source is a seed table or a reference section quotes it: a run of its fixed
     words (12 characters or more) stands verbatim in seed-tables.md or document-format.md."""
     reference = ROOT.parent / "shared" / "reference"
     if not reference.is_dir():
