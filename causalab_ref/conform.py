@@ -317,13 +317,48 @@ def recorded(got: dict, entries: list) -> dict:
                                                  "message": entry.message}}
 
 
-def _record(case: dict, got: dict, entries: list) -> None:
+ORDER = ("name", "rules", "fixture", "verb", "document", "data", "tolerance", "informative", "confirmed", "expect")
+
+
+def _strings(value: Any):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+
+
+def completed(case: dict) -> dict:
+    """A case made ready to record: the fixture as {key, recipe} (a bare key is accepted), every shipped
+    table its document names copied into the corpus's data/ and listed in `data`, and the operation
+    names marked informative on an explain or model case (SPEC.md C10, C11, C16)."""
     from . import fixtures
-    file = Path(case["_file"])
-    stored = {k: v for k, v in case.items() if k != "_file"}
-    stored["fixture"] = {"key": case["fixture"]["key"], "recipe": fixtures.recipe_digest(case["fixture"]["key"])}
+    case = dict(case)
+    key = case["fixture"] if isinstance(case["fixture"], str) else case["fixture"]["key"]
+    case["fixture"] = {"key": key, "recipe": fixtures.recipe_digest(key)}
+    shipped, corpus = ROOT / "documents" / "data", Path(case["_file"]).resolve().parent
+    tables = dict(case.get("data") or {})
+    for text in _strings(case.get("document", {}).get("steps", {})):
+        rel = text.split("#", 1)[0] + ".json"
+        if rel not in tables and "/" in rel and (shipped / rel).is_file():
+            (corpus / "data" / rel).parent.mkdir(parents=True, exist_ok=True)
+            (corpus / "data" / rel).write_bytes((shipped / rel).read_bytes())
+            tables[rel] = f"data/{rel}"
+    if tables:
+        case["data"] = dict(sorted(tables.items()))
+    marks = {"explain": "plan.*.steps.*.forwards.*.taps.*.op", "model": "components.*.op"}
+    if case["verb"] in marks and marks[case["verb"]] not in case.get("informative", []):
+        case["informative"] = list(case.get("informative", [])) + [marks[case["verb"]]]
+    return case
+
+
+def _record(case: dict, got: dict, entries: list) -> None:
+    stored = {k: case[k] for k in ORDER if k in case}
     stored["expect"] = recorded(got, entries)
-    file.write_text(json.dumps(stored, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    Path(case["_file"]).write_text(json.dumps(stored, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 # ---------------------------------------------------------------- the verb
@@ -362,7 +397,8 @@ def _implementation(impl_command, main, cases, fixtures_dir, record):
     if main is None:
         raise ValueError("conform needs an implementation: a command (impl_command) or an entry point (main)")
     from . import fixtures
-    return InProcess(main), {k: fixtures.recipe_digest(k) for k in {c["fixture"]["key"] for c in cases}}
+    keys = {c["fixture"] if isinstance(c["fixture"], str) else c["fixture"]["key"] for c in cases}
+    return InProcess(main), {k: fixtures.recipe_digest(k) for k in keys}
 
 
 def conform(impl_command: Optional[str] = None, cases_dir: Optional[str] = None, only: Optional[str] = None,
@@ -382,6 +418,7 @@ def conform(impl_command: Optional[str] = None, cases_dir: Optional[str] = None,
         started = time.time()
         print(f"conform: {len(cases)} case(s) against {impl.name}", file=stream)
         for case in cases:
+            case = completed(case) if record else case
             t = time.time()
             verdict, diffs, got = check(case, impl, record=record, recipes=recipes)
             counts[verdict] += 1
