@@ -70,8 +70,18 @@ def split_line(line: str) -> dict:
     return {"stage": stage, "path": "", "message": rest}
 
 
+def path_fits(entry: Entry, path: str) -> bool:
+    """The entry's path template fits `path`, as written or as a protocol document's refusal names it
+    (the lowered document's path re-pathed, PR17)."""
+    from .protocol import INTERVENTION, STEP, protocol_path
+    template = "" if entry.path == NO_PATH else entry.path
+    lowered = template.replace("interventions.<i>", f"interventions.{INTERVENTION}").replace(
+        "steps.<step>", f"steps.{STEP}")
+    return matches(template, path) or matches(protocol_path(lowered), path)
+
+
 def entry_for(refusal: dict, catalogue: list[Entry]) -> Optional[Entry]:
     """The most specific entry stating this refusal's stage, path and message."""
     fits = [e for e in catalogue if e.stage == refusal["stage"] and matches(e.message, refusal["message"])
-            and matches("" if e.path == NO_PATH else e.path, refusal["path"])]
+            and path_fits(e, refusal["path"])]
     return max(fits, key=lambda e: (fixed_length(e.message), fixed_length(e.path)), default=None)

@@ -26,7 +26,7 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def _read_document(path: str):
+def _read_document(path: str, args=None):
     from . import reader, validate
     file = Path(path)
     try:
@@ -35,24 +35,46 @@ def _read_document(path: str):
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:  # unreadable, or a name the file system will not take
         raise Refusal(f"cannot read {path}: {error}", path="document", stage="validation") from None
-    raw = reader.load_json(text, path)
-    return raw, validate.points_of(raw)
+    given = reader.load_json(text, path)
+    form, raw = _lowered(given)
+    if args is not None:
+        args.format = form  # from here on, a protocol document's refusals name its own paths (main)
+    return given, raw, validate.points_of(raw)
+
+
+def _lowered(raw):
+    """(format, the plan-shaped document): a protocol document is lowered, a steps-first one refused
+    (protocol.py, SPEC.md §10)."""
+    from . import protocol
+    form = protocol.shape(raw)
+    if form == "steps-first":
+        protocol.refuse_steps_first(raw)
+    if form == "protocol":
+        return form, protocol.lower(raw)[0]
+    return form, raw
 
 
 def _compile(args, engine_name: str, weights: bool = False):
-    """The one pass down: read -> lower -> validate (each point once) -> load the model -> compile."""
+    """The one pass down: read -> lower (a protocol document to the plan-shaped one it means) -> validate
+    (each point once) -> load the model -> compile. A protocol document's plan keeps the document as
+    given and the protocol's digest (SPEC.md PR15, PR16)."""
+    from dataclasses import replace
+
     from . import compile as compiler
-    from . import engine
-    raw, points = _read_document(args.document)
+    from . import engine, protocol
+    given, raw, points = _read_document(args.document, args)
     eng = engine.load(points[0].document.model, kind=engine_name, weights=weights)  # the model is never swept
-    return raw, eng, compiler.compile_document(raw, eng, Path(args.data_root), points)
+    plan = compiler.compile_document(raw, eng, Path(args.data_root), points)
+    if args.format == "protocol":
+        plan = replace(plan, digest=protocol.digest(given), raw=given)
+    return raw, eng, plan
 
 
 def cmd_validate(args):
     _raw, _eng, plan = _compile(args, args.engine)
     steps = sum(len(leaf.steps) for leaf in plan.leaves())
-    text = f"ok: {args.document} is a valid plan-shaped document, {steps} step{'s' if steps != 1 else ''}"
-    return {"text": text, "ok": True, "format": "plan-shaped"}
+    text = f"ok: {args.document} is a valid {args.format} document, {steps} step{'s' if steps != 1 else ''}"
+    return {"text": text, "ok": True, "format": args.format}
 
 
 def cmd_explain(args):
@@ -296,7 +318,8 @@ def _corpus_verbs(verbs) -> None:
     p.add_argument("--cases", default=None, help="the corpus folder (default tests/conformance)")
     p.add_argument("--fixtures", default=None, help="with --impl: the exported fixture folders to use (reused "
                    "when intact, exported there otherwise; default a temporary folder)")
-    p.add_argument("--only", default=None, help="run the cases whose name contains this (comma-separated: any of these)")
+    p.add_argument("--only", default=None,
+                   help="run the cases whose name contains this (comma-separated: any of these)")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first failed case")
     p.add_argument("--record", action="store_true", help="write causalab_ref's results into the cases' expect")
     p.add_argument("--quiet", action="store_true", help="print failed and not-applicable cases only")
@@ -346,6 +369,9 @@ def main(argv=None) -> int:
     try:
         result = args.func(args)
     except Refusal as refusal:
+        if getattr(args, "format", "") == "protocol":  # the protocol document's own paths (PR19)
+            from .protocol import protocol_path
+            refusal.path = protocol_path(refusal.path)
         where = f"{refusal.path}: " if refusal.path else ""
         line = f"{refusal.stage}: {where}{refusal.message}"  # one line whatever the document's text holds (D4)
         print(line.replace("\r", "\\r").replace("\n", "\\n"), file=sys.stderr)

@@ -341,7 +341,7 @@ def completed(case: dict) -> dict:
     case["fixture"] = {"key": key, "recipe": fixtures.recipe_digest(key)}
     shipped, corpus = ROOT / "documents" / "data", Path(case["_file"]).resolve().parent
     tables = dict(case.get("data") or {})
-    for text in _strings(case.get("document", {}).get("steps", {})):
+    for text in _strings(case.get("document", {})):
         rel = text.split("#", 1)[0] + ".json"
         if rel not in tables and "/" in rel and (shipped / rel).is_file():
             (corpus / "data" / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -84,6 +84,8 @@ def _render(node: ast.AST, constants: dict[str, str], local: dict[str, ast.AST])
         if node.id in local:
             return _render(local[node.id], constants, {})
         return constants.get(node.id)
+    if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and isinstance(node.slice, ast.Constant):
+        return constants.get(f"{node.value.id}[{node.slice.value!r}]")  # a message table's entry
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id + "()" in constants:
         return constants[node.func.id + "()"]  # a helper that returns the message
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
@@ -145,12 +147,18 @@ def _locals(fn: ast.AST) -> dict[str, ast.AST]:
 
 def _sites_in(file: Path) -> list[Site]:
     tree = ast.parse(file.read_text(encoding="utf-8"))
-    constants = {}
+    constants: dict[str, str] = {}
+    tables: dict[str, list[str]] = {}
     for node in tree.body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             text = _render(node.value, {}, {})
             if text is not None:
                 constants[node.targets[0].id] = text
+            if isinstance(node.value, ast.Dict):  # a table of messages: each entry, and the table as a whole
+                table = {k.value: _render(v, {}, {}) for k, v in zip(node.value.keys, node.value.values)
+                         if isinstance(k, ast.Constant)}
+                constants.update({f"{node.targets[0].id}[{k!r}]": v for k, v in table.items() if v is not None})
+                tables[node.targets[0].id] = [v for v in table.values() if v is not None]
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and node.body and isinstance(node.body[-1], ast.Return):
             text = _render(node.body[-1].value, constants, _locals(node)) if node.body[-1].value else None
@@ -189,9 +197,14 @@ def _sites_in(file: Path) -> list[Site]:
             elif stage is None:
                 stage = _stage_default(tree, name)
             path_node = args[p] if 0 <= p < len(args) else kw.get("path")
-            sites.append(Site(file.name, call.lineno, stage,
-                              _render(path_node, constants, local) if path_node is not None else None,
-                              _render(args[m], constants, local) if len(args) > m else None))
+            path = _render(path_node, constants, local) if path_node is not None else None
+            message = args[m] if len(args) > m else None
+            if (isinstance(message, ast.Subscript) and isinstance(message.value, ast.Name)
+                    and not isinstance(message.slice, ast.Constant) and message.value.id in tables):
+                sites += [Site(file.name, call.lineno, stage, path, text) for text in tables[message.value.id]]
+                continue
+            sites.append(Site(file.name, call.lineno, stage, path,
+                              _render(message, constants, local) if message is not None else None))
     return sites
 
 

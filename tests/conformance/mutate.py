@@ -246,6 +246,18 @@ MUTANTS = [
      '        if False and value in tensors and not file_path.endswith(".safetensors"):'),
     ("an inline intervention may take a declared name", "M22", "validate.py",
      "                if name in declared:", "                if False:"),
+    # The protocol format (PR2, PR4, PR7, PR15, PR17).
+    ("a steps-first document read as plan-shaped", "PR2", "protocol.py",
+     '    if "data" in raw and "steps" in raw:\n        return "steps-first"',
+     '    if False:\n        return "steps-first"'),
+    ("attn_implementation refused as an unknown key, not by name", "PR4", "protocol.py",
+     'if isinstance(raw, dict) and "attn_implementation" in raw:', "if False:"),
+    ("lm_head may take layers in a protocol document", "PR7", "protocol.py",
+     "if component in PER_MODEL and layers is not None:", "if False:"),
+    ("the protocol digest hashes the whole header", "PR15", "protocol.py",
+     'body = dict(raw, header={"protocol_version": raw["header"]["protocol_version"]})', "body = dict(raw)"),
+    ("a lowered document's refusals keep plan-shaped paths", "PR17", "protocol.py",
+     "        new, count = re.subn(pattern, replacement, path)", "        new, count = path, 0"),
 ]
 
 
