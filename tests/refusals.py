@@ -217,6 +217,13 @@ def uncatalogued(entries: Optional[list[Entry]] = None) -> list[Site]:
     return [s for s in code_sites() if not any(covers(e, s) for e in entries)]
 
 
+def stale(entries: Optional[list[Entry]] = None) -> list[Entry]:
+    """Catalogue lines that state no refusal the code can raise (left behind when a refusal changed)."""
+    entries = catalogue() if entries is None else entries
+    sites = code_sites()
+    return [e for e in entries if not any(covers(e, s) for s in sites)]
+
+
 def suggestion(site: Site) -> str:
     """A catalogue line for a site, holes as `<value>`: a start, to be given real names and a path."""
     def named(text: Optional[str], fallback: str) -> str:
@@ -228,8 +235,12 @@ def main() -> int:
     missing = uncatalogued()
     for site in missing:
         print(f"{site.file}:{site.line}: no catalogue entry; suggested line for SPEC.md §13:\n    {suggestion(site)}")
-    print(f"refusals: {len(code_sites())} site(s) in the code, {len(missing)} without a catalogue entry")
-    return 1 if missing else 0
+    old = stale()
+    for entry in old:
+        print(f"SPEC.md line {entry.line}: states no refusal the code raises; remove or correct it")
+    print(f"refusals: {len(code_sites())} site(s) in the code, {len(missing)} without a catalogue entry, "
+          f"{len(old)} catalogue line(s) stating none")
+    return 1 if missing or old else 0
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import sys
 
 from causalab_ref import catalogue, cli, conform, exported, fixtures, protocol
 from causalab_ref.schema import schema
-from refusals import catalogue as spec_catalogue, code_sites, suggestion, uncatalogued
+from refusals import catalogue as spec_catalogue, code_sites, stale, suggestion, uncatalogued
 from spec_rules import rules
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -214,6 +214,11 @@ def test_every_refusal_in_the_code_has_a_catalogue_line():
     missing = uncatalogued(CATALOGUE)
     assert not missing, "add these lines to SPEC.md §13 (fix the names):\n" + "\n".join(
         f"{s.file}:{s.line}: {suggestion(s)}" for s in missing)
+
+
+def test_every_catalogue_line_states_a_refusal_the_code_raises():
+    """SPEC.md:190 [C14] no catalogue line is left behind by a refusal that changed or went away."""
+    assert not stale(CATALOGUE), [f"SPEC.md line {e.line}: {e.message}" for e in stale(CATALOGUE)]
 
 
 def test_a_refusal_the_catalogue_does_not_state_is_found():
