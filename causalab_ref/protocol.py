@@ -200,7 +200,7 @@ def _metrics(raw: Any) -> dict:
     for name, entry in _named(raw, "method.metrics").items():
         path = f"method.metrics.{name}"
         kind = entry.get("kind") if isinstance(entry, dict) else None
-        columns = METRIC_COLUMNS.get(kind, ())
+        columns = METRIC_COLUMNS.get(kind, ()) if isinstance(kind, str) else ()
         entry = _keys(entry, path, ("kind", "of", "token_form") + columns, ("kind", "of", "token_form") + columns)
         out[name] = dict(entry)
     return out
@@ -216,11 +216,11 @@ def _saves(raw: Any, metrics: dict, reads: dict) -> list:
         if isinstance(entry, dict) and "site" in entry:
             _fail(f"{path}.site", UNIMPLEMENTED["featurizers"])
         entry = _keys(entry, path, ("value", "model", "input", "file_path"), ("value", "model", "input", "file_path"))
-        metric = metrics.get(entry["value"])
+        metric = metrics.get(entry["value"]) if isinstance(entry["value"], str) else None
         if metric is None:
             _fail(f"{path}.value", f"save '{entry['value']}' is not a metric of this method (its metrics are "
                                    f"{sorted(metrics)})")
-        read = reads.get(metric["of"], {})
+        read = reads.get(metric["of"], {}) if isinstance(metric["of"], str) else {}
         if (entry["model"], entry["input"]) != (read.get("model"), read.get("input")):
             _fail(path, f"save '{entry['value']}' says model '{entry['model']}' on '{entry['input']}', and its "
                         f"metric reads '{metric['of']}' in model '{read.get('model')}' on '{read.get('input')}'; "

@@ -223,3 +223,18 @@ def test_the_protocol_digest_ignores_the_title_and_description():
 def test_refusals_of_the_lowered_document_name_protocol_paths(tmp_path, capsys, edit, line):
     """SPEC.md:267 [PR17] a plan-shaped refusal of the lowered document is re-pathed to the protocol's path."""
     assert _refusal(tmp_path, capsys, _twin(edit)).startswith(line)
+
+
+@pytest.mark.parametrize("edit", [
+    lambda d: d["method"]["metrics"]["iia"].update(kind=["match"]),
+    lambda d: d["method"]["save"][0].update(value={"x": 1}),
+    lambda d: d["method"]["metrics"]["iia"].update(of=[1]),
+    lambda d: d["method"]["intervened_models"]["patched"].update(writes=[{"a": 1}]),
+    lambda d: d["method"]["writes"]["patch"].update(do={"swap": ["v_cf"]}),
+    lambda d: d.update(method=[1]),
+    lambda d: d["data"].update(base="weekdays/train"),
+])
+def test_hostile_values_are_one_refusal_line(tmp_path, capsys, edit):
+    """SPEC.md:253 [PR3] whatever a protocol document holds, validate ends in one refusal line, never a traceback."""
+    line = _refusal(tmp_path, capsys, _twin(edit))
+    assert "\n" not in line and line.split(": ", 1)[0] in ("validation", "compile")
