@@ -317,7 +317,8 @@ def recorded(got: dict, entries: list) -> dict:
                                                  "message": entry.message}}
 
 
-ORDER = ("name", "rules", "fixture", "verb", "document", "data", "tolerance", "informative", "confirmed", "expect")
+ORDER = ("name", "rules", "fixture", "verb", "document", "data", "files", "tolerance", "informative", "confirmed",
+         "expect")
 
 
 def _strings(value: Any):
