@@ -68,7 +68,7 @@ def read(path: Path, where: str, name: str) -> tuple[dict[str, torch.Tensor], di
     return tensors, metadata
 
 
-def stamp(model, site_name: str, site, address, kind: str, k: Optional[int], d: int, digest: str,
+def stamp(model, site_name: str, site, address, kind: str, k: Optional[int], d: Optional[int], digest: str,
           parametrization: str = "cayley") -> dict[str, str]:
     """The identity a weights step writes into a bundle: which model, place, kind and shape it is of."""
     return {

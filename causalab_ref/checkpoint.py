@@ -127,7 +127,7 @@ def unloadable(spec: Model, error: Exception) -> Refusal:
                    path="model.key", stage="compile")
 
 
-def loading_errors() -> tuple[type, ...]:
+def loading_errors() -> tuple[type[Exception], ...]:
     """What loading a checkpoint raises for a bad or absent checkpoint: files (OSError), configs and
     tokenizers (ValueError, KeyError), weights (RuntimeError, safetensors' error), nnterp's renaming.
     Anything else (a TypeError, an AttributeError, ...) is a bug and stays one (SPEC.md S10)."""

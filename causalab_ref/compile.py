@@ -176,7 +176,7 @@ def _check_decode_fits(engine, length: int, decode: int, path: str) -> None:
 def _tap_width(tap: Tap) -> Optional[int]:
     """Features per position a tap touches: the address's width, narrowed by heads or units."""
     width = tap.address.width
-    if width is None or tap.groups is None:
+    if width is None or tap.groups is None or tap.take is None:
         return width
     return width // tap.groups * len(tap.take)
 
@@ -469,7 +469,7 @@ def _site_width(address: Address, site) -> Optional[int]:
     """Features per position at a site: the address's width, narrowed by heads or units (None: no width)."""
     if address.width is None:
         return None
-    if site.heads is not None:
+    if site.heads is not None and address.heads:
         return address.width // address.heads * len(site.heads)
     if site.units is not None:
         return len(site.units)

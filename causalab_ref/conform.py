@@ -144,7 +144,7 @@ def _prepare(case: dict, tmp: Path) -> tuple[list[str], Path]:
 
 
 def _tables(out: Path) -> dict:
-    tables = {}
+    tables: dict[str, Any] = {}
     if not out.is_dir():
         return tables
     for file in sorted(out.rglob("*.json")):

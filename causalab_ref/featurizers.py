@@ -209,6 +209,7 @@ KINDS = {row.name: row for row in (
 def drawn(kind: str, d: int, k: Optional[int], seed: int):
     """A featurizer that is not loaded: a subspace from its seeded draw, a gate at θ = 0."""
     if kind == "subspace":
+        assert k is not None, "a subspace has its k (validated)"
         return KINDS[kind].build({"weight": initial_draw(d, k, seed)})
     if kind == "gate":
         return KINDS[kind].build({"weight": torch.zeros(d)})

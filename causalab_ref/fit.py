@@ -61,6 +61,7 @@ def loss_of(objective, scored: dict[str, torch.Tensor]) -> torch.Tensor:
     for weight, term in objective:
         part = weight * scored[term].mean()
         total = part if total is None else total + part
+    assert total is not None, "an objective has at least one term (validated)"
     return total
 
 

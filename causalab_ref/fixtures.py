@@ -383,8 +383,8 @@ def _hub_llama_tokenizer() -> pathlib.Path:
 
     from huggingface_hub import hf_hub_download
 
-    kwargs = dict(repo_id=LLAMA_HUB_REPO, filename="tokenizer.model", revision=LLAMA_HUB_REVISION,
-                  cache_dir=str(_cache_root() / "hub"))
+    kwargs: dict[str, Any] = dict(repo_id=LLAMA_HUB_REPO, filename="tokenizer.model", revision=LLAMA_HUB_REVISION,
+                                  cache_dir=str(_cache_root() / "hub"))
     try:
         return pathlib.Path(hf_hub_download(local_files_only=True, **kwargs))
     except Exception:
@@ -554,8 +554,8 @@ def _build(name: str, recipe: dict[str, Any], digest: str, out: pathlib.Path) ->
     _write_json(out / "config.json", _RECIPES[name]["config"])
     sd = _state_dict(name)
     save_file({k: sd[k] for k in sorted(sd)}, str(out / "model.safetensors"), metadata={"format": "pt"})
-    files = {f.name: _sha256_file(f) for f in sorted(out.iterdir())}
-    _write_json(out / RECORD, {"digest": digest, "recipe": recipe, "files": files})
+    hashes = {f.name: _sha256_file(f) for f in sorted(out.iterdir())}
+    _write_json(out / RECORD, {"digest": digest, "recipe": recipe, "files": hashes})
 
 
 #: the file of a fixture's cache folder that records its recipe and every other file's sha256

@@ -95,7 +95,7 @@ class Source:
 
 def check_pca(step: str, name: str, source: Source, path: str) -> None:
     """A pca over a fixed-width read: centred, `vectors` vectors span at most vectors - 1 directions."""
-    if source.output.reduce != "pca" or source.per_row is None:
+    if source.output.reduce != "pca" or source.per_row is None or source.output.k is None:
         return
     vectors = source.per_row * source.rows
     if source.output.k > vectors - 1:
@@ -150,7 +150,7 @@ def reduced(value: torch.Tensor, reduce: str, k: Optional[int], path: str) -> to
     if reduce == "none":
         return value
     flat = value.reshape(-1, value.shape[-1]).float()
-    if not 0 < k <= min(flat.shape):
+    if k is None or not 0 < k <= min(flat.shape):
         _fail(path, f"k={k} principal directions of {tuple(flat.shape)} rows is not a basis", "run")
     _u, _s, vh = torch.linalg.svd(flat - flat.mean(dim=0, keepdim=True), full_matrices=False)
     return vh[:k].T.contiguous()

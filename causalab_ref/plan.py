@@ -37,7 +37,6 @@ class Tap:
     featurizer: str = "identity"
     features: Optional[tuple[int, ...]] = None  # coordinates of the feature space a write touches
     space: Optional[int] = None  # width of the feature space (the featurizer's k, or the site's width)
-    params: tuple[tuple[str, float], ...] = ()  # a write's mechanism params, by name
 
     def line(self) -> str:
         where = f"at {self.address.label()} pos={self.pos.spelling()}"

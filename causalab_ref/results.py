@@ -176,6 +176,7 @@ class Claim:
 
     def __init__(self, out: Path):
         self.path = out.parent / f".{out.name}.lock"
+        self.fd: Optional[int] = None
         for _attempt in range(5):
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
@@ -250,7 +251,8 @@ class Folder:
 
     def __init__(self, out: Path, replace: bool = False):
         out = Path(out)
-        self.out, self.claim, self.written = out, None, []
+        self.out, self.claim = out, None
+        self.written: list[str] = []
         check_out(out, replace)
         try:
             out.parent.mkdir(parents=True, exist_ok=True)

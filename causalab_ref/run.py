@@ -366,7 +366,8 @@ def _row_vectors(value: torch.Tensor, resolved: Resolved) -> list[Optional[torch
     """Each row's one scored vector: rectangular (rows, 1, V) or flat (total, V) in resolved-row order."""
     if value.dim() == 3:
         return [value[r, 0] for r in range(value.shape[0])]
-    out, k = [], 0
+    out: list[Optional[torch.Tensor]] = []
+    k = 0
     for window in resolved.windows:
         if window:
             out.append(value[k])
