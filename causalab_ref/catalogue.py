@@ -43,7 +43,7 @@ def entries(spec_text: str) -> list[Entry]:
             parts = [p.strip() for p in line.split(" | ")]
             if len(parts) != 4:
                 raise ValueError(f"SPEC.md line {number}: a catalogue line is `stage | path | message | source`")
-            out.append(Entry(*parts, line=number))
+            out.append(Entry(parts[0], parts[1], parts[2], parts[3], line=number))
     return out
 
 

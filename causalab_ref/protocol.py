@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from typing import Any
+from typing import Any, NoReturn
 
 from .reader import type_name
 from .shapes import Refusal
@@ -48,7 +48,7 @@ METRIC_COLUMNS = {"match": ("expected",), "logit_diff": ("a", "b"), "cross_entro
                   "token_logit": ("token",), "token_prob": ("token",)}
 
 
-def _fail(path: str, message: str):
+def _fail(path: str, message: str) -> NoReturn:
     raise Refusal(message, path=path, stage="validation")
 
 
@@ -176,7 +176,8 @@ def _write(name: str, raw: Any, reads: dict) -> dict:
 
 def _models(raw: Any, writes: dict) -> dict:
     models = _named(raw, "method.intervened_models")
-    out, used = {}, set()
+    out: dict = {}
+    used: set[str] = set()
     for name, entry in models.items():
         path = f"method.intervened_models.{name}"
         entry = _keys(entry, path, ("input", "writes"), ("input", "writes"))
