@@ -170,11 +170,12 @@ def test_each_mechanism_equals_a_hand_hook_in_the_prompt_frame(engines, hf, fami
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_each_mechanism_equals_a_hand_hook_at_every_decode_step(engines, hf, family):
+@pytest.mark.parametrize("kind", ["nnterp", "hooks"])
+def test_each_mechanism_equals_a_hand_hook_at_every_decode_step(engines, hf, family, kind):
     """SPEC.md:241 [M2] a write at {"frame": "generated", "all": true} applies the formula at every decode
     step (steering): each step's written value and the generated ids equal a hand hook applied to every
-    forward of transformers' own greedy decode."""
-    eng = engines(family, "nnterp")
+    forward of transformers' own greedy decode, on both engines."""
+    eng = engines(family, kind)
     values = _run(eng, _document(family, "generated"))
     for name in CASES:
         written, generated = _hand(hf(family), family, eng.tokenizer, name, "generated")
