@@ -201,7 +201,7 @@ def load_kwargs(model_type: str, attn_implementation: Optional[str] = None,
     source; GptOss cannot run nnterp's probability check (its sink makes rows sum < 1)
     and needs the batched_mm experts implementation to run on CPU or meta.
     """
-    kw: dict[str, Any] = {"device_map": "cpu", "dispatch": bool(weights)}
+    kw: dict[str, Any] = {"dispatch": bool(weights)}
     if model_type == "gpt_oss":
         kw["experts_implementation"] = "batched_mm"
     if attn_implementation == "eager":
@@ -248,7 +248,7 @@ def enable_probs(model, layer: int, weights: bool) -> None:
 
 
 def standardized(path: str, attn_implementation: Optional[str] = None, weights: bool = True,
-                 dtype: Optional[str] = None, **overrides):
+                 dtype: Optional[str] = None, device_map: str = "cpu", **overrides):
     """Load a checkpoint directory (or hub key) as a StandardizedTransformer.
 
     `attn_implementation` None keeps the family's default; `weights=False` is a meta
@@ -260,6 +260,7 @@ def standardized(path: str, attn_implementation: Optional[str] = None, weights: 
     config = AutoConfig.from_pretrained(path, trust_remote_code=False, revision=overrides.get("revision"))
     model_type, softmax_layers = config.model_type, softmax_layers_of_hybrid(config)
     kw = load_kwargs(model_type, attn_implementation, weights)
+    kw["device_map"] = device_map
     if softmax_layers is not None:
         kw = hybrid_kwargs(kw)
     # Never a checkpoint's own code, and only safetensors weights (SPEC.md R13).
@@ -282,23 +283,24 @@ def standardized(path: str, attn_implementation: Optional[str] = None, weights: 
     return model
 
 
-def transformers_model(path: str, attn_implementation: str, dtype: str):
+def transformers_model(path: str, attn_implementation: str, dtype: str, device_map: str = "cpu"):
     """The plain transformers model of a checkpoint (the hooks engine's forward), in eval mode."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
-        path, attn_implementation=attn_implementation, dtype=torch_dtype(dtype), device_map="cpu",
+        path, attn_implementation=attn_implementation, dtype=torch_dtype(dtype), device_map=device_map,
         trust_remote_code=False, use_safetensors=True, local_files_only=True)
     model.eval()
     return model
 
 
-def load(spec: Model, weights: bool = True, hooked: bool = False):
+def load(spec: Model, weights: bool = True, hooked: bool = False, device_map: str = "cpu"):
     """A model block's checkpoint: (StandardizedTransformer, transformers model or None, recipe).
 
     `hooked` (the hooks engine): the StandardizedTransformer is a weightless shell for addresses,
     and with `weights` a transformers model of the same directory is loaded beside it, with the
-    attention the shell says the document gets (the family default, or the document's)."""
+    attention the shell says the document gets (the family default, or the document's). `device_map` is
+    the run's (`--device-map`, contract.device_map), handed to both loaders as transformers takes it."""
     from .address import runs_attention
 
     quiet_transformers()
@@ -306,8 +308,8 @@ def load(spec: Model, weights: bool = True, hooked: bool = False):
     own_code(path, spec)
     with mapped(spec), tensors_checked(spec):
         model = standardized(path, attn_implementation=spec.attn_implementation,
-                             weights=weights and not hooked, dtype=spec.dtype)
+                             weights=weights and not hooked, dtype=spec.dtype, device_map=device_map)
         hf_model = None
         if hooked and weights:
-            hf_model = transformers_model(path, runs_attention(model), spec.dtype)
+            hf_model = transformers_model(path, runs_attention(model), spec.dtype, device_map)
     return model, hf_model, recipe

@@ -18,6 +18,7 @@ from pathlib import Path
 from .shapes import Refusal
 
 DEFAULT_DATA_ROOT = "documents/data"
+DEVICE_MAP_HELP = "where the model runs: cpu (default), cuda, cuda:N or auto (transformers' device_map)"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -54,7 +55,7 @@ def _lowered(raw):
     return form, raw
 
 
-def _compile(args, engine_name: str, weights: bool = False):
+def _compile(args, engine_name: str, weights: bool = False, device_map: str = "cpu"):
     """The one pass down: read -> lower (a protocol document to the plan-shaped one it means) -> validate
     (each point once) -> load the model -> compile. A protocol document's plan keeps the document as
     given and the protocol's digest (SPEC.md PR15, PR16)."""
@@ -63,7 +64,8 @@ def _compile(args, engine_name: str, weights: bool = False):
     from . import compile as compiler
     from . import engine, protocol
     given, raw, points = _read_document(args.document, args)
-    eng = engine.load(points[0].document.model, kind=engine_name, weights=weights)  # the model is never swept
+    eng = engine.load(points[0].document.model, kind=engine_name, weights=weights,
+                      device_map=device_map)  # the model is never swept
     plan = compiler.compile_document(raw, eng, Path(args.data_root), points)
     if args.format == "protocol":
         plan = replace(plan, digest=protocol.digest(given), raw=given)
@@ -71,7 +73,7 @@ def _compile(args, engine_name: str, weights: bool = False):
 
 
 def cmd_validate(args):
-    _raw, _eng, plan = _compile(args, args.engine)
+    _raw, _eng, plan = _compile(args, args.engine, device_map=args.device_map)
     steps = sum(len(leaf.steps) for leaf in plan.leaves())
     text = f"ok: {args.document} is a valid {args.format} document, {steps} step{'s' if steps != 1 else ''}"
     return {"text": text, "ok": True, "format": args.format}
@@ -79,7 +81,7 @@ def cmd_validate(args):
 
 def cmd_explain(args):
     from .plan import plan_json
-    _raw, eng, plan = _compile(args, args.engine)
+    _raw, eng, plan = _compile(args, args.engine, device_map=args.device_map)
     return {"text": plan.text(), "steps": [leaf.label or step.name for leaf in plan.leaves() for step in leaf.steps],
             "plan": plan_json(plan, eng)}
 
@@ -90,7 +92,7 @@ def cmd_run(args):
         raise Refusal(f"--batch-size {args.batch_size} is not a number of rows", path="--batch-size",
                       stage="validation")
     results.check_out(Path(args.out), args.replace)  # before any weights load; judged again once claimed
-    _raw, eng, plan = _compile(args, args.engine, weights=True)
+    _raw, eng, plan = _compile(args, args.engine, weights=True, device_map=args.device_map)
     written = run.execute(plan, eng, Path(args.out), batch_size=args.batch_size, replace=args.replace,
                           progress=not args.quiet)
     lines = list(written)
@@ -218,11 +220,12 @@ def cmd_tokens(args):
 def cmd_model(args):
     from . import engine
     from .shapes import Model
-    eng = engine.load(Model(key=args.key, revision=args.revision, dtype="fp32",
-                            attn_implementation=args.attn_implementation), kind=args.engine, weights=False)
+    eng = engine.load(Model(key=args.key, revision=args.revision, dtype=args.dtype,
+                            attn_implementation=args.attn_implementation), kind=args.engine, weights=False,
+                      device_map=args.device_map)
     if args.lands:
         return _where_each_lands(eng, args.layer)
-    return eng.describe_components()
+    return {**eng.describe_components(), "dtype": args.dtype, "device_map": eng.device_map}
 
 
 def _where_each_lands(eng, layer: int):
@@ -282,6 +285,7 @@ def _document_verbs(verbs) -> None:
         p.add_argument("document")
         p.add_argument("--data-root", default=DEFAULT_DATA_ROOT)
         p.add_argument("--engine", choices=("nnterp", "hooks"), default="nnterp")
+        p.add_argument("--device-map", default="cpu", help=DEVICE_MAP_HELP)
         if name == "run":
             p.add_argument("--out", default="out")
             p.add_argument("--replace", action="store_true", help="replace an existing --out folder")
@@ -307,6 +311,8 @@ def _inspection_verbs(verbs) -> None:
     p.add_argument("--revision", default="main")
     p.add_argument("--engine", choices=("nnterp", "hooks"), default="nnterp")
     p.add_argument("--attn-implementation", choices=("eager", "sdpa"), default=None)
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="the dtype the model would load in")
+    p.add_argument("--device-map", default="cpu", help=DEVICE_MAP_HELP)
     p.add_argument("--lands", action="store_true", help="print where each component lands: rank, io, module")
     p.add_argument("--layer", type=int, default=0, help="the layer --lands asks per-layer components at")
 

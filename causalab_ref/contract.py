@@ -74,6 +74,27 @@ def position_ids(mask: torch.Tensor) -> torch.Tensor:
     return (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
 
 
+DEVICE_MAPS = "cpu, cuda, cuda:N or auto"
+
+
+def device_map(text: str) -> str:
+    """A `--device-map` value, checked: `cpu`, `auto`, `cuda` or `cuda:N` naming a CUDA device this machine has.
+    Anything else is refused in one line saying what to write (R21)."""
+    import re
+
+    if text in ("cpu", "auto"):
+        return text
+    if not re.fullmatch(r"cuda(:\d+)?", text or ""):
+        raise Refusal(f"--device-map '{text}' is not a device map; write {DEVICE_MAPS}", path="--device-map",
+                      stage="validation")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = int(text.split(":")[1]) if ":" in text else 0
+    if index >= count:
+        raise Refusal(f"--device-map {text}: this machine has {count} CUDA device(s); write --device-map cpu, or a "
+                      "cuda:N below that count", path="--device-map", stage="validation")
+    return text
+
+
 class Engine:
     """What every engine shares. A subclass sets `name`, `record_name`, `tokenizer` (through
     `__init__`) and implements `config`, `num_layers`, `locate`, `forward`, `generate`,
@@ -82,9 +103,10 @@ class Engine:
     name = "engine"
     record_name = "Engine"
 
-    def __init__(self, spec: Model, tokenizer, recipe: Optional[str], extra=None):
+    def __init__(self, spec: Model, tokenizer, recipe: Optional[str], extra=None, device_map: str = "cpu"):
         self.spec = spec
         self.recipe = recipe
+        self.device_map = device_map
         self.extra = dict(extra or {})
         self.tokenizer = locate.with_pad(tokenizer)
 
@@ -125,7 +147,12 @@ class Engine:
         raise NotImplementedError
 
     def head_weight(self):
-        """The head's weight (its dtype is what the run served), or None without weights."""
+        """The head's weight (its dtype is what the run served, its device where the head ran), or None
+        without weights."""
+        raise NotImplementedError
+
+    def input_device(self):
+        """Where a forward's inputs go: the device of the model's first parameters (the embedding)."""
         raise NotImplementedError
 
     def generation_config(self):
@@ -142,8 +169,9 @@ class Engine:
         """A forward's keyword inputs: the left-padded ids, their attention mask and the position ids
         derived from the mask (every forward, the prompt's and a decode's, R20)."""
         mask_t = torch.tensor(mask, dtype=torch.long)
-        return {"input_ids": torch.tensor(ids, dtype=torch.long), "attention_mask": mask_t,
-                "position_ids": position_ids(mask_t)}
+        inputs = {"input_ids": torch.tensor(ids, dtype=torch.long), "attention_mask": mask_t,
+                  "position_ids": position_ids(mask_t)}
+        return {k: v.to(self.input_device()) for k, v in inputs.items()}
 
     def stop_ids(self) -> tuple[int, ...]:
         """Every id a continuation can be cut at: the tokenizer's EOS and the generation config's (an id or
@@ -167,11 +195,11 @@ class Engine:
             return value
         norm, head = self.final_modules()
         with torch.no_grad():
-            logits = head(norm(value.to(head.weight.dtype)))
+            logits = head(norm(value.to(device=head.weight.device, dtype=head.weight.dtype)))
             cap = getattr(self.config, "final_logit_softcapping", None)
             if cap:
                 logits = torch.tanh(logits / cap) * cap
-        return logits
+        return logits.to(value.device)
 
     def run_record(self, batch_size: Optional[int]) -> dict:
         """What run.json says about the engine and the model."""
@@ -182,13 +210,14 @@ class Engine:
             "batch_size": batch_size,
             "model": {"key": spec.key, "revision": spec.revision, "dtype": spec.dtype,
                       "attn_implementation": spec.attn_implementation},
-            "device": "cpu",
+            "device_map": self.device_map,
         }
         if self.recipe is not None:
             record["fixture_recipe"] = self.recipe
         weight = self.head_weight()
         if weight is not None and weight.device.type != "meta":
             record["served_dtype"] = str(weight.dtype)
+            record["device"] = str(weight.device)
         return record
 
     def describe_components(self) -> dict:

@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from . import access, address, checkpoint, seam
+from . import access, address, checkpoint, contract, seam
 from .contract import Batch, Engine
 from .shapes import Model, Refusal
 
@@ -24,8 +24,8 @@ class NNterpEngine(Engine):
     name = "nnterp"
     record_name = "NNterpEngine"
 
-    def __init__(self, spec: Model, model, recipe: Optional[str], extra=None):
-        super().__init__(spec, model.tokenizer, recipe, extra=extra)
+    def __init__(self, spec: Model, model, recipe: Optional[str], extra=None, device_map: str = "cpu"):
+        super().__init__(spec, model.tokenizer, recipe, extra=extra, device_map=device_map)
         self.model = model
 
     # -------------------------------------------------------------- compile-time questions
@@ -56,6 +56,9 @@ class NNterpEngine(Engine):
 
     def generation_config(self):
         return getattr(self.model._model, "generation_config", None)
+
+    def input_device(self):
+        return self.model._model.device
 
     # -------------------------------------------------------------- run-time: reaching an address
 
@@ -104,18 +107,20 @@ def _unwrap(value):
     return getattr(value, "value", value) if not isinstance(value, torch.Tensor) else value
 
 
-def load(spec: Model, kind: str = "nnterp", weights: bool = True, extra=None) -> Engine:
+def load(spec: Model, kind: str = "nnterp", weights: bool = True, extra=None, device_map: str = "cpu") -> Engine:
     """The engine for a document's model block.
 
     `extra` is the load-time extension point: {name: (module path relative to the layer, order)}
-    adds places the component table does not have (Python only; SPEC.md §3 Locations, L23).
+    adds places the component table does not have (Python only; SPEC.md §3 Locations, L23); `device_map`
+    is `--device-map` (cpu, cuda, cuda:N, auto; SPEC.md R21), refused here when unknown or unavailable.
     """
+    device_map = contract.device_map(device_map)
     if kind == "hooks":
         from .hooks import HooksEngine
 
-        return HooksEngine.load(spec, weights=weights)
+        return HooksEngine.load(spec, weights=weights, device_map=device_map)
     if kind != "nnterp":
         raise Refusal(f"engine '{kind}' is not implemented yet; use --engine nnterp", path="--engine",
                       stage="compile")
-    model, _none, recipe = checkpoint.load(spec, weights=weights)
-    return NNterpEngine(spec, model, recipe, extra=extra)
+    model, _none, recipe = checkpoint.load(spec, weights=weights, device_map=device_map)
+    return NNterpEngine(spec, model, recipe, extra=extra, device_map=device_map)

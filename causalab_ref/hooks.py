@@ -133,8 +133,8 @@ class HooksEngine(Engine):
     name = "hooks"
     record_name = "HooksEngine"
 
-    def __init__(self, spec: Model, shell, hf_model, recipe: Optional[str]):
-        super().__init__(spec, shell.tokenizer, recipe)
+    def __init__(self, spec: Model, shell, hf_model, recipe: Optional[str], device_map: str = "cpu"):
+        super().__init__(spec, shell.tokenizer, recipe, device_map=device_map)
         self.shell = shell
         self.hf_model = hf_model
         self._names = {id(m): n for n, m in shell._model.named_modules()}
@@ -142,9 +142,9 @@ class HooksEngine(Engine):
     # -------------------------------------------------------------- loading
 
     @classmethod
-    def load(cls, spec: Model, weights: bool = True) -> "HooksEngine":
-        shell, hf_model, recipe = checkpoint.load(spec, weights=weights, hooked=True)
-        return cls(spec, shell, hf_model, recipe)
+    def load(cls, spec: Model, weights: bool = True, device_map: str = "cpu") -> "HooksEngine":
+        shell, hf_model, recipe = checkpoint.load(spec, weights=weights, hooked=True, device_map=device_map)
+        return cls(spec, shell, hf_model, recipe, device_map=device_map)
 
     # -------------------------------------------------------------- compile-time questions
 
@@ -185,6 +185,9 @@ class HooksEngine(Engine):
 
     def head_weight(self):
         return self.hf_model.lm_head.weight if self.hf_model is not None else None
+
+    def input_device(self):
+        return self.hf_model.device
 
     def generation_config(self):
         model = self.hf_model if self.hf_model is not None else self.shell._model

@@ -188,10 +188,10 @@ def cached_loads():
 
     original = engine.load
 
-    def load(spec, kind="nnterp", weights=True):
-        key = (kind, spec.key, spec.revision, spec.dtype, spec.attn_implementation, weights)
+    def load(spec, kind="nnterp", weights=True, device_map="cpu"):
+        key = (kind, spec.key, spec.revision, spec.dtype, spec.attn_implementation, weights, device_map)
         if key not in _ENGINES:
-            _ENGINES[key] = original(spec, kind=kind, weights=weights)
+            _ENGINES[key] = original(spec, kind=kind, weights=weights, device_map=device_map)
         return _ENGINES[key]
 
     engine.load = load

@@ -56,7 +56,7 @@ def _write(llama, name, component, layer, mechanism, operand, featurizer=None, p
 
 
 def test_compile_and_run_need_nothing_but_the_contract(llama):
-    """SPEC.md:350 [E1] — an engine that offers only the contract (no `model`, no `shell`) compiles
+    """SPEC.md:351 [E1] — an engine that offers only the contract (no `model`, no `shell`) compiles
     documents/patching.json to the same plan and runs it to the same values as the nnterp engine."""
     only = Delegate(llama)
     assert not hasattr(only, "model") and not hasattr(only, "shell")
@@ -68,7 +68,7 @@ def test_compile_and_run_need_nothing_but_the_contract(llama):
 
 
 def test_actions_and_batches_are_frozen_dataclasses(llama):
-    """SPEC.md:351 [E2] — what crosses into an engine is a frozen Batch of frozen Actions, each naming its tap,
+    """SPEC.md:352 [E2] — what crosses into an engine is a frozen Batch of frozen Actions, each naming its tap,
     selection, operand, steps, featurizer and (gaussian) lead; the engines read them by field."""
     action = _read(llama, "head", "lm_head")
     batch = _batch(llama, action)
@@ -92,7 +92,7 @@ class Doubled:
 
 
 def test_a_featurized_write_goes_through_featurize_and_inverse_on_both_engines(llama, hooks):
-    """SPEC.md:352 [E3] — a swap of 3.0 in the space of a featurizer that doubles lands 1.5 at the site, read
+    """SPEC.md:353 [E3] — a swap of 3.0 in the space of a featurizer that doubles lands 1.5 at the site, read
     back identically on both engines (the same seam), and changes the head the same way."""
     batch = _batch(llama, _write(llama, "w", "block_output", 0, "swap", 3.0, featurizer=Doubled()),
                    _read(llama, "at", "block_output", 0), _read(llama, "head", "lm_head"))
@@ -103,7 +103,7 @@ def test_a_featurized_write_goes_through_featurize_and_inverse_on_both_engines(l
 
 
 def test_a_row_added_to_the_mechanism_table_is_landed_by_both_engines(llama, hooks, monkeypatch):
-    """SPEC.md:353 [E4] — a mechanism added as a row of mechanisms.TABLE (here f' = f·scale + o, with a
+    """SPEC.md:354 [E4] — a mechanism added as a row of mechanisms.TABLE (here f' = f·scale + o, with a
     default scale) is landed by both engines through the seam, its params over its defaults."""
     def formula(f, operand, params, context):
         return f * params["scale"] + operand
@@ -119,7 +119,7 @@ def test_a_row_added_to_the_mechanism_table_is_landed_by_both_engines(llama, hoo
 
 
 def test_the_mechanism_context_holds_the_value_as_it_arrived(llama, hooks, monkeypatch):
-    """SPEC.md:353 [E4] — `context.f0()` is the tap's value before its first write: after a swap of 9.0, a
+    """SPEC.md:354 [E4] — `context.f0()` is the tap's value before its first write: after a swap of 9.0, a
     second write returning 2·f0 lands twice the clean value, not 18. A number operand reaches the formula
     as a 0-d float32 tensor; a tensor operand of another shape is refused with the seam's text."""
     seen = []
@@ -145,7 +145,7 @@ def test_the_mechanism_context_holds_the_value_as_it_arrived(llama, hooks, monke
 
 
 def test_the_shared_parts_exist_once_in_the_contract():
-    """SPEC.md:354 [E5] — neither engine overrides the logits view, the inputs, the run record, the
+    """SPEC.md:355 [E5] — neither engine overrides the logits view, the inputs, the run record, the
     component description or the width; the pad-token fix-up is locate.with_pad, used by both."""
     for cls in (engine.NNterpEngine, HooksEngine):
         for name in ("viewed", "inputs", "run_record", "describe_components", "width"):
@@ -154,3 +154,43 @@ def test_the_shared_parts_exist_once_in_the_contract():
     class NoPad:
         pad_token, eos_token = None, "</s>"
     assert locate.with_pad(NoPad()).pad_token == "</s>"
+
+
+def test_an_unknown_or_missing_device_is_refused_in_one_line(capsys):
+    """SPEC.md:171 [R21] — `--device-map gpu` and a CUDA device this machine lacks are refused at validation,
+    one line each, before any model loads; on every verb that takes the flag."""
+    from causalab_ref import cli
+    doc = str(ROOT / "documents" / "patching.json")
+    missing = f"cuda:{torch.cuda.device_count() if torch.cuda.is_available() else 0}"
+    cases = ((["validate", doc, "--device-map", "gpu"], "validation: --device-map: --device-map 'gpu' is not a "
+              "device map; write cpu, cuda, cuda:N or auto"),
+             (["explain", doc, "--device-map", missing], f"validation: --device-map: --device-map {missing}: this "
+              f"machine has {missing[5:]} CUDA device(s); write --device-map cpu, or a cuda:N below that count"),
+             (["model", "fixture:tiny-llama", "--device-map", "cuda:x"], "validation: --device-map: --device-map "
+              "'cuda:x' is not a device map; write cpu, cuda, cuda:N or auto"))
+    for argv, line in cases:
+        assert cli.main(argv) == 2
+        assert capsys.readouterr().err.strip().splitlines() == [line]
+
+
+def test_the_device_map_loads_both_engines_and_is_recorded(llama):
+    """SPEC.md:171 [R21] — `auto` loads both engines (on this machine, onto the cpu), the forward's numbers are
+    the default engine's, and the run record carries the map and the device."""
+    spec = Model(key="fixture:tiny-llama", revision="seeded", dtype="fp32")
+    batch = _batch(llama, _write(llama, "w", "block_output", 0, "swap", 3.0), _read(llama, "head", "lm_head"))
+    want = llama.forward(batch)["head"]
+    for kind in ("nnterp", "hooks"):
+        eng = engine.load(spec, kind=kind, device_map="auto")
+        assert torch.allclose(eng.forward(batch)["head"], want, atol=1e-6), kind
+        record = eng.run_record(None)
+        assert (record["device_map"], record["device"]) == ("auto", "cpu")
+    assert llama.run_record(None)["device_map"] == "cpu"
+
+
+def test_the_model_verb_takes_dtype_and_device_map(capsys):
+    """SPEC.md:171 [R21] — `model KEY --dtype bf16 --device-map cpu` answers as without them and says both."""
+    from causalab_ref import cli
+    assert cli.main(["--json", "model", "fixture:tiny-gpt2", "--dtype", "bf16", "--device-map", "cpu"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert (got["dtype"], got["device_map"]) == ("bf16", "cpu")
+    assert got["components"]["block_output[0]"] == {"resolves": True, "width": 32, "op": None}

@@ -33,7 +33,7 @@ def _values(out: Path) -> list:
 
 
 def test_export_writes_every_fixture_as_a_folder_with_a_manifest_of_sha256s(folders):
-    """SPEC.md:180 [X15] one folder per fixture key, no project file in it, every file's sha256 in the manifest."""
+    """SPEC.md:181 [X15] one folder per fixture key, no project file in it, every file's sha256 in the manifest."""
     manifest = json.loads((folders / "manifest.json").read_text(encoding="utf-8"))["fixtures"]
     assert list(sorted(manifest)) == sorted(fixtures.names())
     for key, entry in manifest.items():
@@ -47,7 +47,7 @@ def test_export_writes_every_fixture_as_a_folder_with_a_manifest_of_sha256s(fold
 
 
 def test_export_reuses_an_intact_folder_and_rewrites_a_changed_one(folders):
-    """SPEC.md:180 [X15] a second export reuses what matches the manifest and rewrites a tampered folder."""
+    """SPEC.md:181 [X15] a second export reuses what matches the manifest and rewrites a tampered folder."""
     assert all(reused for _k, _f, reused in exported.export(folders))
     (folders / "tiny-gpt2" / "config.json").write_text("{}", encoding="utf-8")
     done = {key: reused for key, _f, reused in exported.export(folders)}
@@ -56,7 +56,7 @@ def test_export_reuses_an_intact_folder_and_rewrites_a_changed_one(folders):
 
 
 def test_exported_folders_load_with_plain_transformers(folders):
-    """SPEC.md:181 [X16] plain AutoModelForCausalLM / AutoTokenizer load each folder, with the fixture's ids."""
+    """SPEC.md:182 [X16] plain AutoModelForCausalLM / AutoTokenizer load each folder, with the fixture's ids."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     for key in fixtures.names():
         folder = folders / key[len(fixtures.FIXTURE_PREFIX):]
@@ -66,7 +66,7 @@ def test_exported_folders_load_with_plain_transformers(folders):
 
 
 def test_a_path_key_runs_the_exported_folder_with_the_fixtures_values(folders, tmp_path):
-    """SPEC.md:182 [X17] a document whose model.key is the exported folder's path gives the fixture's values."""
+    """SPEC.md:183 [X17] a document whose model.key is the exported folder's path gives the fixture's values."""
     assert cli.main(["run", str(_patching(tmp_path, str(folders / "tiny-llama"))), "--out", str(tmp_path / "a"),
                      "--quiet", "--data-root", str(ROOT / "documents" / "data")]) == 0
     assert cli.main(["run", str(ROOT / "documents" / "patching.json"), "--out", str(tmp_path / "b"), "--quiet",
@@ -75,7 +75,7 @@ def test_a_path_key_runs_the_exported_folder_with_the_fixtures_values(folders, t
 
 
 def test_a_path_key_without_a_checkpoint_is_refused_naming_the_key(tmp_path, capsys):
-    """SPEC.md:182 [X17] a path key whose folder has no config.json is refused at compile, naming the key."""
+    """SPEC.md:183 [X17] a path key whose folder has no config.json is refused at compile, naming the key."""
     status = cli.main(["validate", str(_patching(tmp_path, str(tmp_path))),
                        "--data-root", str(ROOT / "documents" / "data")])
     line = capsys.readouterr().err.strip()
@@ -83,7 +83,7 @@ def test_a_path_key_without_a_checkpoint_is_refused_naming_the_key(tmp_path, cap
 
 
 def test_a_mapped_key_loads_its_folder_and_builds_nothing(folders, tmp_path, monkeypatch, capsys):
-    """SPEC.md:183 [X18] with $CONFORM_CHECKPOINTS mapping the key, nothing is built: the cache cannot even exist."""
+    """SPEC.md:184 [X18] with $CONFORM_CHECKPOINTS mapping the key, nothing is built: the cache cannot even exist."""
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("", encoding="utf-8")
     monkeypatch.setenv("CAUSALAB_REF_CACHE", str(blocker / "cache"))
@@ -95,7 +95,7 @@ def test_a_mapped_key_loads_its_folder_and_builds_nothing(folders, tmp_path, mon
 
 
 def test_a_malformed_checkpoint_map_is_refused(monkeypatch, capsys):
-    """SPEC.md:183 [X18] a $CONFORM_CHECKPOINTS that is not a JSON object of folders is refused at compile."""
+    """SPEC.md:184 [X18] a $CONFORM_CHECKPOINTS that is not a JSON object of folders is refused at compile."""
     monkeypatch.setenv(exported.MAP_ENV, "[1, 2]")
     assert cli.main(["model", "fixture:tiny-gpt2"]) == 2
     assert capsys.readouterr().err.startswith("compile: model.key: $CONFORM_CHECKPOINTS is not a JSON object")

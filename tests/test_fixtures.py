@@ -29,7 +29,7 @@ def _cache(tmp_path_factory):
 
 
 def test_keys():
-    """SPEC.md:18 [D6] / SPEC.md:174 [X1] — fixture keys carry the `fixture:` prefix; others are hub keys."""
+    """SPEC.md:18 [D6] / SPEC.md:175 [X1] — fixture keys carry the `fixture:` prefix; others are hub keys."""
     assert fixtures.names() == (
         "fixture:tiny-llama", "fixture:tiny-gpt2", "fixture:tiny-gemma2", "fixture:tiny-gptoss",
         "fixture:tiny-olmo2", "fixture:tiny-qwen3next")
@@ -48,7 +48,7 @@ def test_unknown_fixture_refused():
 
 
 def test_llama_ids():
-    """SPEC.md:175 [X2] / SPEC.md:177 [X4] — the Llama fixture's tokenizer reproduces the Llama-2 ids, BOS added."""
+    """SPEC.md:176 [X2] / SPEC.md:178 [X4] — the Llama fixture's tokenizer reproduces the Llama-2 ids, BOS added."""
     tok = fixtures.tokenizer("fixture:tiny-llama")
     assert tok(PROMPT).input_ids == [1, 960, 9826, 338, 498, 1295, 3250, 29892, 6454, 22396, 338]
     assert tok("").input_ids == [1]
@@ -56,7 +56,7 @@ def test_llama_ids():
 
 
 def test_llama_chat_template():
-    """SPEC.md:175 [X2] — the Llama fixture renders the standard Llama-2 chat template."""
+    """SPEC.md:176 [X2] — the Llama fixture renders the standard Llama-2 chat template."""
     tok = fixtures.tokenizer("fixture:tiny-llama")
     msgs = [{"role": "user", "content": "Name a weekday."},
             {"role": "assistant", "content": "Thursday."},
@@ -67,7 +67,7 @@ def test_llama_chat_template():
 
 
 def test_gpt2_bpe():
-    """SPEC.md:176 [X3] — the 1000-id byte-level BPE: no BOS, "If" splits in two, 'I' is 41."""
+    """SPEC.md:177 [X3] — the 1000-id byte-level BPE: no BOS, "If" splits in two, 'I' is 41."""
     tok = fixtures.tokenizer("fixture:tiny-gpt2")
     ids = tok(PROMPT).input_ids
     assert ids[:2] == [41, 70]
@@ -84,7 +84,7 @@ def test_gpt2_bpe():
 
 
 def test_committed_bpe_matches_training(tmp_path):
-    """SPEC.md:176 [X3] — the committed vocab.json / merges.txt are what train_bpe() produces."""
+    """SPEC.md:177 [X3] — the committed vocab.json / merges.txt are what train_bpe() produces."""
     from bpe_trainer import train_bpe
 
     out = train_bpe(out_dir=tmp_path)
@@ -93,7 +93,7 @@ def test_committed_bpe_matches_training(tmp_path):
 
 
 def test_olmo2_and_qwen3next_reuse_the_bpe_and_olmo2_ships_its_json(tmp_path):
-    """SPEC.md:178 [X10] — the two structure fixtures tokenize as the GPT-2 fixture does (same ids, no BOS,
+    """SPEC.md:179 [X10] — the two structure fixtures tokenize as the GPT-2 fixture does (same ids, no BOS,
     left padding); OLMo-2's checkpoint carries tokenizer.json, which is the committed BPE serialized."""
     from bpe_trainer import tokenizer_json
 
@@ -109,7 +109,7 @@ def test_olmo2_and_qwen3next_reuse_the_bpe_and_olmo2_ships_its_json(tmp_path):
 
 
 def test_zero_centred_norms_start_at_zero_the_others_at_one():
-    """SPEC.md:179 [X11] — Qwen3-Next's RMSNorm weights are 0 (it scales by 1 + weight), its gated DeltaNet
+    """SPEC.md:180 [X11] — Qwen3-Next's RMSNorm weights are 0 (it scales by 1 + weight), its gated DeltaNet
     norm's 1; OLMo-2's norms 1; Gemma-2's 0 and Llama's 1 as before."""
     from safetensors.torch import load_file
 
@@ -149,7 +149,7 @@ def _build_in_fresh_process(cache: pathlib.Path) -> dict:
 
 
 def test_builds_are_byte_identical(tmp_path):
-    """SPEC.md:174 [X1] / SPEC.md:178 [X10] — two builds in fresh processes and caches give identical files and
+    """SPEC.md:175 [X1] / SPEC.md:179 [X10] — two builds in fresh processes and caches give identical files and
     digests, all six fixtures."""
     a = _build_in_fresh_process(tmp_path / "a")
     b = _build_in_fresh_process(tmp_path / "b")
@@ -160,7 +160,7 @@ def test_builds_are_byte_identical(tmp_path):
 
 
 def test_checkpoints_load_cleanly():
-    """SPEC.md:174 [X1] / SPEC.md:178 [X10] — each checkpoint loads with no missing or unexpected keys, tied where
+    """SPEC.md:175 [X1] / SPEC.md:179 [X10] — each checkpoint loads with no missing or unexpected keys, tied where
     the hub ties."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -185,7 +185,7 @@ def test_checkpoints_load_cleanly():
 
 
 def test_concurrent_builder_accepted(monkeypatch, tmp_path):
-    """SPEC.md:174 [X1] — a build that loses the rename race to a finished concurrent build uses it."""
+    """SPEC.md:175 [X1] — a build that loses the rename race to a finished concurrent build uses it."""
     monkeypatch.setenv(fixtures.CACHE_ENV, str(tmp_path))
     real_build = fixtures._build
 
@@ -202,7 +202,7 @@ def test_concurrent_builder_accepted(monkeypatch, tmp_path):
 
 
 def test_missing_llama_tokenizer_names_all_three_places(monkeypatch, tmp_path):
-    """SPEC.md:175 [X2] — with no tokenizer.model anywhere, one Refusal names env var, shared dir and hub."""
+    """SPEC.md:176 [X2] — with no tokenizer.model anywhere, one Refusal names env var, shared dir and hub."""
     empty = tmp_path / "empty"
     empty.mkdir()
     monkeypatch.setenv(fixtures.LLAMA_TOKENIZER_ENV, str(empty))
@@ -228,7 +228,7 @@ def test_missing_llama_tokenizer_names_all_three_places(monkeypatch, tmp_path):
 
 
 def test_digest_covers_tokenizer_file(monkeypatch, tmp_path):
-    """SPEC.md:174 [X1] — the recipe digest covers the Llama tokenizer.model bytes."""
+    """SPEC.md:175 [X1] — the recipe digest covers the Llama tokenizer.model bytes."""
     before = fixtures.recipe_digest("fixture:tiny-llama")
     other = tmp_path / "tok"
     other.mkdir()

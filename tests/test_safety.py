@@ -104,7 +104,7 @@ class _Mount:
 
 @pytest.mark.parametrize("name", ["", ".", "..", "sub/..", "/"])
 def test_an_out_that_names_no_folder_is_refused_and_nothing_changes(tmp_path, monkeypatch, name):
-    """SPEC.md:210 [S1] `--out ""`, `.`, `..` (with --replace) are refused before anything is written."""
+    """SPEC.md:211 [S1] `--out ""`, `.`, `..` (with --replace) are refused before anything is written."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "keep.txt").write_text("mine", encoding="utf-8")
     (tmp_path / "sub").mkdir()
@@ -115,7 +115,7 @@ def test_an_out_that_names_no_folder_is_refused_and_nothing_changes(tmp_path, mo
 
 
 def test_replace_of_the_current_folder_is_refused_by_the_cli(tmp_path):
-    """SPEC.md:210 [S1] through the CLI: `run --out . --replace` is one line, exit 2, the folder untouched."""
+    """SPEC.md:211 [S1] through the CLI: `run --out . --replace` is one line, exit 2, the folder untouched."""
     (tmp_path / "keep.txt").write_text("mine", encoding="utf-8")
     proc = subprocess.run([sys.executable, "-m", "causalab_ref", "run", str(DOC), "--data-root", str(DATA),
                            "--out", ".", "--replace"], cwd=tmp_path, env={**ENV, "PYTHONPATH": str(ROOT)},
@@ -125,7 +125,7 @@ def test_replace_of_the_current_folder_is_refused_by_the_cli(tmp_path):
 
 
 def test_replace_refuses_a_folder_no_run_wrote(tmp_path):
-    """SPEC.md:211 [S2] --replace on a data root (a folder of someone's files) is refused, unchanged."""
+    """SPEC.md:212 [S2] --replace on a data root (a folder of someone's files) is refused, unchanged."""
     root = tmp_path / "data"
     shutil.copytree(DATA, root)
     before = _tree(root)
@@ -136,7 +136,7 @@ def test_replace_refuses_a_folder_no_run_wrote(tmp_path):
 
 
 def test_replace_takes_a_folder_a_run_wrote(llama, tmp_path):
-    """SPEC.md:211 [S2] a previous run's folder carries its record, so --replace replaces it."""
+    """SPEC.md:212 [S2] a previous run's folder carries its record, so --replace replaces it."""
     out = _result(llama, tmp_path / "out")
     (out / "stray.txt").write_text("old", encoding="utf-8")
     run.execute(compiler.compile_document(PATCHING, llama, DATA), llama, out, replace=True, progress=False)
@@ -145,7 +145,7 @@ def test_replace_takes_a_folder_a_run_wrote(llama, tmp_path):
 
 
 def test_a_second_run_to_a_claimed_out_is_refused_and_removes_nothing(llama, tmp_path):
-    """SPEC.md:212 [S3] while one run holds --out (here: this process), a second run with --replace is
+    """SPEC.md:213 [S3] while one run holds --out (here: this process), a second run with --replace is
     refused in one line naming the holder, and the first run's result and staging folder are intact."""
     out = _result(llama, tmp_path / "out")
     before = _tree(out)
@@ -161,7 +161,7 @@ def test_a_second_run_to_a_claimed_out_is_refused_and_removes_nothing(llama, tmp
 
 
 def test_a_reader_sees_the_old_result_or_the_new_one_whole_during_replaces(tmp_path):
-    """SPEC.md:213 [S4] a reader polling --out while it is replaced 40 times never finds it missing or
+    """SPEC.md:214 [S4] a reader polling --out while it is replaced 40 times never finds it missing or
     partly written: every look finds one run's three files, whole and of one generation (a look that opened
     the old folder just before the swap may find it removed: that is the old result retired, not a mix)."""
     out = tmp_path / "out"
@@ -214,7 +214,7 @@ def test_a_reader_sees_the_old_result_or_the_new_one_whole_during_replaces(tmp_p
 
 
 def test_an_interrupt_during_a_replace_leaves_the_old_result_whole(llama, tmp_path):
-    """SPEC.md:214 [S5] SIGINT mid-run with --replace: the old result stays, byte for byte, and no
+    """SPEC.md:215 [S5] SIGINT mid-run with --replace: the old result stays, byte for byte, and no
     staging folder or lock is left."""
     out = _result(llama, tmp_path / "results" / "out")
     before = _tree(out)
@@ -224,7 +224,7 @@ def test_an_interrupt_during_a_replace_leaves_the_old_result_whole(llama, tmp_pa
 
 
 def test_a_result_moved_aside_by_a_killed_replace_is_put_back(tmp_path):
-    """SPEC.md:214 [S5] S4's fallback killed between its two renames: --out is missing and the old result
+    """SPEC.md:215 [S5] S4's fallback killed between its two renames: --out is missing and the old result
     is aside under this tool's exact name; the next run's cleanup puts it back (or drops it once --out exists)."""
     out = tmp_path / "out"
     aside = tmp_path / ".out.old-pid999999999-abcd1234"
@@ -238,7 +238,7 @@ def test_a_result_moved_aside_by_a_killed_replace_is_put_back(tmp_path):
 
 
 def test_sigterm_is_handled_like_sigint(tmp_path):
-    """SPEC.md:215 [S6] SIGTERM mid-run: exit 130 with one line, no --out, and the staging folder removed."""
+    """SPEC.md:216 [S6] SIGTERM mid-run: exit 130 with one line, no --out, and the staging folder removed."""
     out = tmp_path / "results" / "out"
     out.parent.mkdir()
     proc = _signalled_mid_run(tmp_path, out, signal.SIGTERM)
@@ -247,7 +247,7 @@ def test_sigterm_is_handled_like_sigint(tmp_path):
 
 
 def test_stale_cleanup_touches_only_this_tools_exact_names(tmp_path):
-    """SPEC.md:216 [S7] a dead run's `.o*t.partial-pid<P>-<8>` is removed; folders of other names — no pid,
+    """SPEC.md:217 [S7] a dead run's `.o*t.partial-pid<P>-<8>` is removed; folders of other names — no pid,
     another suffix, another --out that the name `o*t` would match as a glob, a live pid — stay."""
     out = tmp_path / "o*t"
     dead = tmp_path / ".o*t.partial-pid999999999-abcd_123"
@@ -261,7 +261,7 @@ def test_stale_cleanup_touches_only_this_tools_exact_names(tmp_path):
 
 
 def test_conform_cases_cannot_write_data_outside_their_root(tmp_path, capsys):
-    """SPEC.md:217 [S8] a case's inline data keys `../../x.json` and an absolute path are refused in one
+    """SPEC.md:218 [S8] a case's inline data keys `../../x.json` and an absolute path are refused in one
     line, and no file appears where they point."""
     target = tmp_path / "escaped.json"
     repo = tmp_path / "repo"
@@ -280,7 +280,7 @@ def test_conform_cases_cannot_write_data_outside_their_root(tmp_path, capsys):
 
 
 def test_an_out_under_a_file_or_with_an_overlong_name_is_one_line(tmp_path):
-    """SPEC.md:218 [S9] environment faults name the path and the cause, as refusals of --out."""
+    """SPEC.md:219 [S9] environment faults name the path and the cause, as refusals of --out."""
     (tmp_path / "file").write_text("x", encoding="utf-8")
     for out, cause in ((tmp_path / "file" / "out", "Not a directory"), (tmp_path / ("x" * 300), "File name too long")):
         with pytest.raises(Refusal) as caught:
@@ -291,7 +291,7 @@ def test_an_out_under_a_file_or_with_an_overlong_name_is_one_line(tmp_path):
 
 
 def test_a_read_only_or_full_file_system_under_out_is_one_line(llama, tmp_path):
-    """SPEC.md:218 [S9] a run onto a read-only tmpfs, and onto one too small for its files: exit 2, one
+    """SPEC.md:219 [S9] a run onto a read-only tmpfs, and onto one too small for its files: exit 2, one
     line naming the path and the cause, no staging folder left (through the CLI)."""
     mount = _Mount(tmp_path / "mnt", "size=8k")
     try:
@@ -308,7 +308,7 @@ def test_a_read_only_or_full_file_system_under_out_is_one_line(llama, tmp_path):
 
 
 def test_a_bug_while_loading_stays_an_internal_error(monkeypatch, capsys):
-    """SPEC.md:219 [S10] an exception loading does not raise for a bad checkpoint (a TypeError here) is the
+    """SPEC.md:220 [S10] an exception loading does not raise for a bad checkpoint (a TypeError here) is the
     project's failure: exit 1 and `internal error`, never a refusal of model.key."""
     def broken(*args, **kwargs):
         raise TypeError("a bug")
@@ -319,7 +319,7 @@ def test_a_bug_while_loading_stays_an_internal_error(monkeypatch, capsys):
 
 
 def test_the_summary_line_shows_the_mean_the_count_and_a_few_values(tmp_path):
-    """SPEC.md:220 [S19] 12 rows, one unscored: the mean of 11, `11 of 12`, the first 5 values, `7 more`."""
+    """SPEC.md:221 [S19] 12 rows, one unscored: the mean of 11, `11 of 12`, the first 5 values, `7 more`."""
     values = [float(v) for v in range(11)] + [None]
     rows = [{"metric": "iia", "value": v, "unit": "fraction"} for v in values]
     (tmp_path / "iia.json").write_text(json.dumps(rows), encoding="utf-8")
@@ -351,7 +351,7 @@ def _own_code(ckpt: Path, marker: Path, file: str) -> None:
 
 @pytest.mark.parametrize("file", ["config.json", "tokenizer_config.json"])
 def test_a_checkpoint_naming_its_own_code_is_refused_on_every_verb_and_engine(tmp_path, capsys, file):
-    """SPEC.md:221 [S20] an `auto_map` (config.json or tokenizer_config.json) with its .py beside it:
+    """SPEC.md:222 [S20] an `auto_map` (config.json or tokenizer_config.json) with its .py beside it:
     validate, explain, model, tokens and run, on both engines, refuse in one line naming the file, and the
     code never runs."""
     ckpt = _copy(tmp_path)
@@ -373,7 +373,7 @@ def test_a_checkpoint_naming_its_own_code_is_refused_on_every_verb_and_engine(tm
 
 
 def test_a_checkpoint_naming_its_own_code_never_reads_stdin(tmp_path):
-    """SPEC.md:221 [S20] a tokenizer auto_map with "y" waiting on stdin: no question, the code never runs."""
+    """SPEC.md:222 [S20] a tokenizer auto_map with "y" waiting on stdin: no question, the code never runs."""
     ckpt = _copy(tmp_path)
     marker = tmp_path / "ran"
     _own_code(ckpt, marker, "tokenizer_config.json")
@@ -383,7 +383,7 @@ def test_a_checkpoint_naming_its_own_code_never_reads_stdin(tmp_path):
 
 
 def test_a_hub_key_not_in_the_cache_fails_naming_what_was_tried(tmp_path):
-    """SPEC.md:222 [S21] offline first: a hub key not in the local cache, with the hub off (HF_HUB_OFFLINE),
+    """SPEC.md:223 [S21] offline first: a hub key not in the local cache, with the hub off (HF_HUB_OFFLINE),
     is refused naming the key, the revision, the cache and the hub."""
     proc = _cli("model", "nobody/none", env={**ENV, "HF_HOME": str(tmp_path / "hf")})
     line = _one_line(proc, "compile: model.key: model 'nobody/none' at revision 'main' could not be found: tried ")
@@ -391,7 +391,7 @@ def test_a_hub_key_not_in_the_cache_fails_naming_what_was_tried(tmp_path):
 
 
 def test_a_hub_key_with_no_network_fails_naming_the_unreachable_hub(tmp_path):
-    """SPEC.md:222 [S21] not offline by setting but unreachable: the hub's host is tried once (a refused
+    """SPEC.md:223 [S21] not offline by setting but unreachable: the hub's host is tried once (a refused
     connection here: a local port nothing listens on), then the key is refused naming it."""
     env = {k: v for k, v in ENV.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     env = {k: v for k, v in env.items() if "proxy" not in k.lower()}
@@ -427,7 +427,7 @@ def _reshape_norm(t):
     (_reshape_norm, "mis-shaped", "model.norm.weight"),
 ])
 def test_weights_that_do_not_match_the_model_are_refused_naming_the_tensors(tmp_path, change, kind, named):
-    """SPEC.md:223 [S22] missing (the head and all of layer 1), unexpected and mis-shaped tensors are refused
+    """SPEC.md:224 [S22] missing (the head and all of layer 1), unexpected and mis-shaped tensors are refused
     on both engines, naming them; nothing loads with random values."""
     ckpt = _copy(tmp_path)
     _weights(ckpt, change)
@@ -448,7 +448,7 @@ def own_cache(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("damage", ["overwrite", "truncate", "delete", "record"])
 def test_a_damaged_fixture_is_rebuilt_not_trusted(own_cache, damage):
-    """SPEC.md:224 [S23] weight bytes overwritten, a truncated file, a missing file, a record without the
+    """SPEC.md:225 [S23] weight bytes overwritten, a truncated file, a missing file, a record without the
     files' digests: the next use rebuilds the folder to its recorded bytes."""
     folder, before = own_cache
     weights = folder / "model.safetensors"
@@ -470,7 +470,7 @@ def test_a_damaged_fixture_is_rebuilt_not_trusted(own_cache, damage):
 
 
 def test_a_damaged_fixture_in_a_read_only_cache_is_one_line(tmp_path, monkeypatch):
-    """SPEC.md:225 [S24] a fixture that must be rebuilt where the cache cannot be written: refused naming
+    """SPEC.md:226 [S24] a fixture that must be rebuilt where the cache cannot be written: refused naming
     the folder, the cause and $CAUSALAB_REF_CACHE."""
     mount = _Mount(tmp_path / "cache", "size=4m")
     try:
