@@ -97,11 +97,13 @@ def device_map(text: str) -> str:
 
 class Engine:
     """What every engine shares. A subclass sets `name`, `record_name`, `tokenizer` (through
-    `__init__`) and implements `config`, `num_layers`, `locate`, `forward`, `generate`,
+    `__init__`) and `standard` (the nnterp model `config`, `num_layers`, `attention` and `locate`
+    are answered from; or it overrides those), and implements `forward`, `generate`,
     `final_modules`, `head_weight` and `detail`."""
 
     name = "engine"
     record_name = "Engine"
+    standard: Any = None  # the nnterp StandardizedTransformer addresses are resolved on (engine.py, hooks.py)
 
     def __init__(self, spec: Model, tokenizer, recipe: Optional[str], extra=None, device_map: str = "cpu"):
         self.spec = spec
@@ -115,14 +117,16 @@ class Engine:
     @property
     def config(self):
         """The checkpoint's transformers config."""
-        raise NotImplementedError
+        return self.standard.config
 
     @property
     def num_layers(self) -> int:
-        raise NotImplementedError
+        return int(self.standard.num_layers)
 
     def locate(self, component: str, layer: Optional[int], site: str = "target") -> Address:
-        raise NotImplementedError
+        """The address of a place, resolved on the standardized module tree (address.locate, SPEC.md §3)."""
+        return address.locate(self.standard, component, layer, site=site, attn_implementation=self.attention(),
+                              extra=self.extra)
 
     def width(self, component: str, layer: Optional[int], site: str = "target") -> Optional[int]:
         """Features per position at a place (None where the width is not a fact about the model)."""
@@ -130,7 +134,7 @@ class Engine:
 
     def attention(self) -> str:
         """The attention implementation the model runs."""
-        raise NotImplementedError
+        return address.runs_attention(self.standard)
 
     # -------------------------------------------------------------- asked by run
 

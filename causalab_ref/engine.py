@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from . import access, address, checkpoint, contract, seam
+from . import access, checkpoint, contract, seam
 from .contract import Batch, Engine
 from .shapes import Model, Refusal
 
@@ -26,24 +26,9 @@ class NNterpEngine(Engine):
 
     def __init__(self, spec: Model, model, recipe: Optional[str], extra=None, device_map: str = "cpu"):
         super().__init__(spec, model.tokenizer, recipe, extra=extra, device_map=device_map)
-        self.model = model
+        self.model = self.standard = model
 
     # -------------------------------------------------------------- compile-time questions
-
-    @property
-    def config(self):
-        return self.model.config
-
-    @property
-    def num_layers(self) -> int:
-        return int(self.model.num_layers)
-
-    def attention(self) -> str:
-        return address.runs_attention(self.model)
-
-    def locate(self, component: str, layer: Optional[int], site: str = "target"):
-        return address.locate(self.model, component, layer, site=site, attn_implementation=self.attention(),
-                              extra=self.extra)
 
     def detail(self, a) -> tuple[dict, str]:
         return {}, (f"  op={a.op}" if a.op else "")

@@ -135,7 +135,7 @@ class HooksEngine(Engine):
 
     def __init__(self, spec: Model, shell, hf_model, recipe: Optional[str], device_map: str = "cpu"):
         super().__init__(spec, shell.tokenizer, recipe, device_map=device_map)
-        self.shell = shell
+        self.shell = self.standard = shell
         self.hf_model = hf_model
         self._names = {id(m): n for n, m in shell._model.named_modules()}
 
@@ -148,24 +148,13 @@ class HooksEngine(Engine):
 
     # -------------------------------------------------------------- compile-time questions
 
-    @property
-    def config(self):
-        return self.shell.config
-
-    @property
-    def num_layers(self) -> int:
-        return int(self.shell.num_layers)
-
-    def attention(self) -> str:
-        return address.runs_attention(self.shell)
-
     def locate(self, component: str, layer: Optional[int], site: str = "target"):
         """The nnterp engine's address, minus what a hook cannot reach (seed-tables B6)."""
         if component in address.INTERIORS:
             raise Refusal(INTERIOR.format(name=component), path=f"sites.{site}", stage="compile")
         if component == "attention_probs":
             raise Refusal(PROBS, path=f"sites.{site}", stage="compile")
-        return address.locate(self.shell, component, layer, site=site, attn_implementation=self.attention())
+        return super().locate(component, layer, site=site)
 
     def module_name(self, addr) -> str:
         """The transformers module name of an address's module ('' is the root)."""
