@@ -238,10 +238,18 @@ def _has(envoy, path: str) -> bool:
     return _resolve(envoy, path) is not None
 
 
-def _query_heads(model) -> int:
+def _size(model, attr: str, *keys: str) -> int:
+    """A size nnterp states on the model (`attr`), else the first of the config's `keys` that is set
+    (the last one must exist)."""
     cfg = _config(model)
-    return int(getattr(model, "num_heads", None) or getattr(cfg, "num_attention_heads", None)
-               or getattr(cfg, "n_head"))
+    value = getattr(model, attr, None)
+    for key in keys[:-1]:
+        value = value or getattr(cfg, key, None)
+    return int(value or getattr(cfg, keys[-1]))
+
+
+def _query_heads(model) -> int:
+    return _size(model, "num_heads", "num_attention_heads", "n_head")
 
 
 def _kv_heads(model) -> int:
@@ -263,14 +271,11 @@ def _head_dim(model, kind: str) -> int:
 
 
 def _hidden(model) -> int:
-    cfg = _config(model)
-    return int(getattr(model, "hidden_size", None) or getattr(cfg, "hidden_size", None)
-               or getattr(cfg, "n_embd"))
+    return _size(model, "hidden_size", "hidden_size", "n_embd")
 
 
 def _vocab(model) -> int:
-    cfg = _config(model)
-    return int(getattr(model, "vocab_size", None) or cfg.vocab_size)
+    return _size(model, "vocab_size", "vocab_size")
 
 
 def _intermediate(model, layer_envoy) -> int:

@@ -119,29 +119,38 @@ BPE_TOKENIZER_CONFIG: dict[str, Any] = {
 # ---------------------------------------------------------------- model configs
 # Dicts we control; config.json is exactly json.dumps(d, sort_keys=True) of these.
 
+def _rope_decoder() -> dict[str, Any]:
+    """The keys the three RoPE/RMS-norm decoders (Llama, OLMo-2, Qwen3-Next) share: two layers of four heads
+    over 16 features, SiLU, default RoPE, an untied head. A fresh dict each call; each config below adds
+    its own keys after these (a later key wins)."""
+    return {
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "dtype": "float32",
+        "hidden_act": "silu",
+        "hidden_size": 16,
+        "initializer_range": 0.02,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "rms_norm_eps": 1e-6,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        "tie_word_embeddings": False,
+        "use_cache": True,
+    }
+
+
 LLAMA_CONFIG: dict[str, Any] = {
+    **_rope_decoder(),
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
-    "attention_bias": False,
-    "attention_dropout": 0.0,
     # Hub config values (0 / 1 / -1); the Llama-2 tokenizer's own are 1 / 2 / none.
     "bos_token_id": 0,
     "eos_token_id": 1,
     "pad_token_id": -1,
-    "dtype": "float32",
-    "hidden_act": "silu",
-    "hidden_size": 16,
-    "initializer_range": 0.02,
     "intermediate_size": 64,
     "max_position_embeddings": 2048,
     "mlp_bias": False,
-    "num_attention_heads": 4,
-    "num_hidden_layers": 2,
     "num_key_value_heads": 4,
-    "rms_norm_eps": 1e-6,
-    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
-    "tie_word_embeddings": False,
-    "use_cache": True,
     "vocab_size": 32000,
 }
 
@@ -251,26 +260,15 @@ OLMO2_CONFIG: dict[str, Any] = {
     # A post-norm block (SPEC.md L22): each sublayer's output goes through post_attention_layernorm /
     # post_feedforward_layernorm before it is added; no input norms.  No hub checkpoint: a tiny config
     # of transformers' Olmo2Config with the BPE stand-in's vocabulary.
+    **_rope_decoder(),
     "architectures": ["Olmo2ForCausalLM"],
     "model_type": "olmo2",
-    "attention_bias": False,
-    "attention_dropout": 0.0,
     "bos_token_id": 0,
     "eos_token_id": 0,
     "pad_token_id": 0,
-    "dtype": "float32",
-    "hidden_act": "silu",
-    "hidden_size": 16,
-    "initializer_range": 0.02,
     "intermediate_size": 32,
     "max_position_embeddings": 512,
-    "num_attention_heads": 4,
-    "num_hidden_layers": 2,
     "num_key_value_heads": 2,
-    "rms_norm_eps": 1e-6,
-    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
-    "tie_word_embeddings": False,
-    "use_cache": True,
     "vocab_size": 1000,
 }
 
@@ -278,21 +276,16 @@ QWEN3NEXT_CONFIG: dict[str, Any] = {
     # A hybrid (SPEC.md L30): layer 0 mixes with Gated DeltaNet (`linear_attn`), layer 1 with softmax
     # attention (`self_attn`, output-gated); layer 1's MLP is a mixture of experts (with a shared
     # expert), layer 0's is dense.  No hub checkpoint: a tiny config of transformers' Qwen3NextConfig.
+    **_rope_decoder(),
     "architectures": ["Qwen3NextForCausalLM"],
     "model_type": "qwen3_next",
-    "attention_bias": False,
-    "attention_dropout": 0.0,
     "bos_token_id": 0,
     "eos_token_id": 0,
     "pad_token_id": 0,
     "decoder_sparse_step": 1,
-    "dtype": "float32",
     # as GptOss: the experts' CPU default (grouped_mm) fails on meta tensors; batched_mm works
     "experts_implementation": "batched_mm",
     "head_dim": 4,
-    "hidden_act": "silu",
-    "hidden_size": 16,
-    "initializer_range": 0.02,
     "intermediate_size": 32,
     "layer_types": ["linear_attention", "full_attention"],
     "linear_conv_kernel_dim": 2,
@@ -304,35 +297,28 @@ QWEN3NEXT_CONFIG: dict[str, Any] = {
     "mlp_only_layers": [0],
     "moe_intermediate_size": 8,
     "norm_topk_prob": True,
-    "num_attention_heads": 4,
     "num_experts": 4,
     "num_experts_per_tok": 2,
-    "num_hidden_layers": 2,
     "num_key_value_heads": 2,
     "output_router_logits": False,
-    "rms_norm_eps": 1e-6,
     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
     "router_aux_loss_coef": 0.001,
     "shared_expert_intermediate_size": 8,
-    "tie_word_embeddings": False,
-    "use_cache": True,
     "vocab_size": 1000,
 }
 
 # name -> (config, seed, tokenizer kind, hub checkpoint it stands in for)
 _RECIPES: dict[str, dict[str, Any]] = {
-    "tiny-llama": {"config": LLAMA_CONFIG, "seed": 1001, "tokenizer": "llama2",
-                   "stands_in_for": "hf-internal-testing/tiny-random-LlamaForCausalLM"},
-    "tiny-gpt2": {"config": GPT2_CONFIG, "seed": 1002, "tokenizer": "bpe",
-                  "stands_in_for": "hf-internal-testing/tiny-random-gpt2"},
-    "tiny-gemma2": {"config": GEMMA2_CONFIG, "seed": 1003, "tokenizer": "llama2",
-                    "stands_in_for": "trl-internal-testing/tiny-Gemma2ForCausalLM"},
-    "tiny-gptoss": {"config": GPTOSS_CONFIG, "seed": 1004, "tokenizer": "bpe",
-                    "stands_in_for": "hf-internal-testing/tiny-random-GptOssForCausalLM"},
-    "tiny-olmo2": {"config": OLMO2_CONFIG, "seed": 1005, "tokenizer": "bpe-json",
-                   "stands_in_for": "no hub checkpoint: a tiny Olmo2Config (post-norm block)"},
-    "tiny-qwen3next": {"config": QWEN3NEXT_CONFIG, "seed": 1006, "tokenizer": "bpe",
-                       "stands_in_for": "no hub checkpoint: a tiny Qwen3NextConfig (linear/full hybrid)"},
+    name: {"config": config, "seed": seed, "tokenizer": tokenizer, "stands_in_for": stands_in_for}
+    for name, config, seed, tokenizer, stands_in_for in [
+        ("tiny-llama", LLAMA_CONFIG, 1001, "llama2", "hf-internal-testing/tiny-random-LlamaForCausalLM"),
+        ("tiny-gpt2", GPT2_CONFIG, 1002, "bpe", "hf-internal-testing/tiny-random-gpt2"),
+        ("tiny-gemma2", GEMMA2_CONFIG, 1003, "llama2", "trl-internal-testing/tiny-Gemma2ForCausalLM"),
+        ("tiny-gptoss", GPTOSS_CONFIG, 1004, "bpe", "hf-internal-testing/tiny-random-GptOssForCausalLM"),
+        ("tiny-olmo2", OLMO2_CONFIG, 1005, "bpe-json", "no hub checkpoint: a tiny Olmo2Config (post-norm block)"),
+        ("tiny-qwen3next", QWEN3NEXT_CONFIG, 1006, "bpe",
+         "no hub checkpoint: a tiny Qwen3NextConfig (linear/full hybrid)"),
+    ]
 }
 
 # ---------------------------------------------------------------- keys
