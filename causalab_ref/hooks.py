@@ -21,9 +21,10 @@ How an address becomes a hook (seed 004:100 "Both engines reach it"):
 * the input side is the module's first argument (first positional, else the first
   keyword — `self_attn` is called with `hidden_states=`), reached by a forward
   pre-hook; the output side is the module's output, element 0 of a tuple, reached by
-  a forward hook.  `logits` is the root module (empty path) and its output's
-  `.logits` field — the same one rule with a different field (seed 004:100,
-  SPEC.md L9);
+  a forward hook.  Which of those a tap takes is the component table's `reach`
+  column, as access.py dispatches on it: a `boundary` row is the module's input or
+  output; the `model_logits` row (`logits`) is the root module (empty path) and its
+  output's `.logits` field (seed 004:100, SPEC.md L9);
 * taps at one boundary run in the order given (rank order, writes before reads,
   SPEC.md R4) through the one write seam (seam.py), and the boundary's value becomes
   the tensor the seam returns — so a later read at the same boundary, and everything
@@ -32,10 +33,10 @@ How an address becomes a hook (seed 004:100 "Both engines reach it"):
 
 What a hook cannot see (seed-tables B6 "interiors are nnterp-engine only";
 SPEC.md L12): the four interiors are one argument of one call inside a module's
-forward, and are refused at compile by name.  `attention_probs` is refused too: under
-eager the attention module does hand its pattern out as output element 1, but as a
-by-product the values were already mixed with, so a write there would change nothing
-downstream (SPEC.md L11; seed 004:123).
+forward, and are refused at compile (the table's `interior` column).  `attention_probs`
+(the `pattern` reach) is refused too: under eager the attention module does hand its
+pattern out as output element 1, but as a by-product the values were already mixed
+with, so a write there would change nothing downstream (SPEC.md L11; seed 004:123).
 """
 from __future__ import annotations
 
@@ -152,7 +153,7 @@ class HooksEngine(Engine):
         """The nnterp engine's address, minus what a hook cannot reach (seed-tables B6)."""
         if component in address.INTERIORS:
             raise Refusal(INTERIOR.format(name=component), path=f"sites.{site}", stage="compile")
-        if component == "attention_probs":
+        if address.reach(component) == "pattern":
             raise Refusal(PROBS, path=f"sites.{site}", stage="compile")
         return super().locate(component, layer, site=site)
 
@@ -188,7 +189,7 @@ class HooksEngine(Engine):
         """The actions grouped by boundary (module name, side), keeping their order inside each group."""
         out: dict[tuple[str, str], list] = {}
         for action in actions:
-            side = "logits" if action.address.component == "logits" else action.address.io
+            side = "logits" if address.reach(action.address.component) == "model_logits" else action.address.io
             out.setdefault((self.module_name(action.address), side), []).append(action)
         return out
 
