@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from causalab_ref import bundles, engine, validate
+from safetensors import safe_open
+
+from causalab_ref import bundles, engine, reader, run, validate
 from causalab_ref import compile as compiler
 from causalab_ref.shapes import Model, Refusal
 
@@ -235,3 +237,95 @@ def test_a_tensor_file_compares_as_tensors_and_metadata(tmp_path):
     case = json.loads((ROOT / "tests" / "conformance" / "run_tiny_das_fit.json").read_text())
     curve = case["expect"]["tables"]["train_loss.safetensors"]["tensors"]["weight"]
     assert curve["shape"] == [3] and curve["values"][2] < curve["values"][0]
+
+
+# ---------------------------------------------------------------- pca_harvest.json -> pca_control.json (FZ33, FZ34)
+
+PCA_FILE = "documents/artifacts/pca.safetensors"
+
+
+def shipped(name: str) -> dict:
+    return json.loads((ROOT / "documents" / f"{name}.json").read_text())
+
+
+def execute(raw, eng, out: Path) -> Path:
+    run.execute(compiler.compile_document(raw, eng, DATA), eng, out, progress=False)
+    return out
+
+
+def tensor(path: Path):
+    with safe_open(str(path), "pt") as handle:
+        return handle.get_tensor("weight"), handle.metadata()
+
+
+@pytest.fixture(scope="module")
+def harvest(llama, tmp_path_factory):
+    """pca_harvest.json run as shipped, plus its read saved unreduced for a hand computation."""
+    raw = shipped("pca_harvest")
+    raw["steps"]["harvest"]["outputs"]["vectors"] = "acts"
+    raw["steps"]["harvest"]["saves"].append({"value": "vectors", "file_path": "vectors.safetensors"})
+    return execute(raw, llama, tmp_path_factory.mktemp("pca") / "harvest")
+
+
+def test_pca_harvest_publishes_the_top_principal_directions(harvest):
+    """SPEC.md:309 [FZ34] pca_harvest.json's basis is the top 4 right singular vectors of the centred vectors
+    of block_output[0] at every content token of weekdays/train, (16, 4), stamped as a pca of that site."""
+    basis, stamp = tensor(harvest / "pca.safetensors")
+    vectors = tensor(harvest / "vectors.safetensors")[0]
+    assert vectors.shape[1] == 16 and vectors.shape[0] > 4 * 4  # ragged: every content token of four prompts
+    centred = vectors - vectors.mean(dim=0)
+    hand = torch.linalg.svd(centred, full_matrices=False)[2][:4].T
+    assert basis.shape == (16, 4)
+    assert torch.allclose((hand.T @ basis).abs(), torch.eye(4), atol=1e-5)  # the same columns, up to sign
+    assert {k: stamp[k] for k in ("kind", "k", "d", "component", "layer", "heads", "units")} == {
+        "kind": "pca", "k": "4", "d": "16", "component": "block_output", "layer": "0", "heads": "null",
+        "units": "null"}
+
+
+def test_the_shipped_pca_basis_is_what_pca_harvest_writes(harvest):
+    """SPEC.md:309 [FZ34] documents/artifacts/pca.safetensors is pca_harvest.json's save: the same tensor and the
+    same stamp (shipped, never hand-edited)."""
+    got, stamp = tensor(harvest / "pca.safetensors")
+    ship, ship_stamp = tensor(ROOT / PCA_FILE)
+    assert ship_stamp.pop("produced_by") == reader.digest(shipped("pca_harvest"))  # the harvest ran here with a
+    stamp.pop("produced_by")  # second output, so its digest is another
+    assert stamp == ship_stamp
+    assert torch.allclose(got, ship, atol=1e-6, rtol=0)
+
+
+def test_pca_control_swaps_in_the_harvested_basis(harvest, llama, tmp_path):
+    """SPEC.md:308 [FZ33] SPEC.md:309 [FZ34] pca_control.json loads the harvested basis Q as its pca featurizer:
+    the base activation x at block_output[0] becomes x + ((y - x)·Q)·Qᵀ with y the counterfactual's (the base keeps
+    its 12-dimensional complement), and its weights step publishes Q unchanged."""
+    raw = shipped("pca_control")
+    das_iv = raw["interventions"]["das"]
+    for name, model, role in (("x", "original", "base"), ("y", "original", "counterfactual"),
+                              ("after", "patched", "base")):
+        das_iv["reads"][name] = {"site": "target", "pos": -1, "model": model, "input": role}
+    score = raw["steps"]["score"]
+    score["outputs"] = {f"{n}_out": n for n in ("x", "y", "after")}
+    score["saves"] += [{"value": f"{n}_out", "file_path": f"{n}.safetensors"} for n in ("x", "y", "after")]
+    out = execute(raw, llama, tmp_path / "control")
+    q = tensor(harvest / "pca.safetensors")[0]
+    x, y, after = (tensor(out / f"{n}.safetensors")[0] for n in ("x", "y", "after"))
+    assert torch.allclose(after, x + ((y - x) @ q) @ q.T, atol=1e-5)
+    assert not torch.allclose(after, y, atol=1e-3)  # not a plain swap: k = 4 of 16
+    assert torch.equal(tensor(out / "basis.safetensors")[0], tensor(ROOT / PCA_FILE)[0])
+    assert [r["value"] for r in json.loads((out / "iia.json").read_text())] != [None] * 4
+
+
+@pytest.mark.parametrize("change, wrong", [
+    (lambda f, s: f.update(k=3), "k: bundle says '4', document says '3'"),
+    (lambda f, s: s.update(layers=[1]), "layer: bundle says '0', document says '1'"),
+    (lambda f, s: f.update(kind="subspace"),
+     "kind: bundle says 'pca', document says 'subspace'; parametrization: bundle says '', document says 'cayley'"),
+])
+def test_a_pca_basis_loads_only_as_the_pca_of_its_place(meta, change, wrong):
+    """SPEC.md:308 [FZ33] the harvested basis's stamp is checked key by key: another k, another layer, or another
+    kind (a pca basis is not a Cayley parameter) is refused at compile."""
+    raw = shipped("pca_control")
+    del raw["steps"]["weights"]
+    change(raw["featurizers"]["basis"], raw["sites"]["target"])
+    r = refused(raw, lambda d: compiled(d, meta))
+    assert (r.stage, r.path) == ("compile", "featurizers.basis.file_path")
+    assert r.message == f"featurizer 'basis': '{PCA_FILE}' is not this featurizer — {wrong}"

@@ -9,7 +9,8 @@ import torch
 from safetensors import safe_open
 
 from causalab_ref import compile as compiler
-from causalab_ref import featurizers, run
+from causalab_ref import engine, featurizers, run
+from causalab_ref.shapes import Model
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "documents" / "data"
@@ -78,6 +79,19 @@ def test_two_fits_with_one_seed_write_byte_identical_bundles(fitted, llama, tmp_
     other["steps"]["fit"]["seed"] = 1
     out = execute(other, llama, tmp_path / "other")
     assert not torch.equal(tensor(out / "rot.safetensors")[0], tensor(fitted / "rot.safetensors")[0])
+
+
+def test_a_fit_on_the_hooks_engine_trains_what_the_nnterp_engine_trains(fitted, tmp_path):
+    """SPEC.md:310 [FZ35] the DAS fit run on the hooks engine trains the nnterp engine's rotation and writes its
+    train/loss curve and held-out table (allclose 1e-6): a fit reaches the model only through the contract."""
+    hooks = engine.load(Model(key="fixture:tiny-llama", revision="seeded", dtype="fp32"), "hooks")
+    out = execute(das(), hooks, tmp_path / "hooks")
+    assert json.loads((out / "run.json").read_text())["engine"] == "HooksEngine"
+    for name in ("rot.safetensors", "train_loss.safetensors"):
+        got, want = tensor(out / name)[0], tensor(fitted / name)[0]
+        assert got.shape == want.shape and torch.allclose(got, want, atol=1e-6, rtol=0), name
+    assert not torch.allclose(tensor(out / "rot.safetensors")[0], featurizers.initial_draw(16, 8, 0), atol=1e-3)
+    assert table(out / "held_out_iia.json") == pytest.approx(table(fitted / "held_out_iia.json"), abs=1e-6)
 
 
 def _patching(llama, tmp_path, name, change):
