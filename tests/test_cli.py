@@ -1,8 +1,10 @@
 """The command line, as a user runs it: `python -m causalab_ref <verb>` from the repo root.
 
-Each subprocess costs a few seconds of imports once a model is involved, so every verb that
-loads a model shell runs once; refusals at validation return before any model library loads.
-Hub access is switched off (HF_HUB_OFFLINE), so a hub key fails fast and offline.
+Refusals at validation return before any model library loads, so they run as subprocesses: the
+process's own exit status and stderr. A subprocess that loads a model pays several seconds of
+imports first, so the verbs that print a model's answers run `cli.main` in this process
+(tests/inprocess.py), the entry point `python -m causalab_ref` calls. Hub access is switched off
+(HF_HUB_OFFLINE), so a hub key fails fast and offline.
 """
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import os
 import pathlib
 import subprocess
 import sys
+
+import inprocess
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHIPPED = json.loads((REPO / "documents" / "patching.json").read_text(encoding="utf-8"))
@@ -114,7 +118,7 @@ def test_unloadable_hub_key_is_refused_naming_it(tmp_path):
 
 def test_validate_shipped_document():
     """SPEC.md:151 [R1] `validate` compiles against the model shell with no weights and says ok."""
-    proc = cli("validate", "documents/patching.json")
+    proc = inprocess.cli("validate", "documents/patching.json")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok: documents/patching.json is a valid plan-shaped document, 1 step"
 
@@ -132,14 +136,14 @@ EXPLAIN_LINES = [
 
 def test_explain_prints_the_plan():
     """SPEC.md:155 [R5] `explain` prints the plan: step, forwards with rows x tokens, taps with address and pos."""
-    proc = cli("explain", "documents/patching.json")
+    proc = inprocess.cli("explain", "documents/patching.json")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.rstrip("\n").splitlines() == EXPLAIN_LINES
 
 
 def test_explain_json():
     """SPEC.md:155 [R5] `--json` prints the verb's result as JSON: the plan text and the step names."""
-    proc = cli("--json", "explain", "documents/patching.json")
+    proc = inprocess.cli("--json", "explain", "documents/patching.json")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert result["text"].splitlines() == EXPLAIN_LINES
@@ -206,7 +210,7 @@ def test_model_answers_every_component_at_every_layer():
     mixture-of-experts refusal at each layer); `--json` carries the same answers."""
     from causalab_ref import address
 
-    proc = cli("model", "fixture:tiny-gptoss")
+    proc = inprocess.cli("model", "fixture:tiny-gptoss")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("fixture:tiny-gptoss via nnterp: 2 layers, padding_side=left")
@@ -225,7 +229,7 @@ def test_model_answers_every_component_at_every_layer():
                 "through top-k of N experts and has no single activation. mlps_input and mlps_output are the "
                 "block's boundaries and work as usual.")
         assert rows[f"mlp_output[{layer}]"].split()[1:] == ["ok", "width=64"]
-    proc = cli("--json", "model", "fixture:tiny-gptoss")
+    proc = inprocess.cli("--json", "model", "fixture:tiny-gptoss")
     assert proc.returncode == 0, proc.stderr
     answers = json.loads(proc.stdout)["components"]
     assert sorted(answers) == sorted(labels)

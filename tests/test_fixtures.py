@@ -139,20 +139,26 @@ print(json.dumps(out))
 """
 
 
-def _build_in_fresh_process(cache: pathlib.Path) -> dict:
-    env = dict(os.environ, **{fixtures.CACHE_ENV: str(cache)})
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    r = subprocess.run([sys.executable, "-c", _BUILD_SCRIPT], env=env, capture_output=True,
-                       text=True, timeout=300, cwd=str(REPO))
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+def _builds_in_fresh_processes(*caches: pathlib.Path) -> list[dict]:
+    """Build every fixture into each empty cache, one fresh process per cache, the processes side by side."""
+    def start(cache: pathlib.Path) -> subprocess.Popen:
+        env = dict(os.environ, **{fixtures.CACHE_ENV: str(cache)})
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+        return subprocess.Popen([sys.executable, "-c", _BUILD_SCRIPT], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd=str(REPO))
+
+    builds = []
+    for proc in [start(cache) for cache in caches]:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+        builds.append(json.loads(out.strip().splitlines()[-1]))
+    return builds
 
 
 def test_builds_are_byte_identical(tmp_path):
     """SPEC.md:175 [X1] / SPEC.md:179 [X10] — two builds in fresh processes and caches give identical files and
     digests, all six fixtures."""
-    a = _build_in_fresh_process(tmp_path / "a")
-    b = _build_in_fresh_process(tmp_path / "b")
+    a, b = _builds_in_fresh_processes(tmp_path / "a", tmp_path / "b")
     assert set(a) == set(fixtures.names())
     assert a == b
     for key, rec in a.items():

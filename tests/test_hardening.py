@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+import inprocess
+
 from causalab_ref import compile as compiler
 from causalab_ref import data, engine, fixtures, results, run, sweeps, validate
 from causalab_ref.shapes import Model, Refusal
@@ -75,8 +77,7 @@ def test_a_killed_run_leaves_no_result_folder_and_the_next_run_clears_its_stagin
     assert not out.exists()
     stale = list(results.glob(".out.partial-*"))
     assert stale  # SIGKILL runs no cleanup: the staging folder stays, and is not a result
-    done = subprocess.run([sys.executable, "-m", "causalab_ref", "run", str(ROOT / "documents" / "patching.json"),
-                           "--out", str(out)], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    done = inprocess.cli("run", str(ROOT / "documents" / "patching.json"), "--out", str(out))
     assert done.returncode == 0, done.stderr
     assert (out / "iia.json").is_file()
     assert sorted(p.name for p in results.iterdir()) == ["out"]
@@ -236,7 +237,6 @@ def test_progress_shows_on_a_terminal_only(monkeypatch):
 def test_quiet_run_off_a_terminal_prints_no_bar(tmp_path):
     """SPEC.md:166 [R16] stderr is not a terminal here: a many-row run writes nothing to it."""
     root = _long_data_root(tmp_path, 2)
-    proc = subprocess.run([sys.executable, "-m", "causalab_ref", "run", str(ROOT / "documents" / "patching.json"),
-                           "--data-root", str(root), "--out", str(tmp_path / "out"), "--batch-size", "2"],
-                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    proc = inprocess.cli("run", str(ROOT / "documents" / "patching.json"), "--data-root", str(root),
+                         "--out", str(tmp_path / "out"), "--batch-size", "2")
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr

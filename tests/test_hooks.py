@@ -7,12 +7,12 @@ is the tensor nnterp's accessor names (seed 004:100 "Both engines reach it").
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+import inprocess
 
 from causalab_ref import address, cli, engine, locate
 from causalab_ref.plan import Tap
@@ -361,8 +361,7 @@ def test_patching_document_gives_the_same_numbers_on_both_engines(tmp_path):
     """SPEC.md:159 [R9] / SPEC.md:154 [R4] — `run documents/patching.json --engine hooks` writes the same
     iia and logit_diff values as the nnterp engine, and run.json records which engine ran."""
     hooks_out, nnterp_out = tmp_path / "hooks", tmp_path / "nnterp"
-    done = subprocess.run([sys.executable, "-m", "causalab_ref", "run", "documents/patching.json", "--engine",
-                           "hooks", "--out", str(hooks_out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = inprocess.cli("run", "documents/patching.json", "--engine", "hooks", "--out", str(hooks_out))
     assert done.returncode == 0, done.stderr
     assert cli.main(["run", str(ROOT / "documents" / "patching.json"), "--data-root",
                      str(ROOT / "documents" / "data"), "--out", str(nnterp_out)]) == 0

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+import inprocess
 
 from causalab_ref import compile as compiler
 from causalab_ref import run, validate
@@ -355,8 +355,7 @@ def test_left_padding_same_last_index_each_rows_own_first_token(llama):
 def test_cli_tokens_shows_a_documents_rows_with_indices():
     """SPEC.md:169 [R19] seed 000:175-195 (document-format §16) — `tokens --document DOC` prints each role's rows of the
     first step as index:'piece', indices into the padded batch."""
-    done = subprocess.run([sys.executable, "-m", "causalab_ref", "tokens", "--document",
-                           "documents/entity_patch.json"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = inprocess.cli("tokens", "--document", "documents/entity_patch.json")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == "step 'score', role 'base': 4 rows x 11 tokens"

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+import inprocess
+
 from causalab_ref import checkpoint, cli, engine, fixtures, results, run
 from causalab_ref import compile as compiler
 from causalab_ref.shapes import Model, Refusal
@@ -295,12 +297,12 @@ def test_a_read_only_or_full_file_system_under_out_is_one_line(llama, tmp_path):
     line naming the path and the cause, no staging folder left (through the CLI)."""
     mount = _Mount(tmp_path / "mnt", "size=8k")
     try:
-        proc = _cli("run", str(DOC), "--data-root", str(DATA), "--out", str(mount.where / "out"), "--quiet")
+        proc = inprocess.cli("run", str(DOC), "--data-root", str(DATA), "--out", str(mount.where / "out"), "--quiet")
         line = _one_line(proc, "run: --out: cannot ")
         assert "No space left on device" in line and str(mount.where) in line
         assert os.listdir(mount.where) == []
         mount.read_only()
-        proc = _cli("run", str(DOC), "--data-root", str(DATA), "--out", str(mount.where / "out"), "--quiet")
+        proc = inprocess.cli("run", str(DOC), "--data-root", str(DATA), "--out", str(mount.where / "out"), "--quiet")
         line = _one_line(proc, "run: --out: cannot ")
         assert "Read-only file system" in line and str(mount.where) in line
     finally:
