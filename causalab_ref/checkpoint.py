@@ -9,6 +9,7 @@ the libraries into one refusal naming the key (`unloadable`). SPEC.md §7 Harden
 """
 from __future__ import annotations
 
+import json
 import os
 from contextlib import contextmanager
 from pathlib import Path
@@ -101,9 +102,18 @@ def _first_line(error: Exception) -> str:
     return text.splitlines()[0] if text else ""
 
 
+def names_code(value) -> bool:
+    """Whether a parsed JSON value holds an `auto_map` key at any depth (a nested config's too)."""
+    if isinstance(value, dict):
+        return "auto_map" in value or any(names_code(v) for v in value.values())
+    return isinstance(value, list) and any(names_code(v) for v in value)
+
+
 def own_code(directory: str, spec: Model) -> None:
-    """Refuse a checkpoint that names its own code (an `auto_map` in any of its JSON files: config.json,
-    tokenizer_config.json, ...), before anything of it is read by the libraries (SPEC.md S20)."""
+    """Refuse a checkpoint that names its own code (an `auto_map` key in any of its JSON files: config.json,
+    tokenizer_config.json, ...), before anything of it is read by the libraries (SPEC.md S20). The files
+    are parsed, so a key spelled with escapes is found and the words "auto_map" inside a string (a chat
+    template, a description) are not a key; a file that is not JSON is judged by its text."""
     for file in sorted(Path(directory).glob("*.json")):
         if file.name.endswith(".index.json"):
             continue  # the weight index: tensor names only
@@ -111,7 +121,11 @@ def own_code(directory: str, spec: Model) -> None:
             text = file.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
             continue  # the library's own load will name it
-        if '"auto_map"' in text:
+        try:
+            named = names_code(json.loads(text))
+        except (ValueError, RecursionError):
+            named = '"auto_map"' in text
+        if named:
             raise Refusal(f"model '{spec.key}': {file.name} has an `auto_map`, which names code shipped with the "
                           "checkpoint; causalab_ref never runs a checkpoint's own code. Use a checkpoint of an "
                           "architecture transformers implements, with no auto_map", path="model.key", stage="compile")

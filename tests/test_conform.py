@@ -220,6 +220,14 @@ def test_every_refusal_in_the_code_has_a_catalogue_line():
         f"{s.file}:{s.line}: {suggestion(s)}" for s in missing)
 
 
+def test_the_catalogue_is_sorted_by_stage_then_by_message():
+    """SPEC.md:201 [C14] the catalogue's lines run validation, compile, run, and within a stage by message, so
+    a reader (or an implementer diffing their own list) finds a refusal where the order says it is."""
+    stages = ["validation", "compile", "run"]
+    keys = [(stages.index(e.stage), e.message) for e in CATALOGUE]
+    assert keys == sorted(keys), [f"SPEC.md line {e.line}" for e, k, w in zip(CATALOGUE, keys, sorted(keys)) if k != w][:3]
+
+
 def test_every_catalogue_line_states_a_refusal_the_code_raises():
     """SPEC.md:201 [C14] no catalogue line is left behind by a refusal that changed or went away."""
     assert not stale(CATALOGUE), [f"SPEC.md line {e.line}: {e.message}" for e in stale(CATALOGUE)]

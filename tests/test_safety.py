@@ -384,6 +384,22 @@ def test_a_checkpoint_naming_its_own_code_never_reads_stdin(tmp_path):
     assert "[y/N]" not in proc.stdout + proc.stderr and not marker.exists()
 
 
+def test_an_auto_map_key_is_found_by_parsing_and_a_string_that_says_auto_map_is_not_one(tmp_path):
+    """SPEC.md:222 [S20] the JSON files are parsed: an `auto_map` key spelled with an escape is refused; the
+    value "auto_map" (a string, not a key) is no code, and the checkpoint loads."""
+    ckpt = _copy(tmp_path)
+    config = ckpt / "tokenizer_config.json"
+    plain = json.loads(config.read_text(encoding="utf-8"))
+    config.write_text(json.dumps({**plain, "note": "auto_map"}), encoding="utf-8")
+    done = inprocess.cli("model", str(ckpt))
+    assert done.returncode == 0, done.stderr
+    escaped = json.dumps(plain)[:-1] + ', "auto\\u005fmap": {"AutoTokenizer": [null, "evil.EvilTokenizer"]}}'
+    assert json.loads(escaped)["auto_map"] and '"auto_map"' not in escaped
+    config.write_text(escaped, encoding="utf-8")
+    done = inprocess.cli("model", str(ckpt))
+    assert done.returncode == 2 and "tokenizer_config.json has an `auto_map`" in done.stderr, done.stderr
+
+
 def test_a_hub_key_not_in_the_cache_fails_naming_what_was_tried(tmp_path):
     """SPEC.md:223 [S21] offline first: a hub key not in the local cache, with the hub off (HF_HUB_OFFLINE),
     is refused naming the key, the revision, the cache and the hub."""
