@@ -1,19 +1,33 @@
-"""Benchmarks (not a test): ratios measured side by side in one process.
+"""Benchmarks (not a test): ratios measured side by side in one run.
 
-    python bench/run_bench.py [--rows 64] [--repeats 7] [--only a,b,c,d]
+    python bench/run_bench.py [--quick] [--only a,b,c,d,e,f,g,h,i] [--repeats 7] [--markdown FILE]
 
 (a) `run` of the interchange document (documents/patching.json: block_output[0] at -1 read on the
     counterfactual, swapped into the base run, the head read at -1) on 64 rows, versus a hand-written
     nnsight trace doing the same reads and writes, versus the bare forward passes; on the Llama
     fixture and on a larger seeded Llama (8 layers, hidden 512) built the same way. Target: run at
     most 1.25x the hand-written trace.
-(b) the character map: a linear-time construction (the tokenizer's streaming detokenizer,
-    tokenizers' DecodeStream) versus the decode-prefix map (locate.char_map), on 256 rows of 512
-    tokens; every row checked equal. Target: 10x faster, identical output.
+(b) the character map: the run's linear construction (locate.linear_char_map) versus the
+    decode-prefix definition (locate.char_map), on 256 rows of 512 tokens; every row checked equal.
+    Target: 10x faster, identical output.
 (c) explain on every shipped document, without weights: seconds per document after imports.
 (d) peak memory (max RSS) of `run documents/patching.json` on the Llama fixture, versus a process
     that only loads the same model with weights.
-Timings are medians of interleaved repeats. CPU threads are pinned to 1 for stable numbers.
+(e) documents/entity_patch.json (a write and its operand anchored to each row's entity) on 256 rows of
+    ~400 tokens, Llama fixture: `run` (compile + execute, files written) versus the two bare forwards
+    it needs (transformers' forward with the head at the last position only). Target <= 1.25x.
+(f) peak RSS of (e) as `run` in a new process, versus a process that only loads the model. Target: at
+    most the model's own resident size + 1.5 GiB.
+(g) a 16-head sweep at attention_premix[0] (head_patching.json's interchange, one point per head) on a
+    seeded Llama with 16 heads: `run` versus a hand-written nnsight script doing the 17 forwards the
+    experiment needs (one counterfactual, one patched per head), values checked equal. Target <= 1.15x.
+(h) decode: 64 rows x 16 greedy steps, the head read at every step and block_output[0] written at every
+    step: `run` versus a hand-written nnsight generate doing the same, values checked equal.
+    Target <= 1.25x.
+(i) `validate` and `explain` of documents/patching.json as a new process: seconds, and how much of it
+    is imports (python -X importtime).
+Timings are medians of interleaved repeats. CPU threads are pinned to 1 for stable numbers. `--quick`
+runs every row at toy sizes (a check that the script works, not a measurement).
 """
 from __future__ import annotations
 
@@ -24,7 +38,9 @@ import io
 import json
 import os
 import pathlib
+import platform
 import random
+import re
 import shutil
 import statistics
 import subprocess
@@ -40,21 +56,31 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch  # noqa: E402
 
 from causalab_ref import compile as compiler  # noqa: E402
-from causalab_ref import engine, fixtures, locate, run  # noqa: E402
+from causalab_ref import checkpoint, engine, fixtures, locate, run  # noqa: E402
 from causalab_ref.shapes import Model  # noqa: E402
 
-DOC = json.loads((ROOT / "documents" / "patching.json").read_text(encoding="utf-8"))
-DATA = ROOT / "documents" / "data"
+DOCS = ROOT / "documents"
+DOC = json.loads((DOCS / "patching.json").read_text(encoding="utf-8"))
+DATA = DOCS / "data"
+LLAMA = "fixture:tiny-llama"
 BIG = "bench-llama-8x512"
+HEADS16 = "bench-llama-16-heads"
+TABLE: list[tuple[str, str, str]] = []  # (what, measured, target: met or not) for README's table
+FULL = {"rows": 64, "repeats": 7, "b": (256, 512), "e": (256, 400), "e_repeats": 3, "g_rows": 64, "h": (64, 16),
+        "i_repeats": 5}
+QUICK = {"rows": 8, "repeats": 2, "b": (16, 128), "e": (16, 120), "e_repeats": 1, "g_rows": 8, "h": (8, 4),
+         "i_repeats": 1}
 
 
-def register_big() -> str:
-    """A larger seeded Llama built exactly as the fixtures are (recipe, seeded init, same tokenizer)."""
-    config = dict(fixtures.LLAMA_CONFIG, hidden_size=512, intermediate_size=1376, num_hidden_layers=8,
-                  num_attention_heads=8, num_key_value_heads=8)
-    fixtures._RECIPES[BIG] = {"config": config, "seed": 2001, "tokenizer": "llama2",
-                              "stands_in_for": "(bench only) a larger Llama, 8 layers, hidden 512"}
-    return fixtures.FIXTURE_PREFIX + BIG
+def register(name: str, seed: int, note: str, **config) -> str:
+    """A seeded Llama built exactly as the fixtures are (recipe, seeded init, the same tokenizer)."""
+    fixtures._RECIPES[name] = {"config": dict(fixtures.LLAMA_CONFIG, **config), "seed": seed, "tokenizer": "llama2",
+                               "stands_in_for": f"(bench only) {note}"}
+    return fixtures.FIXTURE_PREFIX + name
+
+
+def load(key: str):
+    return engine.load(Model(key=key, revision="seeded", dtype="fp32"), weights=True)
 
 
 def timed(fn, repeats: int) -> float:
@@ -71,7 +97,7 @@ def side_by_side(fns: dict, repeats: int) -> dict:
     """Interleaved medians: each repeat runs every candidate once, in turn."""
     for fn in fns.values():
         fn()
-    times = {k: [] for k in fns}
+    times: dict = {k: [] for k in fns}
     for _ in range(repeats):
         for k, fn in fns.items():
             t = time.perf_counter()
@@ -80,31 +106,43 @@ def side_by_side(fns: dict, repeats: int) -> dict:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-# ---------------------------------------------------------------- (a)
+def verdict(ok: bool) -> str:
+    return "met" if ok else "NOT met"
 
 
-def bench_a(key: str, rows: int, repeats: int, tmp: pathlib.Path) -> None:
-    eng = engine.load(Model(key=key, revision="seeded", dtype="fp32"), weights=True)
-    doc = copy.deepcopy(DOC)
-    doc["model"]["key"] = key
+def repeated_rows(tmp: pathlib.Path, rows: int) -> pathlib.Path:
+    """documents/data with weekdays/train repeated to `rows` rows."""
     root = tmp / "data"
     if not root.exists():
         shutil.copytree(DATA, root)
         base = json.loads((DATA / "weekdays" / "train.json").read_text(encoding="utf-8"))
         (root / "weekdays" / "train.json").write_text(json.dumps((base * rows)[:rows]), encoding="utf-8")
+    return root
+
+
+def inputs_of(forward) -> dict:
+    return {"input_ids": torch.tensor(forward.ids), "attention_mask": torch.tensor(forward.mask)}
+
+
+def _value(saved):
+    return getattr(saved, "value", saved)
+
+
+# ---------------------------------------------------------------- (a)
+
+
+def bench_a(key: str, rows: int, repeats: int, tmp: pathlib.Path) -> None:
+    eng = load(key)
+    doc = copy.deepcopy(DOC)
+    doc["model"]["key"] = key
+    root = repeated_rows(tmp, rows)
     t = time.perf_counter()
     plan = compiler.compile_document(doc, eng, root)
     compile_s = time.perf_counter() - t
     step = plan.leaves()[0].steps[0]
     by_input = {f.input: f for f in step.forwards}
-    cf, bs = by_input["counterfactual"], by_input["base"]
-    cf_in = {"input_ids": torch.tensor(cf.ids), "attention_mask": torch.tensor(cf.mask)}
-    bs_in = {"input_ids": torch.tensor(bs.ids), "attention_mask": torch.tensor(bs.mask)}
+    cf_in, bs_in = inputs_of(by_input["counterfactual"]), inputs_of(by_input["base"])
     model = eng.model
-    metric = {m.name: m for m in step.metrics}
-    expected = torch.tensor(dict(metric["iia"].answers)["expected"])
-    a_ids = torch.tensor(dict(metric["logit_diff"].answers)["a"])
-    b_ids = torch.tensor(dict(metric["logit_diff"].answers)["b"])
     out = tmp / "out"
 
     def hand():
@@ -114,10 +152,7 @@ def bench_a(key: str, rows: int, repeats: int, tmp: pathlib.Path) -> None:
             with model.trace(bs_in):
                 model.layers_output[0][:, -1, :] = v_cf
                 logits = model.lm_head.output[:, -1, :].save()
-        logits = getattr(logits, "value", logits)
-        iia = (logits.argmax(-1) == expected).float()
-        diff = logits.gather(1, a_ids[:, None])[:, 0] - logits.gather(1, b_ids[:, None])[:, 0]
-        return logits, iia, diff
+        return _value(logits)
 
     def bare():
         with torch.no_grad():
@@ -131,91 +166,52 @@ def bench_a(key: str, rows: int, repeats: int, tmp: pathlib.Path) -> None:
         return run.run_step(eng, step)
 
     # The hand-written trace does the same reads and writes: same logits as the run.
-    mine, _iia, _diff = hand()
-    theirs = run_step()["values"]["logits"][:, 0, :]
+    mine, theirs = hand(), run_step()["values"]["logits"][:, 0, :]
     assert torch.allclose(mine, theirs, atol=1e-5), float((mine - theirs).abs().max())
     t = side_by_side({"run": execute, "run_step": run_step, "hand": hand, "bare": bare}, repeats)
-    print(f"(a) {key} ({eng.num_layers} layers, hidden {model.config.hidden_size}), {rows} rows x "
-          f"{len(bs.ids[0])} tokens, 2 forwards; compile {compile_s * 1e3:.1f} ms (once)")
-    print(f"    run (execute, files written) {t['run'] * 1e3:8.2f} ms   = {t['run'] / t['hand']:.2f}x hand-written "
-          f"nnsight, {t['run'] / t['bare']:.2f}x bare forwards   [target <= 1.25x hand: "
-          f"{'met' if t['run'] / t['hand'] <= 1.25 else 'NOT met'}]")
+    ratio = t["run"] / t["hand"]
+    what = f"{eng.num_layers} layers, hidden {model.config.hidden_size}"
+    print(f"(a) {key} ({what}), {rows} rows x {len(by_input['base'].ids[0])} tokens, 2 forwards; "
+          f"compile {compile_s * 1e3:.1f} ms (once)")
+    print(f"    run (execute, files written) {t['run'] * 1e3:8.2f} ms   = {ratio:.2f}x hand-written "
+          f"nnsight, {t['run'] / t['bare']:.2f}x bare forwards   [target <= 1.25x hand: {verdict(ratio <= 1.25)}]")
     print(f"    run_step (no files)          {t['run_step'] * 1e3:8.2f} ms   = {t['run_step'] / t['hand']:.2f}x hand, "
           f"{t['run_step'] / t['bare']:.2f}x bare")
     print(f"    hand-written nnsight trace   {t['hand'] * 1e3:8.2f} ms   = {t['hand'] / t['bare']:.2f}x bare")
     print(f"    bare forward passes          {t['bare'] * 1e3:8.2f} ms")
+    TABLE.append((f"(a) `run` of `documents/patching.json`, {rows} rows, {key} ({what})",
+                  f"{t['run'] * 1e3:.1f} ms = {ratio:.2f}x the hand-written nnsight trace ({t['hand'] * 1e3:.1f} ms), "
+                  f"{t['run'] / t['bare']:.2f}x the bare forwards ({t['bare'] * 1e3:.1f} ms)",
+                  f"<= 1.25x hand-written: {verdict(ratio <= 1.25)}"))
 
 
 # ---------------------------------------------------------------- (b)
 
 
-def stream_char_map(tok, ids) -> tuple[int, ...]:
-    """Linear time, the same offsets as locate.char_map (the decode-prefix map).
-
-    The ids go one at a time through the tokenizer's streaming detokenizer (tokenizers'
-    DecodeStream); while no character is pending, the text emitted so far is the decoded prefix,
-    so offsets[k] is its length. A token that leaves a character's bytes incomplete emits nothing:
-    its prefix decodes to the emitted text plus U+FFFD, which is not a prefix of the whole text
-    when the character completes as something else, so the decode-prefix map reuses the previous
-    offset too. Only when what follows the pending bytes is itself U+FFFD (bytes that never
-    complete, as at a row cut mid-character) are those few positions decoded as prefixes, by the
-    reference rule, so the output is identical by construction.
-    """
-    from tokenizers.decoders import DecodeStream
-
-    ids = [int(i) for i in ids]
-    text = locate._decode(tok, ids)
-    byte = [p.startswith("<0x") and p.endswith(">") for p in tok.convert_ids_to_tokens(ids)]
-    backend = tok.backend_tokenizer
-    stream = DecodeStream(skip_special_tokens=False)
-    offsets: list[int] = []
-    length, pending, group = 0, False, 0
-
-    def by_prefix(lo: int, hi: int) -> None:  # the reference rule at positions lo..hi-1
-        for k in range(lo, hi):
-            prefix = locate._decode(tok, ids[:k])
-            at = len(prefix) if text.startswith(prefix) else offsets[k - 1]
-            offsets[k] = max(at, offsets[k - 1]) if k else 0
-
-    for k, i in enumerate(ids):
-        offsets.append(length)
-        if not byte[k]:
-            group = k  # a byte group (consecutive byte-fallback pieces) starts after this
-        elif k == 0 or not byte[k - 1]:
-            group = k
-        piece = stream.step(backend, i)
-        if piece is None:
-            pending = True
-            continue
-        if "\ufffd" in piece:  # bytes that did not make a character: decoded as prefixes, then re-synced
-            by_prefix(group + 1, k + 1)
-            length = len(locate._decode(tok, ids[: k + 1]))
-        else:
-            length += len(piece)
-        pending = False
-    if pending:  # bytes still incomplete at the end of the row: their whole group, as prefixes
-        by_prefix(group + 1, len(ids))
-    return tuple(offsets) + (len(text),)
-
-
 def bench_b(rows: int, length: int, repeats: int) -> None:
-    tok = fixtures.tokenizer("fixture:tiny-llama")
+    tok = fixtures.tokenizer(LLAMA)
     rng = random.Random(0)
     words = ["If", "today", "is", "Thursday,", "tomorrow", "Saturday", "été", "naïve", "日本語", "😀", "🚀",
              "Ωmega", "x", "—", "e\u0301", "\u3042", "(", "'s", "  ", "\n", "Monday.", "🤖🤖", "1234", "Zürich"]
     texts = [" ".join(rng.choice(words) for _ in range(length)) for _ in range(rows)]
     batch = [tok.encode(t, add_special_tokens=False)[:length] for t in texts]
     assert all(len(r) == length for r in batch)
+    assert locate.linear_map_serves(tok)
     fallback = sum(1 for r in batch for i in r if tok.convert_ids_to_tokens(i).startswith("<0x"))
     prefix = [locate.char_map(tok, r) for r in batch]
-    linear = [stream_char_map(tok, r) for r in batch]
+    linear = [locate.linear_char_map(tok, r) for r in batch]
     same = sum(a == b for a, b in zip(prefix, linear))
     t = side_by_side({"prefix": lambda: [locate.char_map(tok, r) for r in batch],
-                      "linear": lambda: [stream_char_map(tok, r) for r in batch]}, repeats)
+                      "linear": lambda: [locate.linear_char_map(tok, r) for r in batch]}, repeats)
     ratio = t["prefix"] / t["linear"]
+    ok = ratio >= 10 and same == rows
     print(f"(b) character map, {rows} rows x {length} tokens ({fallback} byte-fallback pieces): identical on "
           f"{same}/{rows} rows; decode-prefix {t['prefix']:.3f} s, linear {t['linear']:.3f} s = {ratio:.1f}x faster "
-          f"[target 10x, identical: {'met' if ratio >= 10 and same == rows else 'NOT met'}]")
+          f"[target 10x, identical: {verdict(ok)}]")
+    TABLE.append((f"(b) character map, {rows} rows x {length} tokens ({fallback:,} byte-fallback pieces): the run's "
+                  "`locate.linear_char_map` vs the decode-prefix definition `locate.char_map`",
+                  f"identical on {same}/{rows} rows; {t['linear']:.3f} s vs {t['prefix']:.3f} s = {ratio:.1f}x faster",
+                  f"10x, identical: {verdict(ok)}"))
 
 
 # ---------------------------------------------------------------- (c)
@@ -224,7 +220,7 @@ def bench_b(rows: int, length: int, repeats: int) -> None:
 def bench_c(repeats: int) -> None:
     from causalab_ref import cli
 
-    docs = sorted((ROOT / "documents").glob("*.json"))
+    docs = sorted(DOCS.glob("*.json"))
     cwd = os.getcwd()
     os.chdir(ROOT)
     try:
@@ -235,55 +231,364 @@ def bench_c(repeats: int) -> None:
         times = {d.name: timed(lambda d=d: explain(d), repeats) for d in docs}
     finally:
         os.chdir(cwd)
+    median = statistics.median(times.values())
     print(f"(c) explain, no weights, after imports (model shell loaded per call): "
-          f"median {statistics.median(times.values()) * 1e3:.0f} ms per document")
+          f"median {median * 1e3:.0f} ms per document")
     for name, s in times.items():
         print(f"    {name:36s} {s * 1e3:7.0f} ms")
+    TABLE.append(("(c) `explain`, no weights, per shipped document after imports (model shell loaded per call)",
+                  f"{min(times.values()) * 1e3:.0f}-{max(times.values()) * 1e3:.0f} ms, median {median * 1e3:.0f} ms",
+                  "—"))
 
 
-# ---------------------------------------------------------------- (d)
+# ---------------------------------------------------------------- (d), (f): peak memory of a new process
 
 
 def _peak(code: str) -> float:
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
     return float(proc.stdout.strip().splitlines()[-1]) / 1024  # KiB -> MiB
 
 
-def bench_d(tmp: pathlib.Path) -> None:
-    out = tmp / "mem-out"
-    run_code = ("import resource, sys; from causalab_ref import cli; "
-                f"s = cli.main(['run', 'documents/patching.json', '--out', {str(out)!r}, '--replace', '--quiet']); "
-                "assert s == 0; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
-    load_code = ("import resource; from causalab_ref import engine; from causalab_ref.shapes import Model; "
-                 "engine.load(Model(key='fixture:tiny-llama', revision='seeded', dtype='fp32'), weights=True); "
+def run_peak(doc: pathlib.Path, out: pathlib.Path, data_root: pathlib.Path = DATA) -> float:
+    return _peak("import resource, sys; from causalab_ref import cli; "
+                 f"s = cli.main(['run', {str(doc)!r}, '--out', {str(out)!r}, '--data-root', {str(data_root)!r}, "
+                 "'--replace', '--quiet']); assert s == 0; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+
+
+def load_peak(key: str = LLAMA) -> float:
+    return _peak("import resource; from causalab_ref import engine; from causalab_ref.shapes import Model; "
+                 f"engine.load(Model(key={key!r}, revision='seeded', dtype='fp32'), weights=True); "
                  "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
-    run_mib, load_mib = _peak(run_code), _peak(load_code)
-    print(f"(d) peak memory (max RSS), run documents/patching.json on fixture:tiny-llama: {run_mib:.0f} MiB; "
+
+
+def bench_d(tmp: pathlib.Path) -> None:
+    run_mib, load_mib = run_peak(DOCS / "patching.json", tmp / "mem-out"), load_peak()
+    print(f"(d) peak memory (max RSS), run documents/patching.json on {LLAMA}: {run_mib:.0f} MiB; "
           f"loading the model alone: {load_mib:.0f} MiB ({run_mib / load_mib:.2f}x, +{run_mib - load_mib:.0f} MiB)")
+    TABLE.append((f"(d) peak RSS of `run documents/patching.json` on {LLAMA}",
+                  f"{run_mib:.0f} MiB; loading the model alone {load_mib:.0f} MiB (+{run_mib - load_mib:.0f} MiB)",
+                  "—"))
+
+
+# ---------------------------------------------------------------- (e), (f): entity_patch on long rows
+
+DAYS = ("Thursday", "Friday", "Saturday", "Sunday", "Monday")  # entities the first four, answers the next day
+FILLER = ("the a of to and in was for on that with as by at from it this be are or an have not were which one all "
+          "their has been more when there can would if will who also they about what some her out up into other "
+          "time only like then river, garden. letters; (notes) 1999 naïve café — rain").split()
+
+
+def long_rows(rows: int, tokens: int, seed: int = 0) -> list[dict]:
+    """entity_patch's columns on prompts of about `tokens` tokens: filler prose that names no weekday,
+    then the weekday sentence, so each row's entity occurs once in its own prompt."""
+    rng = random.Random(seed)
+
+    def prompt(day: str) -> str:
+        words = rng.randint(int(tokens * 0.80), int(tokens * 0.90))
+        return " ".join(rng.choice(FILLER) for _ in range(words)).capitalize() + f". If today is {day}, tomorrow is"
+
+    out = []
+    for _ in range(rows):
+        b, c = rng.sample(range(4), 2)
+        out.append({"input": prompt(DAYS[b]), "entity": DAYS[b], "counterfactual_inputs": [prompt(DAYS[c])],
+                    "counterfactual_inputs_variables": [{"entity": DAYS[c]}],
+                    "base_answer": " " + DAYS[b + 1], "cf_answer": " " + DAYS[c + 1]})
+    return out
+
+
+def entity_setup(tmp: pathlib.Path, rows: int, tokens: int) -> tuple[pathlib.Path, pathlib.Path, dict]:
+    """(document file, data root, document) of entity_patch.json on `rows` long rows."""
+    root = tmp / "long-data"
+    (root / "long").mkdir(parents=True, exist_ok=True)
+    (root / "long" / "train.json").write_text(json.dumps(long_rows(rows, tokens)), encoding="utf-8")
+    doc = json.loads((DOCS / "entity_patch.json").read_text(encoding="utf-8"))
+    doc["steps"]["score"]["rows"] = {"base": "long/train", "counterfactual": "long/train"}
+    path = tmp / "entity_patch_long.json"
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    return path, root, doc
+
+
+def bench_e(rows: int, tokens: int, repeats: int, tmp: pathlib.Path) -> None:
+    eng = load(LLAMA)
+    _path, root, doc = entity_setup(tmp, rows, tokens)
+    t = time.perf_counter()
+    plan = compiler.compile_document(doc, eng, root)
+    compile_s = time.perf_counter() - t
+    forwards = plan.leaves()[0].steps[0].forwards
+    width = len(forwards[0].ids[0])
+    real = statistics.mean(sum(m) for f in forwards for m in f.mask)
+    model, out = eng.model._module, tmp / "out-e"
+
+    def whole():  # what `run` does once the model is loaded: compile, execute, write the files
+        run.execute(compiler.compile_document(doc, eng, root), eng, out, replace=True, progress=False)
+
+    def bare():  # the two forwards, the head at the last position only (all the document reads of it)
+        with torch.no_grad():
+            for forward in forwards:
+                model(**eng.inputs(forward.ids, forward.mask), logits_to_keep=1)
+
+    whole()
+    placed = json.loads((out / "iia.json").read_text(encoding="utf-8"))
+    t = side_by_side({"run": whole, "bare": bare}, repeats)
+    ratio = t["run"] / t["bare"]
+    print(f"(e) entity_patch.json, {rows} rows x {real:.0f} tokens (padded to {width}), anchored write and operand, "
+          f"{LLAMA}; compile alone {compile_s:.2f} s; {sum(r['eligible'] for r in placed)}/{rows} rows placed")
+    print(f"    run (compile + execute, files written) {t['run']:7.2f} s = {ratio:.2f}x the bare forwards "
+          f"({t['bare']:.2f} s)   [target <= 1.25x: {verdict(ratio <= 1.25)}]")
+    TABLE.append((f"(e) `run` of `documents/entity_patch.json` (write and operand anchored to each row's entity), "
+                  f"{rows} rows x {real:.0f} tokens, {LLAMA}",
+                  f"{t['run']:.2f} s (compile + execute) = {ratio:.2f}x the 2 bare forwards it needs "
+                  f"({t['bare']:.2f} s, head at the last position)", f"<= 1.25x: {verdict(ratio <= 1.25)}"))
+
+
+def bench_f(rows: int, tokens: int, tmp: pathlib.Path) -> None:
+    path, root, _doc = entity_setup(tmp, rows, tokens)
+    run_mib, load_mib = run_peak(path, tmp / "mem-e", root), load_peak()
+    ok = run_mib <= load_mib + 1536
+    print(f"(f) peak RSS of (e) as `run` in a new process: {run_mib:.0f} MiB; the model loaded alone: {load_mib:.0f} "
+          f"MiB (+{run_mib - load_mib:.0f} MiB)   [target <= model + 1536 MiB: {verdict(ok)}]")
+    TABLE.append(("(f) peak RSS of (e), `run` as a new process",
+                  f"{run_mib:,.0f} MiB; the model loaded alone {load_mib:,.0f} MiB (+{run_mib - load_mib:,.0f} MiB)",
+                  f"<= model + 1.5 GiB: {verdict(ok)}"))
+
+
+# ---------------------------------------------------------------- (g): a 16-head sweep, shared forwards
+
+
+def heads_document(key: str, heads: int) -> dict:
+    doc = json.loads((DOCS / "head_patching.json").read_text(encoding="utf-8"))
+    doc["model"]["key"] = key
+    doc["sites"]["target"]["heads"] = {"sweep": [[h] for h in range(heads)]}
+    return doc
+
+
+def counted(eng) -> list:
+    """Count the engine's forwards (a list the wrapped method appends to)."""
+    calls: list = []
+    forward = eng.forward
+
+    def wrapped(batch):
+        calls.append(len(batch.ids))
+        return forward(batch)
+
+    eng.forward = wrapped
+    return calls
+
+
+def bench_g(rows: int, repeats: int, tmp: pathlib.Path) -> None:
+    from causalab_ref import share
+
+    heads = 16
+    key = register(HEADS16, 2002, "a Llama with 16 heads, 2 layers, hidden 256", hidden_size=256,
+                   intermediate_size=688, num_attention_heads=heads, num_key_value_heads=heads)
+    eng = load(key)
+    root = repeated_rows(tmp, rows)
+    doc = heads_document(key, heads)
+    t = time.perf_counter()
+    plan = compiler.compile_document(doc, eng, root)
+    compile_s = time.perf_counter() - t
+    leaves = plan.leaves()
+    by_input = {f.input: f for f in leaves[0].steps[0].forwards}
+    cf_in, bs_in = inputs_of(by_input["counterfactual"]), inputs_of(by_input["base"])
+    model, d = eng.model, eng.config.hidden_size // heads
+    out = tmp / "out-g"
+
+    def hand():  # 17 forwards: the counterfactual once, then one patched forward per head
+        with torch.no_grad():
+            with model.trace(cf_in):
+                v_cf = model.layers[0].self_attn.o_proj.input[:, -1, :].save()
+            logits = []
+            for h in range(heads):
+                with model.trace(bs_in):
+                    model.layers[0].self_attn.o_proj.input[:, -1, h * d:(h + 1) * d] = v_cf[:, h * d:(h + 1) * d]
+                    logits.append(model.lm_head.output[:, -1, :].save())
+        return [_value(x) for x in logits]
+
+    def execute():
+        run.execute(plan, eng, out, replace=True, progress=False)
+
+    memo, calls = share.Memo(plan), counted(eng)
+    theirs = [run.run_step(eng, leaf.steps[0], memo=memo)["values"]["logits"][:, 0, :] for leaf in leaves]
+    forwards = len(calls)
+    for h, (mine, got) in enumerate(zip(hand(), theirs)):
+        assert torch.allclose(mine, got, atol=1e-5), (h, float((mine - got).abs().max()))
+    t = side_by_side({"run": execute, "hand": hand}, repeats)
+    ratio = t["run"] / t["hand"]
+    print(f"(g) {heads}-head sweep at attention_premix[0], {key} (2 layers, hidden 256), {rows} rows x "
+          f"{len(bs_in['input_ids'][0])} tokens: {len(leaves)} points, {forwards} forwards run; compile "
+          f"{compile_s * 1e3:.0f} ms (once)")
+    print(f"    run (execute, files written) {t['run'] * 1e3:8.1f} ms = {ratio:.2f}x the hand-written nnsight script "
+          f"({t['hand'] * 1e3:.1f} ms, {heads + 1} forwards)   [target <= 1.15x: {verdict(ratio <= 1.15)}]")
+    TABLE.append((f"(g) {heads}-head sweep at `attention_premix[0]` (one point per head), {rows} rows, a seeded Llama "
+                  "with 16 heads (2 layers, hidden 256)",
+                  f"{t['run'] * 1e3:.0f} ms, {forwards} forwards = {ratio:.2f}x the hand-written nnsight script doing "
+                  f"the {heads + 1} forwards ({t['hand'] * 1e3:.0f} ms)", f"<= 1.15x: {verdict(ratio <= 1.15)}"))
+
+
+# ---------------------------------------------------------------- (h): decode with a read and a write per step
+
+
+def decode_document(steps: int, scale: float) -> dict:
+    """A greedy decode: block_output[0] shifted by `scale` at every step, the head read at every step (and
+    scored at the first: a metric needs one position; the hand-written generate takes it from its per-step read)."""
+    every = {"frame": "generated", "all": True}
+    return {
+        "model": {"key": LLAMA, "revision": "seeded", "dtype": "fp32"},
+        "roles": {"base": {"field": "input"}},
+        "sites": {"resid": {"component": "block_output", "layers": [0]}, "head": {"component": "lm_head"}},
+        "interventions": {"steer": {
+            "decode": steps,
+            "reads": {"every": {"site": "head", "pos": every, "model": "steered", "input": "base"},
+                      "first": {"site": "head", "pos": {"frame": "generated", "index": 0}, "model": "steered",
+                                "input": "base"}},
+            "writes": {"push": {"site": "resid", "pos": every, "mechanism": "add_scaled", "operand": scale}},
+            "models": {"steered": {"input": "base", "writes": ["push"]}},
+            "metrics": {"p_first": {"kind": "token_prob", "of": "first", "token": "cf_answer"}}}},
+        "steps": {"decode": {"kind": "observe", "interventions": "steer", "rows": {"base": "weekdays/train"},
+                             "saves": [{"value": "p_first", "file_path": "p_first.json"},
+                                       {"value": "steered.generated", "file_path": "generated.safetensors"}]}},
+    }
+
+
+def bench_h(rows: int, steps: int, repeats: int, tmp: pathlib.Path) -> None:
+    eng = load(LLAMA)
+    root = repeated_rows(tmp, rows)
+    scale = 0.5
+    plan = compiler.compile_document(decode_document(steps, scale), eng, root)
+    step = plan.leaves()[0].steps[0]
+    forward = step.forwards[0]
+    model, out = eng.model, tmp / "out-h"
+    answer = torch.tensor(dict(step.metrics[0].answers)["token"])
+    options = {"max_new_tokens": steps, "min_new_tokens": steps, "do_sample": False,
+               "eos_token_id": list(eng.stop_ids()), "pad_token_id": eng.tokenizer.pad_token_id}
+
+    def hand():
+        with torch.no_grad(), model.generate(inputs_of(forward), **options) as tracer:
+            logits = list().save()
+            for _ in tracer.iter[:]:
+                model.layers_output[0][:, -1, :] += scale
+                logits.append(model.lm_head.output[:, -1, :])
+            generated = model.generator.output.save()
+        logits = torch.stack(_value(logits), 1)
+        p_first = logits[:, 0].softmax(-1).gather(1, answer[:, None])[:, 0]
+        return logits, _value(generated)[:, len(forward.ids[0]):], p_first
+
+    def execute():
+        run.execute(plan, eng, out, replace=True, progress=False)
+
+    mine, ids, p_first = hand()
+    done = run.run_step(eng, step)
+    got = done["values"]
+    assert torch.allclose(p_first, torch.tensor(done["scores"]["p_first"]), atol=1e-6)
+    assert torch.equal(ids, got["steered.generated"])
+    flat = mine.flatten(0, 1)  # the run's read is ragged: (rows x steps, vocabulary), row by row
+    assert torch.allclose(flat, got["every"], atol=1e-5), float((flat - got["every"]).abs().max())
+    t = side_by_side({"run": execute, "hand": hand}, repeats)
+    ratio = t["run"] / t["hand"]
+    print(f"(h) decode on {LLAMA}: {rows} rows x {steps} greedy steps, block_output[0] written and the head read at "
+          "every step")
+    print(f"    run (execute, files written) {t['run'] * 1e3:8.1f} ms = {ratio:.2f}x a hand-written nnsight generate "
+          f"({t['hand'] * 1e3:.1f} ms)   [target <= 1.25x: {verdict(ratio <= 1.25)}]")
+    TABLE.append((f"(h) decode, {rows} rows x {steps} greedy steps, `block_output[0]` written and the head read at "
+                  f"every step, {LLAMA}",
+                  f"{t['run'] * 1e3:.0f} ms = {ratio:.2f}x a hand-written nnsight generate ({t['hand'] * 1e3:.0f} ms)",
+                  f"<= 1.25x: {verdict(ratio <= 1.25)}"))
+
+
+# ---------------------------------------------------------------- (i): validate and explain as a new process
+
+
+def _imports(verb: str, doc: str) -> float:
+    """Seconds of a new `verb` process spent importing: the top-level rows of `python -X importtime`."""
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "causalab_ref", verb, doc], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = re.findall(r"^import time:\s+\d+ \|\s+(\d+) \| (\S.*)$", proc.stderr, re.M)
+    return sum(int(us) for us, _name in rows) / 1e6  # only unindented names: each import counted once
+
+
+def _process(argv: list) -> None:
+    proc = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def bench_i(repeats: int) -> None:
+    doc = "documents/patching.json"
+    fns = {verb: (lambda verb=verb: _process(["-m", "causalab_ref", verb, doc])) for verb in ("validate", "explain")}
+    fns["python"] = lambda: _process(["-c", "pass"])
+    t = side_by_side(fns, repeats)
+    print(f"(i) a new process on {doc} (python itself starts in {t['python']:.2f} s):")
+    for verb in ("validate", "explain"):
+        imports = statistics.median(_imports(verb, doc) for _ in range(max(1, repeats // 2)))
+        print(f"    {verb:9s} {t[verb]:.2f} s, of which imports {imports:.2f} s ({imports / t[verb]:.0%})")
+        TABLE.append((f"(i) `{verb} {doc}` as a new process",
+                      f"{t[verb]:.2f} s, of which imports {imports:.2f} s ({imports / t[verb]:.0%}; python itself "
+                      f"starts in {t['python']:.2f} s)", "—"))
+
+
+# ---------------------------------------------------------------- main
+
+
+def machine() -> str:
+    cpu = next((line.split(":", 1)[1].strip() for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor() or "unknown CPU")
+    mem = next((int(line.split()[1]) for line in pathlib.Path("/proc/meminfo").read_text().splitlines()
+                if line.startswith("MemTotal")), 0)
+    import nnsight
+    import transformers
+    return (f"{os.cpu_count()} cores ({cpu}), {mem / 2 ** 20:.0f} GiB, {platform.system()} {platform.machine()}; "
+            f"python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}, "
+            f"nnsight {nnsight.__version__}; {torch.get_num_threads()} torch thread")
+
+
+def markdown() -> str:
+    lines = ["| what | measured | target |", "|---|---|---|"]
+    return "\n".join(lines + [f"| {what} | {measured} | {target} |" for what, measured, target in TABLE])
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rows", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--only", default="a,b,c,d")
+    parser.add_argument("--quick", action="store_true", help="toy sizes: checks the script runs, measures nothing")
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--only", default="a,b,c,d,e,f,g,h,i")
+    parser.add_argument("--markdown", default=None, help="also write the results as README's table to this file")
     args = parser.parse_args()
+    size = dict(QUICK if args.quick else FULL)
+    if args.repeats:
+        size["repeats"] = args.repeats
     torch.set_num_threads(1)
     only = set(args.only.split(","))
-    engine._quiet_transformers()
-    print(f"causalab_ref bench: torch {torch.__version__}, {torch.get_num_threads()} thread, python "
-          f"{sys.version.split()[0]}")
+    checkpoint.quiet_transformers()
+    print(f"causalab_ref bench{' (--quick: toy sizes)' if args.quick else ''}: {machine()}")
+    repeats = size["repeats"]
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
+        if "f" in only:  # first, while this process is small: it runs in a process of its own anyway
+            bench_f(*size["e"], tmp / "f")
         if "a" in only:
-            bench_a("fixture:tiny-llama", args.rows, args.repeats, tmp / "small")
-            bench_a(register_big(), args.rows, args.repeats, tmp / "big")
+            bench_a(LLAMA, size["rows"], repeats, tmp / "small")
+            big = register(BIG, 2001, "a larger Llama, 8 layers, hidden 512", hidden_size=512, intermediate_size=1376,
+                           num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=8)
+            bench_a(big, size["rows"], repeats, tmp / "big")
         if "b" in only:
-            bench_b(256, 512, max(1, args.repeats // 3))
+            bench_b(*size["b"], max(1, repeats // 3))
         if "c" in only:
-            bench_c(max(1, args.repeats // 3))
+            bench_c(max(1, repeats // 3))
         if "d" in only:
             bench_d(tmp)
+        if "e" in only:
+            bench_e(*size["e"], size["e_repeats"], tmp / "e")
+        if "g" in only:
+            bench_g(size["g_rows"], repeats, tmp / "g")
+        if "h" in only:
+            bench_h(*size["h"], repeats, tmp / "h")
+        if "i" in only:
+            bench_i(size["i_repeats"])
+    table = markdown()
+    print("\n" + table)
+    if args.markdown:
+        pathlib.Path(args.markdown).write_text(f"Machine: {machine()}\n\n{table}\n", encoding="utf-8")
     return 0
 
 
