@@ -2,13 +2,17 @@
 four fixture families."""
 from __future__ import annotations
 
+import copy
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
-from causalab_ref import access, address, checkpoint, fixtures
-from causalab_ref.shapes import Refusal
+from causalab_ref import access, address, checkpoint, engine, fixtures, validate
+from causalab_ref import compile as compiler
+from causalab_ref.shapes import Model, Refusal
 
 FAMILIES = ("llama", "gpt2", "gemma2", "gptoss")
 #: the four above and the two block structures they lack: a post-norm block, a linear/softmax hybrid
@@ -18,6 +22,12 @@ ALL_FIXTURES = FAMILIES + ("olmo2", "qwen3next")
 IDS = torch.tensor([[1, 5, 6, 7, 8, 9, 10, 6], [0, 0, 0, 0, 0, 1, 11, 12]])
 MASK = torch.tensor([[1] * 8, [0] * 5 + [1] * 3])
 INPUTS = {"input_ids": IDS, "attention_mask": MASK}
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "documents" / "data"
+PATCHING = json.loads((ROOT / "documents" / "patching.json").read_text())
+#: the load-time extension point: the gate projection, between mlp_input (40) and mlp_activation (44)
+GATE = {"mlp_gate_output": ("mlp.gate_proj", 42)}
 
 
 def _dir(family: str) -> str:
@@ -42,6 +52,22 @@ def eager():
 def llama_meta():
     """The Llama fixture at its default attention (sdpa), no weights."""
     return checkpoint.standardized(_dir("llama"), weights=False)
+
+
+@pytest.fixture(scope="module")
+def llama_engine_meta():
+    """The Llama fixture as an engine, no weights, with the `mlp_gate_output` extra (what compile is given)."""
+    return engine.load(Model(key="fixture:tiny-llama", revision="seeded", dtype="fp32"), weights=False, extra=GATE)
+
+
+def _compile_at(eng, name: str, site: dict):
+    """Compile the shipped patching document with its swap (read and write) at site `name` = `site`."""
+    raw = copy.deepcopy(PATCHING)
+    del raw["sites"]["target"]
+    raw["sites"][name] = site
+    patching = raw["interventions"]["patching"]
+    patching["reads"]["v_cf"]["site"] = patching["writes"]["patch"]["site"] = name
+    return compiler.compile_document(raw, eng, DATA)
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +141,17 @@ def test_layer_outside_the_stack_is_refused_by_number(llama_meta):
         address.locate(llama_meta, "block_output", 24, site="target")
     assert e.value.message == "site 'target': layer 24 is outside the model's 2 layers"
     assert e.value.path == "sites.target" and e.value.stage == "compile"
+
+
+def test_a_negative_layer_is_refused_at_compile_by_number(llama_engine_meta):
+    """SPEC.md:120 [L3] a negative layer is outside the stack: refused when compiled, by number."""
+    doc = copy.deepcopy(PATCHING)
+    doc["sites"]["target"]["layers"] = [-1]
+    validate.document(doc)
+    with pytest.raises(Refusal) as refusal:
+        compiler.compile_document(doc, llama_engine_meta, DATA)
+    assert (refusal.value.stage, refusal.value.message) == ("compile", "site 'target': layer -1 is outside the "
+                                                            "model's 2 layers")
 
 
 def test_per_layer_component_without_a_layer_is_refused(llama_meta):
@@ -381,55 +418,44 @@ def test_input_ids_write_is_refused(eager):
 # ---------------------------------------------------------------- heads and units past the end
 
 
-def test_a_head_or_unit_past_the_end_is_refused_at_compile_against_the_real_count(llama_meta):
+def test_a_head_or_unit_past_the_end_is_refused_at_compile_against_the_real_count(llama_engine_meta):
     """seed 004:167 / SPEC.md:132 [L15] — `site 't': head 4 of a 4-head tensor`, `site 't': unit 20 of a
     16-wide tensor`; the last head and the last unit are accepted."""
-    from causalab_ref import compile as compiler
-    from causalab_ref.shapes import Site
-
-    premix = address.locate(llama_meta, "attention_premix", 0, site="t")
-    compiler._check_selection(premix, Site("attention_premix", (0,), heads=(3,)), "t")
+    premix = {"component": "attention_premix", "layers": [0]}
+    _compile_at(llama_engine_meta, "t", {**premix, "heads": [3]})
     with pytest.raises(Refusal) as e:
-        compiler._check_selection(premix, Site("attention_premix", (0,), heads=(0, 4)), "t")
+        _compile_at(llama_engine_meta, "t", {**premix, "heads": [0, 4]})
     assert (e.value.message, e.value.path, e.value.stage) == (
         "site 't': head 4 of a 4-head tensor", "sites.t.heads", "compile")
-    out = address.locate(llama_meta, "block_output", 0, site="t")
-    compiler._check_selection(out, Site("block_output", (0,), units=(15,)), "t")
+    out = {"component": "block_output", "layers": [0]}
+    _compile_at(llama_engine_meta, "t", {**out, "units": [15]})
     with pytest.raises(Refusal) as e:
-        compiler._check_selection(out, Site("block_output", (0,), units=(20,)), "t")
+        _compile_at(llama_engine_meta, "t", {**out, "units": [20]})
     assert (e.value.message, e.value.path) == ("site 't': unit 20 of a 16-wide tensor", "sites.t.units")
 
 
-def test_units_past_the_width_are_refused_when_a_document_compiles(llama_meta):
-    """SPEC.md:132 [L15] — the same refusal from compile_document on the shipped patching document."""
-    import copy
-    import json
-    from pathlib import Path
-
-    from causalab_ref import compile as compiler
-    from causalab_ref import engine, validate
-
-    root = Path(__file__).resolve().parents[1]
-    raw = json.loads((root / "documents" / "patching.json").read_text())
-    raw = copy.deepcopy(raw)
-    raw["sites"]["target"]["units"] = [20]
-    eng = engine.load(validate.document(raw).model, weights=False)
-    with pytest.raises(Refusal) as e:
-        compiler.compile_document(raw, eng, root / "documents" / "data")
-    assert e.value.message == "site 'target': unit 20 of a 16-wide tensor"
+def test_a_write_and_operand_of_different_widths_are_refused_at_compile(llama_engine_meta):
+    """SPEC.md:143 [L26] 64 mlp_activation features cannot land in a 16-wide block_output: refused when
+    compiled, naming both places."""
+    doc = copy.deepcopy(PATCHING)
+    doc["sites"]["act"] = {"component": "mlp_activation", "layers": [0]}
+    doc["interventions"]["patching"]["reads"]["v_cf"]["site"] = "act"
+    with pytest.raises(Refusal) as refusal:
+        compiler.compile_document(doc, llama_engine_meta, DATA)
+    assert refusal.value.message == ("write 'patch' lands 16 features per position at block_output[0], and its "
+                                     "operand 'v_cf' was read with 64 at mlp_activation[0]; a swap needs the same "
+                                     "width on both sides")
+    assert (refusal.value.stage, refusal.value.path) == ("compile", "interventions.patching.writes.patch")
 
 
 # ---------------------------------------------------------------- the extension point
 
 
-def test_units_at_an_extra_name_are_refused_for_want_of_a_width(llama_meta, eager):
+def test_units_at_an_extra_name_are_refused_for_want_of_a_width(llama_meta, llama_engine_meta, eager):
     """seed 004:259 / SPEC.md:140 [L23] — an added name has no width, so `units` there (what a featurizer
     would need) is refused with the seed's text at compile; its order puts it in forward order: the gate
     projection (42) reads in one trace between mlp_input (40) and mlp_activation (44), act_fn of it."""
-    from causalab_ref import compile as compiler
-    from causalab_ref.shapes import Site
-
-    extra = {"mlp_gate_output": ("mlp.gate_proj", 42)}
+    extra = GATE
     a = address.locate(llama_meta, "mlp_gate_output", 1, extra=extra)
     assert (a.layer, a.heads, a.seq_axis) == (1, None, 1)
     m = eager("llama")
@@ -442,7 +468,7 @@ def test_units_at_an_extra_name_are_refused_for_want_of_a_width(llama_meta, eage
     act = m.layers[1].mlp.act_fn._module
     assert torch.allclose(act(gate), activation, atol=1e-6)
     with pytest.raises(Refusal) as e:
-        compiler._check_selection(a, Site("mlp_gate_output", (1,), units=(0,)), "g")
+        _compile_at(llama_engine_meta, "g", {"component": "mlp_gate_output", "layers": [1], "units": [0]})
     assert (e.value.message, e.value.path, e.value.stage) == (
         "the width of 'mlp_gate_output' is not a fact about the model: it depends on the batch "
         "(the attention pattern's key axis) or is not a tensor's", "sites.g.units", "compile")
@@ -451,6 +477,14 @@ def test_units_at_an_extra_name_are_refused_for_want_of_a_width(llama_meta, eage
     with pytest.raises(Refusal) as e:
         address.locate(llama_meta, "mlp_gate_output", 0, extra={"mlp_gate_output": ("mlp.no_such", 42)})
     assert e.value.message == "component 'mlp_gate_output': this model's layer 0 has no module 'mlp.no_such'"
+
+
+def test_heads_at_an_added_place_with_no_head_count_is_refused(llama_engine_meta):
+    """SPEC.md:131 [L14] heads at a place added with `extra` (no head count) is refused, not a TypeError."""
+    with pytest.raises(Refusal) as refusal:
+        _compile_at(llama_engine_meta, "target", {"component": "mlp_gate_output", "layers": [0], "heads": [0]})
+    assert refusal.value.message.startswith("'mlp_gate_output' is not a per-head tensor; `heads` applies at [")
+    assert refusal.value.path == "sites.target.heads"
 
 
 # ---------------------------------------------------------------- block structures no fixture has
@@ -501,26 +535,17 @@ def test_a_parallel_block_has_no_block_mid_and_no_mlp_input_norm(tmp_path):
 def test_a_document_names_an_extra_component_given_at_load():
     """SPEC.md:140 [L23] — engine.load(extra=...) makes the name addressable from a document: a read there
     compiles to the module's output at (layer, order); `units` there is refused for want of a width."""
-    import copy
-    import json
-    from pathlib import Path
-
-    from causalab_ref import compile as compiler
-    from causalab_ref import engine, validate
-
-    root = Path(__file__).resolve().parents[1]
-    raw = json.loads((root / "documents" / "patching.json").read_text())
+    raw = copy.deepcopy(PATCHING)
     raw["sites"]["target"] = {"component": "mlp_gate_output", "layers": [1]}
-    eng = engine.load(validate.document(raw).model, weights=False,
-                      extra={"mlp_gate_output": ("mlp.gate_proj", 42)})
-    step = compiler.compile_document(raw, eng, root / "documents" / "data").steps[0]
+    eng = engine.load(validate.document(raw).model, weights=False, extra=GATE)
+    step = compiler.compile_document(raw, eng, DATA).steps[0]
     taps = {t.name: t for f in step.forwards for t in f.taps}
     assert (taps["v_cf"].address.module, taps["v_cf"].address.io, taps["v_cf"].address.rank) == (
         "mlp.gate_proj", "output", (1, 42))
     bad = copy.deepcopy(raw)
     bad["sites"]["target"]["units"] = [0]
     with pytest.raises(Refusal) as e:
-        compiler.compile_document(bad, eng, root / "documents" / "data")
+        compiler.compile_document(bad, eng, DATA)
     assert e.value.message.startswith("the width of 'mlp_gate_output' is not a fact about the model")
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from causalab_ref import compile as compiler
-from causalab_ref import fixtures, locate, run
+from causalab_ref import fixtures, locate, run, validate
 from causalab_ref.shapes import Anchor, Refusal, Where
 
 from conftest import Delegate
@@ -87,6 +87,32 @@ def test_decode_runs_to_its_bound_greedily(llama):
     _step, results, _plan = _run(llama, GENERATED)
     want, _ = _greedy(llama, 6)
     assert torch.equal(results["values"]["original.generated"], want)
+
+
+def test_a_decode_past_the_models_positions_is_refused_at_compile(llama):
+    """SPEC.md:94 [P36] prompt length + decode beyond max_position_embeddings is refused before any forward."""
+    doc = copy.deepcopy(GENERATED)
+    doc["interventions"]["generation"]["decode"] = 5000
+    doc["interventions"]["generation"]["reads"] = {"step0": {"site": "head", "input": "base",
+                                                             "pos": {"frame": "generated", "index": 0}}}
+    doc["interventions"]["generation"]["metrics"] = {"p": {"kind": "token_prob", "of": "step0", "token": "cf_answer"}}
+    doc["steps"]["score"]["saves"] = []
+    with pytest.raises(Refusal) as refusal:
+        compiler.compile_document(doc, llama, DATA)
+    assert refusal.value.message == ("decode 5000 after a 11-token prompt runs past the model's 2048 positions; "
+                                     "decode at most 2037 tokens")
+    assert refusal.value.path == "interventions.generation.decode"
+
+
+def test_a_continuation_write_with_a_cut_and_a_scope_gets_the_cut_refusal():
+    """SPEC.md:100 [P42] the finished-continuation cut is refused before the scope, in A9's order."""
+    doc = copy.deepcopy(GENERATED)
+    iv = doc["interventions"]["generation"]
+    iv["writes"] = {"w": {"site": "head", "mechanism": "swap", "operand": 0.0,
+                          "pos": {"frame": "generated", "index": -1, "scope": {"variable": "said"}}}}
+    with pytest.raises(Refusal) as refusal:
+        validate.document(doc)
+    assert "names a cut of the finished continuation" in refusal.value.message
 
 
 def test_a_step_read_is_the_logits_that_produced_that_token(llama, tmp_path):

@@ -257,6 +257,19 @@ def test_the_where_py_record_is_plain_tuples_per_op(llama):
         assert all(isinstance(s, str) for s in record["tokens"] + record["reason"])
 
 
+def test_a_last_cut_makes_a_pass_report_its_positions(llama):
+    """SPEC.md:88 [P32] only a pass of bare `index` cuts reports nothing; a `last` cut is the row's own
+    and is reported."""
+    doc = copy.deepcopy(PATCHING)
+    for op in (doc["interventions"]["patching"]["reads"]["v_cf"], doc["interventions"]["patching"]["writes"]["patch"]):
+        op["pos"] = {"last": 1}
+    step = compiler.compile_document(doc, llama, DATA).steps[0]
+    assert step.dynamic
+    results = run.run_step(llama, step)
+    assert results["positions"]["patch"]["rows"] == ((10,),) * 4
+    assert results["positions"]["patch"]["tokens"] == ("' is'",) * 4
+
+
 # ---------------------------------------------------------------- anchors
 
 

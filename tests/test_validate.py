@@ -1,4 +1,5 @@
-"""Validation without a model: JSON in, a frozen Document or one Refusal with its dotted path.
+"""Validation without a model: JSON in, a frozen Document or one Refusal with its dotted path (one D16 test
+runs the two tables a step of two interventions saves, on the session's Llama fixture).
 
 Every test starts from a deep copy of documents/patching.json, changes one thing and checks
 one behaviour. Exact refusal texts come from ../shared/reference/seed-tables.md (A9, A11, B11)
@@ -13,7 +14,8 @@ import pathlib
 
 import pytest
 
-from causalab_ref import reader, sweeps, validate
+from causalab_ref import compile as compiler
+from causalab_ref import reader, run, sweeps, validate
 from causalab_ref.shapes import Document, Refusal, Where
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -300,6 +302,48 @@ def test_undeclared_intervention_in_a_step_is_refused():
     r = refused(raw)
     assert r.path == "steps.score.interventions"
     assert r.message == "step 'score': undeclared intervention 'pathcing'; declared: ['patching']"
+
+
+def _two_interventions(saves):
+    raw = doc()
+    other = copy.deepcopy(raw["interventions"]["patching"])
+    other["models"]["patched"]["writes"] = []
+    raw["interventions"]["plain"] = other
+    raw["steps"]["score"]["interventions"] = ["patching", "plain"]
+    raw["steps"]["score"]["saves"] = saves
+    return raw
+
+
+def test_a_step_of_two_interventions_saves_qualified_names(llama, tmp_path):
+    """SPEC.md:28 [D16] with two interventions each metric is saved as <intervention>/<metric>, into its own
+    file, and the two tables differ (the patched one and the plain one)."""
+    raw = _two_interventions([{"value": "patching/logit_diff", "file_path": "patched.json"},
+                              {"value": "plain/logit_diff", "file_path": "plain.json"}])
+    plan = compiler.compile_document(raw, llama, REPO / "documents" / "data")
+    assert [s.name for s in plan.steps] == ["score/patching", "score/plain"]
+    run.execute(plan, llama, tmp_path / "out")
+    patched = [r["value"] for r in json.loads((tmp_path / "out" / "patched.json").read_text())]
+    plain = [r["value"] for r in json.loads((tmp_path / "out" / "plain.json").read_text())]
+    assert all(abs(a - b) > 1e-6 for a, b in zip(patched, plain))
+
+
+def test_an_ambiguous_bare_metric_name_is_refused():
+    """SPEC.md:28 [D16] a bare name two interventions share is not something the step produces."""
+    raw = _two_interventions([{"value": "iia", "file_path": "iia.json"}])
+    with pytest.raises(Refusal) as refusal:
+        validate.document(raw)
+    assert refusal.value.path == "steps.score.saves.0.value"
+    assert "saves 'iia', which it does not produce" in refusal.value.message
+
+
+def test_two_steps_may_not_save_to_one_file():
+    """SPEC.md:28 [D16] a second save to the same file_path in another step is refused."""
+    raw = doc()
+    raw["steps"]["again"] = copy.deepcopy(raw["steps"]["score"])
+    with pytest.raises(Refusal) as refusal:
+        validate.document(raw)
+    assert refusal.value.path == "steps.again.saves.0.file_path"
+    assert refusal.value.message == "'iia.json' is already written by step 'score'; name another file"
 
 
 # ================================================================ later work, refused by name
