@@ -1,11 +1,11 @@
 """Mutation check: does the conformance corpus catch single-rule bugs? (Not a pytest module.)
 
 Each mutant is one textual replacement (old -> new, which must match exactly once) in a
-copy of causalab_ref/; the corpus runs against the copy (`python -m causalab_ref conform
---fail-fast --quiet` with PYTHONPATH at the copy, in-process there) and a mutant is caught
-when some case fails. Usage, from the repository root:
+copy of causalab_ref/; the corpus runs against the copy (`conform --fail-fast --quiet` with
+PYTHONPATH at the copy, in one process there that loads each model block once) and a mutant is
+caught when some case fails. Usage, from the repository root:
 
-    python tests/conformance/mutate.py [--only NAME] [--jobs N]
+    python tests/conformance/mutate.py [--only NAME[,NAME...]] [--jobs N]
 
 Prints one line per mutant and a summary table; exits 1 when a mutant survives.
 """
@@ -261,6 +261,20 @@ MUTANTS = [
 ]
 
 
+# `conform --fail-fast --quiet` of the copy, in one process that loads each model block once for the
+# whole corpus (tests/fuzzing.py's cache, as the corpus test does): the first load of every block runs
+# the mutated loading code, and the cases are the same.
+DRIVER = """
+import sys
+sys.path.append(sys.argv[1])
+import fuzzing
+from causalab_ref import cli
+with fuzzing.cached_loads():
+    status = cli.main(["conform", "--fail-fast", "--quiet", "--cases", sys.argv[2]])
+sys.exit(status)
+"""
+
+
 def apply(copy_root: Path, file: str, old: str, new: str) -> None:
     target = copy_root / "causalab_ref" / file
     text = target.read_text(encoding="utf-8")
@@ -290,9 +304,8 @@ def run_one(mutant) -> tuple[str, str, float, str]:
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         if file:
             apply(copy_root, file, old, new)
-        done = subprocess.run([sys.executable, "-m", "causalab_ref", "conform", "--fail-fast", "--quiet",
-                               "--cases", str(CASES)], cwd=tmp, env=_environment(copy_root),
-                              capture_output=True, text=True)
+        done = subprocess.run([sys.executable, "-c", DRIVER, str(ROOT / "tests"), str(CASES)], cwd=tmp,
+                              env=_environment(copy_root), capture_output=True, text=True)
     failed = [ln.split()[1] for ln in done.stdout.splitlines() if ln.startswith("FAIL ")]
     if done.returncode == 0:
         verdict, by = "SURVIVED", ""
@@ -308,7 +321,8 @@ def main() -> int:
     parser.add_argument("--only", default=None)
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args()
-    mutants = [m for m in MUTANTS if not args.only or args.only in m[0]]
+    wanted = [w for w in (args.only or "").split(",") if w]  # a comma-separated list of name parts
+    mutants = [m for m in MUTANTS if not wanted or any(w in m[0] for w in wanted)]
     # The mutant runs `conform` from its copy, so check the copy can import before anything else.
     for m in mutants:
         with tempfile.TemporaryDirectory() as tmp:
