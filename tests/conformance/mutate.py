@@ -37,6 +37,8 @@ MUTANTS = [
      "return torch.randn(d, k, generator=generator, dtype=torch.float32)"),
     ("a gate's hard mask keeps theta = 0", "FZ8", "featurizers.py",
      "return (theta > 0).to(torch.float32)", "return (theta >= 0).to(torch.float32)"),
+    ("a loaded pca basis read as a Cayley parameter", "FZ33", "featurizers.py",
+     'Basis("pca", t["weight"], rotation=False)', 'Basis("pca", t["weight"], rotation=True)'),
     ("the SAE drops its error term", "FZ6", "featurizers.py",
      'return self._decode(f, self._on(f.device)) + err', 'return self._decode(f, self._on(f.device))'),
     ("the SAE without its ReLU", "FZ6", "featurizers.py",
