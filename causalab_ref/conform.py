@@ -124,10 +124,10 @@ def _prepare(case: dict, tmp: Path) -> tuple[list[str], Path]:
     """Write the case's files; return the argv (after CMD) and the --out folder."""
     data_root = tmp / "data"
     _write_data(case, data_root)
-    for rel in case.get("files") or ():  # files a document names by relative path (a bundle): the corpus's,
-        source = Path(case["_file"]).resolve().parent / rel  # else the repository's the case belongs to
+    for rel in case.get("files") or ():  # files a document names by relative path (a bundle): the corpus's own
+        source = Path(case["_file"]).resolve().parent / "files" / rel
         if not source.is_file():
-            source = Path(case["_file"]).resolve().parents[2] / rel
+            raise ValueError(f"{case['name']}: file {rel!r} is not in the corpus (files/{rel})")
         (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, tmp / rel)
     doc = tmp / "document.json"

@@ -1,7 +1,7 @@
 """Black-box self-check: the corpus against `python -m causalab_ref` as a stranger would run it.
 
 From an empty temporary directory holding only the exported fixture folders (`fixtures export`)
-and a copy of the corpus (the cases, their data tables and the case schema), it runs
+and a copy of the corpus (the cases, their data tables, the files they name and the case schema), it runs
 
     python -m causalab_ref conform --impl "python -m causalab_ref" --fixtures fixtures --cases corpus
 
@@ -31,6 +31,7 @@ def copy_corpus(target: Path) -> None:
     for file in sorted(CORPUS.glob("*.json")):
         shutil.copyfile(file, target / file.name)
     shutil.copytree(CORPUS / "data", target / "data")
+    shutil.copytree(CORPUS / "files", target / "files")
 
 
 def main(argv=None) -> int:
