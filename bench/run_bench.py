@@ -74,7 +74,7 @@ QUICK = {"rows": 8, "repeats": 2, "b": (16, 128), "e": (16, 120), "e_repeats": 1
 
 def register(name: str, seed: int, note: str, **config) -> str:
     """A seeded Llama built exactly as the fixtures are (recipe, seeded init, the same tokenizer)."""
-    fixtures._RECIPES[name] = {"config": dict(fixtures.LLAMA_CONFIG, **config), "seed": seed, "tokenizer": "llama2",
+    fixtures.RECIPES[name] = {"config": dict(fixtures.LLAMA_CONFIG, **config), "seed": seed, "tokenizer": "llama2",
                                "stands_in_for": f"(bench only) {note}"}
     return fixtures.FIXTURE_PREFIX + name
 

@@ -307,8 +307,9 @@ QWEN3NEXT_CONFIG: dict[str, Any] = {
     "vocab_size": 1000,
 }
 
-# name -> (config, seed, tokenizer kind, hub checkpoint it stands in for)
-_RECIPES: dict[str, dict[str, Any]] = {
+# The recipe table (public: tests compare a built config.json with its row): name -> (config, seed,
+# tokenizer kind, hub checkpoint it stands in for)
+RECIPES: dict[str, dict[str, Any]] = {
     name: {"config": config, "seed": seed, "tokenizer": tokenizer, "stands_in_for": stands_in_for}
     for name, config, seed, tokenizer, stands_in_for in [
         ("tiny-llama", LLAMA_CONFIG, 1001, "llama2", "hf-internal-testing/tiny-random-LlamaForCausalLM"),
@@ -331,13 +332,13 @@ def is_fixture(key: str) -> bool:
 
 def names() -> tuple[str, ...]:
     """The fixture keys, in a fixed order."""
-    return tuple(FIXTURE_PREFIX + n for n in _RECIPES)
+    return tuple(FIXTURE_PREFIX + n for n in RECIPES)
 
 
 def _name(key: str) -> str:
     if is_fixture(key):
         name = key[len(FIXTURE_PREFIX):]
-        if name in _RECIPES:
+        if name in RECIPES:
             return name
     raise Refusal(
         f"unknown fixture {key!r}; the fixtures are {', '.join(names())}",
@@ -425,7 +426,7 @@ def _bpe_files(with_json: bool = False) -> dict[str, pathlib.Path]:
 
 def _tokenizer_sources(name: str) -> tuple[dict[str, pathlib.Path], dict[str, Any]]:
     """(files to copy into the checkpoint dir, tokenizer_config dict) for a recipe."""
-    kind = _RECIPES[name]["tokenizer"]
+    kind = RECIPES[name]["tokenizer"]
     if kind == "llama2":
         return {"tokenizer.model": llama_tokenizer_model()}, LLAMA_TOKENIZER_CONFIG
     return _bpe_files(with_json=kind == "bpe-json"), BPE_TOKENIZER_CONFIG
@@ -439,7 +440,7 @@ def _canonical(obj: Any) -> bytes:
 
 
 def _recipe(name: str) -> dict[str, Any]:
-    r = _RECIPES[name]
+    r = RECIPES[name]
     files, tok_config = _tokenizer_sources(name)
     return {
         "name": name,
@@ -492,7 +493,7 @@ def _state_dict(name: str) -> dict[str, Any]:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    r = _RECIPES[name]
+    r = RECIPES[name]
     cfg_dict = dict(r["config"])
     model_type = cfg_dict.pop("model_type")
     config = AutoConfig.for_model(model_type, **cfg_dict)
@@ -537,7 +538,7 @@ def _build(name: str, recipe: dict[str, Any], digest: str, out: pathlib.Path) ->
         if _sha256_file(out / fn) != recipe["tokenizer_files"][fn]:
             raise RuntimeError(f"fixture {name}: {src} changed while building")
     _write_json(out / "tokenizer_config.json", tok_config)
-    _write_json(out / "config.json", _RECIPES[name]["config"])
+    _write_json(out / "config.json", RECIPES[name]["config"])
     sd = _state_dict(name)
     save_file({k: sd[k] for k in sorted(sd)}, str(out / "model.safetensors"), metadata={"format": "pt"})
     hashes = {f.name: _sha256_file(f) for f in sorted(out.iterdir())}

@@ -187,7 +187,7 @@ def test_checkpoints_load_cleanly():
         with torch.no_grad():
             logits = model(input_ids=ids).logits
         assert torch.isfinite(logits).all(), key
-        assert json.loads((d / "config.json").read_text()) == fixtures._RECIPES[key.split(":", 1)[1]]["config"]
+        assert json.loads((d / "config.json").read_text()) == fixtures.RECIPES[key.split(":", 1)[1]]["config"]
 
 
 def test_concurrent_builder_accepted(monkeypatch, tmp_path):
