@@ -131,6 +131,8 @@ PER_HEAD = tuple(sorted(n for n, r in TABLE.items() if r.per_head))
 INTERIORS = tuple(n for n, r in TABLE.items() if r.interior)
 #: the attention sublayer's places: nothing to attach to on a linear-attention layer
 ATTENTION = tuple(n for n in TABLE if n.startswith("attention_"))
+#: the places the head computes (vocabulary-wide): computed only at the positions a tap names (SPEC.md Q8)
+HEAD = tuple(n for n, r in TABLE.items() if r.width == "vocab_size")
 
 # Module spellings tried in order, relative to the layer, for each boundary row whose
 # spelling differs by family.  The first that exists in the module tree wins.

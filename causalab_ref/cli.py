@@ -55,6 +55,10 @@ def _lowered(raw):
     return form, raw
 
 
+BUDGET_HELP = ("the bytes one pass may hold (a number, or with KiB, MiB, GiB; default 1GiB): rows are split into "
+               "passes that fit, unless --batch-size says how many")
+
+
 def _compile(args, engine_name: str, weights: bool = False, device_map: str = "cpu"):
     """The one pass down: read -> lower (a protocol document to the plan-shaped one it means) -> validate
     (each point once) -> load the model -> compile. A protocol document's plan keeps the document as
@@ -62,11 +66,12 @@ def _compile(args, engine_name: str, weights: bool = False, device_map: str = "c
     from dataclasses import replace
 
     from . import compile as compiler
-    from . import engine, protocol
+    from . import engine, memory, protocol
+    budget = memory.parse_budget(getattr(args, "memory_budget", None))
     given, raw, points = _read_document(args.document, args)
     eng = engine.load(points[0].document.model, kind=engine_name, weights=weights,
                       device_map=device_map)  # the model is never swept
-    plan = compiler.compile_document(raw, eng, Path(args.data_root), points)
+    plan = compiler.compile_document(raw, eng, Path(args.data_root), points, budget=budget)
     if args.format == "protocol":
         plan = replace(plan, digest=protocol.digest(given), raw=given)
     return raw, eng, plan
@@ -286,6 +291,7 @@ def _document_verbs(verbs) -> None:
         p.add_argument("--data-root", default=DEFAULT_DATA_ROOT)
         p.add_argument("--engine", choices=("nnterp", "hooks"), default="nnterp")
         p.add_argument("--device-map", default="cpu", help=DEVICE_MAP_HELP)
+        p.add_argument("--memory-budget", default=None, help=BUDGET_HELP)
         if name == "run":
             p.add_argument("--out", default="out")
             p.add_argument("--replace", action="store_true", help="replace an existing --out folder")

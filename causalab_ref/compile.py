@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from . import bundles, data, fit, locate, metrics, outputs, reader, share, validate
+from . import bundles, data, fit, locate, memory, metrics, outputs, reader, share, validate
 from .plan import FeaturizerPlan, FitPlan, Forward, MetricPlan, ObservePlan, Plan, Tap, WeightsPlan
 from .shapes import Address, Document, Observe, Ref, Refusal, Where
 
@@ -289,6 +289,14 @@ class Context:
     featurizers: dict  # name -> FeaturizerPlan
     digest: str = ""
     sources: dict = field(default_factory=dict)  # output name -> outputs.Source, published so far (SPEC.md §8.2)
+    budget: int = memory.DEFAULT_BUDGET  # --memory-budget, bytes (SPEC.md Q11)
+    window: int = 0  # the most rows every pass so far runs at once within the budget (0: no bound)
+
+    def bound(self, passes: list, step_name: str) -> None:
+        """Fold one document step's passes into the rows per pass (refused when one row does not fit, Q12)."""
+        fit = memory.rows_per_pass(self.engine, passes, self.budget, f"steps.{step_name}.rows")
+        if fit:
+            self.window = fit if not self.window else min(self.window, fit)
 
     def rows(self, rows: tuple, path: str) -> dict[str, list]:
         """Each role's rows of a step (cached by ref); roles pair by index, so their counts must agree."""
@@ -318,9 +326,11 @@ class Context:
         return out
 
 
-def compile_point(point: validate.Point, engine, data_root: Path, cache: Optional[dict] = None) -> Plan:
+def compile_point(point: validate.Point, engine, data_root: Path, cache: Optional[dict] = None,
+                  budget: int = memory.DEFAULT_BUDGET) -> Plan:
     """One validated point's plan. `cache` keeps rows and tokenized batches across the points of a
-    sweep, which share them unless the sweep moves a field or a dataset ref."""
+    sweep, which share them unless the sweep moves a field or a dataset ref; `budget` bounds a pass's
+    memory (memory.py)."""
     doc, raw = point.document, point.raw
     addresses: dict[str, Address] = {}
     for name, site in doc.sites:
@@ -328,12 +338,14 @@ def compile_point(point: validate.Point, engine, data_root: Path, cache: Optiona
         _check_selection(addresses[name], site, name)
     digest = reader.digest(raw)
     ctx = Context(doc=doc, engine=engine, data_root=data_root, cache={} if cache is None else cache,
-                  addresses=addresses, featurizers={}, digest=digest)
+                  addresses=addresses, featurizers={}, digest=digest, budget=budget)
     ctx.featurizers = featurizer_plans(ctx, digest)
     steps: list = []
     for step_name, step in doc.steps:
+        first = len(steps)
         if step.kind == "fit":
             steps.append(fit_plan(ctx, step_name, step))
+            ctx.bound([p for epoch in steps[-1].updates for p in epoch] + [steps[-1].evaluation], step_name)
         elif step.kind == "weights":
             steps.append(WeightsPlan(name=step_name, names=step.names,
                                      saves=tuple((s.value, s.file_path) for s in step.saves)))
@@ -346,10 +358,11 @@ def compile_point(point: validate.Point, engine, data_root: Path, cache: Optiona
                 steps.append(observe_plan(ctx, name, i_name, rows_by_role, batches,
                                           _saves_of(step, i_name, dict(doc.interventions)), (step_name, step)))
                 published.update(dict(steps[-1].sources))
+            ctx.bound(steps[first:], step_name)
             if len(step.interventions) == 1:  # a step listing several publishes to itself only (M13)
                 ctx.sources.update(published)
     return Plan(label=point.label, digest=digest, raw=raw, steps=tuple(steps),
-                featurizers=tuple(ctx.featurizers.values()))
+                featurizers=tuple(ctx.featurizers.values()), window=ctx.window)
 
 
 def _saves_of(step: Observe, i_name: str, interventions: dict) -> tuple:
@@ -546,7 +559,8 @@ def fit_plan(ctx: Context, step_name: str, step) -> FitPlan:
                    saves=tuple((s.value, s.file_path) for s in step.saves))
 
 
-def compile_document(raw: Any, engine, data_root: Path, points: Optional[list] = None) -> Plan:
+def compile_document(raw: Any, engine, data_root: Path, points: Optional[list] = None,
+                     budget: int = memory.DEFAULT_BUDGET) -> Plan:
     """The root plan: one leaf per sweep point (or the document itself when unswept).
 
     `points` are the document's lowered and validated points (`validate.points_of(raw)`) when the
@@ -554,7 +568,8 @@ def compile_document(raw: Any, engine, data_root: Path, points: Optional[list] =
     that several steps compute identically are marked shared (share.py)."""
     points = validate.points_of(raw) if points is None else points
     if len(points) == 1 and points[0].label == "":
-        return share.mark(compile_point(points[0], engine, data_root))
+        return share.mark(compile_point(points[0], engine, data_root, budget=budget))
     cache: dict = {}
-    leaves = tuple(compile_point(point, engine, data_root, cache) for point in points)
-    return share.mark(Plan(label="", digest=reader.digest(raw), raw=raw, points=leaves))
+    leaves = tuple(compile_point(point, engine, data_root, cache, budget) for point in points)
+    window = min((leaf.window for leaf in leaves if leaf.window), default=0)
+    return share.mark(Plan(label="", digest=reader.digest(raw), raw=raw, points=leaves, window=window))

@@ -14,7 +14,7 @@ SPEC.md §12 How it is built.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional, Protocol
 
 import torch
@@ -72,6 +72,23 @@ def position_ids(mask: torch.Tensor) -> torch.Tensor:
     """Each row's positions counted from its own first token, cumsum(mask) - 1 with padding at 0 (the rule
     transformers' generate applies), so a row's numbers do not depend on the rows padded beside it (R20)."""
     return (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+
+
+def head_bound(batch: Batch) -> tuple[torch.Tensor, tuple[Action, ...]]:
+    """Where the head is computed in this forward, and the actions placed on what it computes (SPEC.md Q8).
+
+    The positions are the sorted union of every head tap's windows (`address.HEAD`: lm_head, logits), handed to
+    the model as transformers' `logits_to_keep` (a 1-D tensor of sequence indices: the final norm's output is
+    sliced there before the head), so the head computes (rows, kept, vocab) instead of (rows, length, vocab);
+    with no head tap it computes nothing. Each head action's windows are renumbered into the kept positions;
+    every other action is unchanged."""
+    kept = sorted({p for a in batch.actions if a.address.component in address.HEAD
+                   for window in a.selection.windows for p in window})
+    where = {p: k for k, p in enumerate(kept)}
+    actions = tuple(replace(a, selection=replace(a.selection, windows=tuple(tuple(where[p] for p in window)
+                                                                            for window in a.selection.windows)))
+                    if a.address.component in address.HEAD else a for a in batch.actions)
+    return torch.tensor(kept, dtype=torch.long), actions
 
 
 DEVICE_MAPS = "cpu, cuda, cuda:N or auto"
@@ -176,6 +193,13 @@ class Engine:
         inputs = {"input_ids": torch.tensor(ids, dtype=torch.long), "attention_mask": mask_t,
                   "position_ids": position_ids(mask_t)}
         return {k: v.to(self.input_device()) for k, v in inputs.items()}
+
+    def forward_inputs(self, batch: Batch) -> tuple[dict[str, Any], tuple[Action, ...]]:
+        """A plain forward's keyword inputs with the head computed only where a tap names it (`head_bound`,
+        SPEC.md Q8), and the actions to fire on it. A decode needs no bound: transformers' `generate` computes
+        the head at the last position of every step, its prompt's forward included (Q9)."""
+        kept, actions = head_bound(batch)
+        return {**self.inputs(batch.ids, batch.mask), "logits_to_keep": kept.to(self.input_device())}, actions
 
     def stop_ids(self) -> tuple[int, ...]:
         """Every id a continuation can be cut at: the tokenizer's EOS and the generation config's (an id or

@@ -63,9 +63,10 @@ class NNterpEngine(Engine):
 
     def forward(self, batch: Batch) -> dict[str, torch.Tensor]:
         """One trace: the actions in rank order. Returns each read's value, detached, on the CPU."""
-        reads = seam.Reads(batch.actions)
-        with torch.set_grad_enabled(batch.grad), self.model.trace(self.inputs(batch.ids, batch.mask)):
-            self._land(batch.actions, reads, grad=batch.grad)
+        inputs, actions = self.forward_inputs(batch)
+        reads = seam.Reads(actions)
+        with torch.set_grad_enabled(batch.grad), self.model.trace(inputs):
+            self._land(actions, reads, grad=batch.grad)
         return reads.result(self.viewed, _unwrap, batch.grad)
 
     def generate(self, batch: Batch) -> tuple[dict[str, torch.Tensor], torch.Tensor]:

@@ -176,7 +176,12 @@ class HooksEngine(Engine):
     def head_weight(self):
         return self.hf_model.lm_head.weight if self.hf_model is not None else None
 
+    def _weighted(self) -> None:
+        if self.hf_model is None:
+            raise Refusal("this engine was loaded without weights and cannot run a forward", stage="run")
+
     def input_device(self):
+        self._weighted()
         return self.hf_model.device
 
     def generation_config(self):
@@ -195,8 +200,7 @@ class HooksEngine(Engine):
 
     def _hook(self, hooked: _Hooked, actions) -> list:
         """Register the hooks (the step counter first); returns their handles."""
-        if self.hf_model is None:
-            raise Refusal("this engine was loaded without weights and cannot run a forward", stage="run")
+        self._weighted()
         handles = [self.hf_model.register_forward_pre_hook(hooked.count)]
         for (name, side), group in self._boundaries(actions).items():
             module = self.hf_model.get_submodule(name)
@@ -209,11 +213,12 @@ class HooksEngine(Engine):
 
     def forward(self, batch: Batch) -> dict[str, torch.Tensor]:
         """One forward with hooks: the actions in rank order. Returns each read's value, detached, on the CPU."""
-        hooked = _Hooked(batch.actions, grad=batch.grad)
-        handles = self._hook(hooked, batch.actions)
+        inputs, actions = self.forward_inputs(batch)
+        hooked = _Hooked(actions, grad=batch.grad)
+        handles = self._hook(hooked, actions)
         try:
             with torch.set_grad_enabled(batch.grad):
-                self.hf_model(**self.inputs(batch.ids, batch.mask), use_cache=False)
+                self.hf_model(**inputs, use_cache=False)
         finally:
             for handle in handles:
                 handle.remove()

@@ -183,6 +183,7 @@ class Plan:
     steps: tuple = ()  # ObservePlan, FitPlan, WeightsPlan
     points: tuple["Plan", ...] = ()
     featurizers: tuple[FeaturizerPlan, ...] = ()
+    window: int = 0  # rows per pass when --batch-size is not given: the memory budget's (0: no bound; Q11)
 
     def lines(self, indent: str = "") -> list[str]:
         out = [f"{indent}{self.label or '<root>'}: Plan"]
@@ -196,7 +197,15 @@ class Plan:
         return out
 
     def text(self) -> str:
-        return "\n".join(self.lines() + self.shared_lines())
+        return "\n".join(self.lines() + self.shared_lines() + self.window_lines())
+
+    def window_lines(self) -> list[str]:
+        """The rows per pass, when the memory budget splits some step's rows (SPEC.md Q11)."""
+        rows = max((len(s.example_ids) for leaf in self.leaves() for s in leaf.steps if hasattr(s, "example_ids")),
+                   default=0)
+        if not self.window or self.window >= rows:
+            return []
+        return [f"  rows per pass: {self.window} (the memory budget's; --batch-size overrides it)"]
 
     def shared_lines(self) -> list[str]:
         """After the points: each forward that runs once for several steps, and which (SPEC.md Q6)."""

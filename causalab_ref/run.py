@@ -482,6 +482,7 @@ def execute(plan: Plan, engine, out: Path, batch_size: Optional[int] = None, rep
     """Run every leaf of the plan and hand its tables to the results folder; returns the written
     paths in write order (results.py writes them, and moves the folder into place at the end)."""
     started = time.perf_counter()
+    given, batch_size = batch_size, batch_size or plan.window or None  # --batch-size wins (SPEC.md Q11)
     leaves = plan.leaves()
     with results.Folder(out, replace) as folder:
         # Every destination is checked before any forward runs (SPEC.md R12).
@@ -510,7 +511,7 @@ def execute(plan: Plan, engine, out: Path, batch_size: Optional[int] = None, rep
                             folder.write_bytes(where, bundles.encode(*content), path=path)
                         else:
                             folder.write(where, content, path=path)
-            record = engine.run_record(batch_size) | {"causalab_ref": results.package_digest(),
+            record = engine.run_record(given) | {"rows_per_pass": batch_size, "causalab_ref": results.package_digest(),
                                                       "versions": results.versions()}
             record["dtype"] = record.get("served_dtype") or record.get("model", {}).get("dtype")
             record["wall_seconds"] = round(time.perf_counter() - started, 3)
