@@ -28,6 +28,8 @@ Rows are the first `len(selection.windows)` rows of the batch.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .shapes import Selection
@@ -40,7 +42,7 @@ def _canonical(tensor: torch.Tensor, seq_axis: int) -> torch.Tensor:
             raise ValueError(f"a 2-D tensor has its sequence on axis 1, not {seq_axis}")
         return tensor
     t = tensor.movedim(seq_axis, 1)
-    return t.reshape(t.shape[0], t.shape[1], -1)
+    return t.reshape(t.shape[0], t.shape[1], math.prod(t.shape[2:]))  # explicit: a 0-position tensor too (Q8)
 
 
 def _restore(canon: torch.Tensor, like: torch.Tensor, seq_axis: int) -> torch.Tensor:

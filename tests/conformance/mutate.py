@@ -27,6 +27,12 @@ CASES = ROOT / "tests" / "conformance"
 
 # (name, rule, file, old, new)
 MUTANTS = [
+    # The memory bound (SPEC.md §11 Q8-Q12).
+    ("the head's windows not renumbered into the kept positions", "Q8", "contract.py",
+     "                    if a.address.component in address.HEAD else a for a in batch.actions)",
+     "                    if False else a for a in batch.actions)"),
+    ("the memory budget doubled before a row is refused", "Q12", "memory.py",
+     "        if per_row > budget:", "        if per_row > 2 * budget:"),
     # Featurizer maps and the fit (SPEC.md §9): each caught by a run_* case of a featurizer.
     ("subspace inverse drops the base's complement", "FZ2", "featurizers.py",
      "return f @ q.T + (x - (x @ q) @ q.T)", "return f @ q.T"),
