@@ -143,7 +143,7 @@ def run_step(engine, step: ObservePlan, batch_size: Optional[int] = None, bar=No
         parts.append(_pass(engine, window(step, lo, hi), path, lo, live or {}, grad, memo, refs, leads))
         if bar is not None:
             bar.update(1)
-    values = {k: torch.cat([p[0][k] for p in parts], dim=0) for k in parts[0][0]}
+    values = parts[0][0] if len(parts) == 1 else {k: torch.cat([p[0][k] for p in parts], dim=0) for k in parts[0][0]}
     placed = {k: Resolved(*(sum((getattr(p[1][k], f) for p in parts), ()) for f in ("windows", "reasons", "tokens")))
               for k in parts[0][1]}
     # A pass of bare integers reports nothing (SPEC.md P32-P33): no "positions" entry at all.
@@ -355,7 +355,11 @@ def _continuation_operand(tap: Tap, values: dict, placed: dict, rows: int, path:
 
 
 def _cut_stack(stack: torch.Tensor, windows, ragged: bool) -> torch.Tensor:
-    """(rows, steps, F) cut by each row's window of steps: flat (total, F) when ragged, else (rows, w, F)."""
+    """(rows, steps, F) cut by each row's window of steps: flat (total, F) when ragged, else (rows, w, F).
+    A cut that keeps every step of every row is the stack itself, reshaped (SPEC.md Q13)."""
+    every = tuple(range(stack.shape[1]))
+    if len(windows) == stack.shape[0] and all(tuple(w) == every for w in windows):
+        return stack.reshape(-1, stack.shape[-1]) if ragged else stack
     parts = [stack[r, list(w)] for r, w in enumerate(windows)]
     if ragged:
         return torch.cat(parts, dim=0) if parts else stack.new_zeros((0, stack.shape[-1]))

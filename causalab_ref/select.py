@@ -29,6 +29,7 @@ Rows are the first `len(selection.windows)` rows of the batch.
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 
@@ -82,16 +83,34 @@ def _check(selection: Selection, canon: torch.Tensor) -> None:
             raise ValueError(f"groups {bad} of {selection.groups}")
 
 
+def span(selection: Selection, seq: int) -> Optional[tuple[int, int]]:
+    """(lo, hi) when every window is the same run of consecutive positions lo..hi-1 inside a sequence of `seq`
+    positions (the last token of a left-padded batch, a decode step's one position), else None (SPEC.md Q13)."""
+    windows = selection.windows
+    first = windows[0] if windows else ()
+    if not first or first[0] < 0 or first[-1] >= seq or any(w != first for w in windows):
+        return None
+    lo, hi = first[0], first[0] + len(first)
+    return (lo, hi) if tuple(first) == tuple(range(lo, hi)) else None
+
+
 def gather(tensor: torch.Tensor, selection: Selection) -> torch.Tensor:
     """The part of `tensor` the selection names, flat over features.
 
     Rectangular: (rows, w, len(take) * per_group); ragged: (total, len(take) * per_group).
-    Without groups the whole feature axis is kept.
+    Without groups the whole feature axis is kept. Windows that are all one run of positions (`span`) are
+    taken as a slice, a view of `tensor` where its layout allows (Q13): callers never write into a gathered
+    value (a read clones it, a mechanism computes a new tensor, `scatter` writes a copy).
     """
     canon = _canonical(tensor, selection.seq_axis)
     _check(selection, canon)
-    rows, pos = _index(selection, canon.device)
-    flat = canon[rows, pos]  # (total, F) or (total,)
+    run = span(selection, canon.shape[1])
+    if run is None:
+        rows, pos = _index(selection, canon.device)
+        flat = canon[rows, pos]  # (total, F) or (total,)
+    else:
+        n, (lo, hi) = len(selection.windows), run
+        flat = canon[:n, lo:hi].reshape(n * (hi - lo), *canon.shape[2:])
     if selection.groups is not None:
         take = torch.tensor(selection.take, dtype=torch.long, device=canon.device)
         flat = flat.reshape(flat.shape[0], selection.groups, -1)[:, take].reshape(flat.shape[0], -1)

@@ -110,3 +110,34 @@ def test_a_group_past_the_end_is_an_error():
     """seed 004:167 / SPEC.md:132 [L15] — head 3 of a 2-head tensor is not gathered silently."""
     with pytest.raises(ValueError):
         gather(_t(1, 2, 4), Selection(windows=((0,),), groups=2, take=(3,)))
+
+
+@pytest.mark.parametrize("shape, seq_axis, window, ragged, groups", [
+    ((4, 5, 6), 1, (4,), False, None),
+    ((4, 5, 6), 1, (1, 2, 3), True, None),
+    ((4, 5, 8), 1, (0, 1), False, (4, (3, 1))),
+    ((4, 2, 5, 3), 2, (2, 3), False, (2, (1,))),
+    ((4, 5), 1, (3, 4), True, None),
+])
+def test_windows_that_are_one_run_gather_what_the_index_gather_takes(shape, seq_axis, window, ragged, groups):
+    """SPEC.md:356 [Q13] three rows sharing one run of positions are gathered as a slice with exactly the values
+    the index gather takes for them (a fourth, different row sends the same rows through the index gather)."""
+    x = _t(*shape)
+    g, take = groups if groups else (None, None)
+    other = tuple(p - 1 if window[0] else p + 1 for p in window)
+
+    def sel(windows):
+        return Selection(windows=windows, seq_axis=seq_axis, ragged=ragged, groups=g, take=take)
+
+    fast = gather(x, sel((window,) * 3))
+    indexed = gather(x, sel((window,) * 3 + (other,)))
+    assert torch.equal(fast, indexed[: 3 * len(window)] if ragged else indexed[:3])
+
+
+def test_the_last_position_of_every_row_is_gathered_as_a_view():
+    """SPEC.md:356 [Q13] the last token of each row of a left-padded batch is read as a view of the tensor
+    (no index copy); the values are the tensor's own."""
+    x = _t(3, 5, 6)
+    g = gather(x, Selection(windows=((4,),) * 3))
+    assert g.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    assert torch.equal(g[:, 0], x[:, 4])
