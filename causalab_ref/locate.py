@@ -9,7 +9,8 @@ and a reason ('alignment_missing', 'alignment_ambiguous', 'out_of_range'); wheth
 that is a refusal is the caller's decision, never this module's.
 
 Character maps are built in linear time where the tokenizer's decode is local (SPEC.md
-§11 Q1-Q4), identical to the decode-prefix definition (`char_map`, P22) that stays the oracle.
+§11 Q1-Q4; from the pieces alone under the sentencepiece decoder, Q14), identical to the decode-prefix
+definition (`char_map`, P22) that stays the oracle.
 It imports nothing but the standard library, torch and shapes.py, so it runs
 wherever the model's tokenizer is and needs no model library of its own.
 Text is always decoded with special tokens kept (a chat prompt's `</s><s>` is part
@@ -20,6 +21,7 @@ SPEC.md §2 Positions.
 from __future__ import annotations
 
 import json
+import re
 from typing import Optional, Sequence
 
 import torch
@@ -104,8 +106,74 @@ def linear_map_serves(tok) -> bool:
     return bool(steps) and all(step.get("type") in LOCAL_DECODERS and not step.get("stop") for step in steps)
 
 
-def linear_char_map(tok, ids: Sequence[int]) -> tuple[int, ...]:
-    """The offsets of `char_map` in linear time (SPEC.md Q1), for a tokenizer `linear_map_serves`.
+# The sentencepiece decoder (Llama's), step for step: each piece's "▁" a space, each run of byte pieces `<0xHH>`
+# the UTF-8 it spells, all joined, one leading space stripped. Its prefixes need no decode at all (SPEC.md Q14).
+PIECE_DECODER = [{"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "}, {"type": "ByteFallback"},
+                 {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]
+BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def decodes_by_pieces(tok) -> bool:
+    """Whether the tokenizer's decoder is exactly PIECE_DECODER (Q14)."""
+    decoder = getattr(getattr(tok, "backend_tokenizer", None), "decoder", None)
+    return decoder is not None and _decoder_steps(decoder) == PIECE_DECODER
+
+
+def _bytes_of(pieces: list[str]) -> Optional[list[Optional[int]]]:
+    """Each piece's byte (None for a piece that is not a byte piece); None when a piece only looks like one."""
+    out: list[Optional[int]] = []
+    for piece in pieces:
+        byte = BYTE_PIECE.fullmatch(piece)
+        if byte is None and piece.startswith("<0x") and piece.endswith(">") and len(piece.encode()) == 6:
+            return None  # the decoder would read a byte here that the pattern does not
+        out.append(None if byte is None else int(byte.group(1), 16))
+    return out
+
+
+def pieces_char_map(tok, ids: Sequence[int], text: str) -> Optional[tuple[int, ...]]:
+    """The offsets of `char_map` from the pieces alone, for PIECE_DECODER (SPEC.md Q14); None (the caller maps the
+    row otherwise) for an unknown id, a row whose text holds U+FFFD, or pieces that do not spell `text` exactly.
+
+    The text of ids[:k] is the pieces before k laid end to end, less a leading space; inside a run of byte
+    pieces it is whole only where the next byte starts a character (else it ends in U+FFFD, no prefix of the
+    text, and the definition keeps the previous offset). So offsets are running lengths, one pass, no decode.
+    """
+    backend = tok.backend_tokenizer
+    pieces = [backend.id_to_token(int(i)) for i in ids]
+    if "\ufffd" in text or any(p is None for p in pieces):
+        return None
+    values = _bytes_of(pieces)
+    if values is None:
+        return None
+    parts, group, lengths, length = [], bytearray(), [0], 0  # lengths[k]: ids[:k] spelled, before the strip
+    for k, (piece, byte) in enumerate(zip(pieces, values)):
+        if byte is None:
+            if group:
+                parts.append(group.decode("utf-8", errors="replace"))
+                group = bytearray()
+            parts.append(piece.replace("\u2581", " "))
+            length += len(parts[-1])
+        else:
+            group.append(byte)
+            length += (byte & 0xC0) != 0x80  # a byte that starts a character adds it
+        after = values[k + 1] if k + 1 < len(values) else None
+        lengths.append(length if byte is None or after is None or (after & 0xC0) != 0x80 else -1)
+    if group:
+        parts.append(group.decode("utf-8", errors="replace"))
+    spelled = "".join(parts)
+    strip = 1 if spelled.startswith(" ") else 0
+    if spelled[strip:] != text:
+        return None
+    offsets = [0]
+    for k in range(1, len(ids)):
+        at = lengths[k] - strip if lengths[k] > 0 else (0 if lengths[k] == 0 else -1)
+        offsets.append(max(at, offsets[-1]))
+    return tuple(offsets[: len(ids)]) + (len(text),)
+
+
+def linear_char_map(tok, ids: Sequence[int], text: Optional[str] = None) -> tuple[int, ...]:
+    """The offsets of `char_map` in linear time (SPEC.md Q1), for a tokenizer `linear_map_serves`; `text` is the
+    row's decoded text when the caller has it. A sentencepiece decoder's rows are mapped from their pieces (Q14).
 
     A clean cut is a prefix that decodes to a prefix of the text without U+FFFD. Each prefix is decoded as a
     window of a few tokens from a clean cut `ctx`; what it adds to the window of the last clean cut (`head`)
@@ -117,7 +185,10 @@ def linear_char_map(tok, ids: Sequence[int]) -> tuple[int, ...]:
     definition.
     """
     ids = list(ids)
-    text = _decode(tok, ids)
+    text = _decode(tok, ids) if text is None else text
+    by_pieces = pieces_char_map(tok, ids, text) if decodes_by_pieces(tok) else None
+    if by_pieces is not None:
+        return by_pieces
     garbled = "\ufffd" in text
     decode = tok.backend_tokenizer.decode
     offsets, cuts, ctx, head, length = [0], [0], 0, "", 0
@@ -141,9 +212,10 @@ def linear_char_map(tok, ids: Sequence[int]) -> tuple[int, ...]:
     return tuple(offsets[: len(ids)]) + (len(text),)
 
 
-def row_map(tok, ids: Sequence[int], linear: bool) -> tuple[int, ...]:
-    """A row's character map: linear where the tokenizer is served (Q2), else the definition (P22)."""
-    return linear_char_map(tok, ids) if linear else char_map(tok, ids)
+def row_map(tok, ids: Sequence[int], linear: bool, text: Optional[str] = None) -> tuple[int, ...]:
+    """A row's character map: linear where the tokenizer is served (Q2), else the definition (P22); `text` is
+    the row's decoded text when the caller has it."""
+    return linear_char_map(tok, ids, text) if linear else char_map(tok, ids)
 
 
 # ---------------------------------------------------------------- frames
@@ -178,13 +250,12 @@ def frame_of_ids(tok, ids, mask, segments=None, char_map=True) -> shapes.Frame:
         return shapes.Frame(starts=starts, ends=ends, segments=segs)
     contents = [row[lo:hi] for row, (lo, hi) in zip(rows, spans)]
     linear = linear_map_serves(tok)
-    return shapes.Frame(
-        starts=starts,
-        ends=ends,
-        texts=tuple(_decode(tok, c) for c in contents),
-        offsets=tuple(row_map(tok, c, linear) for c in contents),
-        segments=segs,
-    )
+    # A served tokenizer's decode is its backend's (Q2): the same text without transformers' wrapper.
+    decode = (lambda c: tok.backend_tokenizer.decode(c, skip_special_tokens=False)) if linear else (
+        lambda c: _decode(tok, c))
+    texts = tuple(decode(c) for c in contents)
+    offsets = tuple(row_map(tok, c, linear, t) for c, t in zip(contents, texts))
+    return shapes.Frame(starts=starts, ends=ends, texts=texts, offsets=offsets, segments=segs)
 
 
 def with_pad(tok):

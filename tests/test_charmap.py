@@ -138,3 +138,17 @@ def test_a_window_that_does_not_extend_its_head_falls_back_to_the_definition():
     cut, a window of three no longer starts with its head of two, and the row is mapped by the definition."""
     tok, ids = _Words(before="> ", above=2), list(range(20))
     assert locate.linear_char_map(tok, ids) == locate.char_map(tok, ids)
+
+
+def test_a_sentencepiece_row_is_mapped_from_its_pieces_with_one_decode(monkeypatch):
+    """SPEC.md:357 [Q14] — on the Llama fixture (the sentencepiece decoder) a frame of a long row with byte
+    pieces decodes that row's ids once, for its text, and nothing else; the offsets are the definition's."""
+    tok = fixtures.tokenizer("fixture:tiny-llama")
+    assert locate.decodes_by_pieces(tok) and not locate.decodes_by_pieces(fixtures.tokenizer("fixture:tiny-gpt2"))
+    ids = tok.encode(" ".join(["If today is Thursday, 日本語 鿰 é 😀 tomorrow is"] * 12), add_special_tokens=False)
+    assert any(tok.convert_ids_to_tokens(i).startswith("<0x") for i in ids)
+    want = locate.char_map(tok, ids)
+    counting = _Counting(tok.backend_tokenizer)
+    monkeypatch.setattr(tok, "_tokenizer", counting)
+    frame = locate.frame_of_ids(tok, [ids], [[1] * len(ids)])
+    assert frame.offsets[0] == want and counting.ids == len(ids)
