@@ -119,7 +119,8 @@ def _in_layout(value: torch.Tensor, ragged: bool, rows: int) -> torch.Tensor:
 
 
 def run_step(engine, step: ObservePlan, batch_size: Optional[int] = None, bar=None, live: Optional[dict] = None,
-             grad: bool = False, memo: Optional[share.Memo] = None, published: Optional[dict] = None) -> dict:
+             grad: bool = False, memo: Optional[share.Memo] = None, published: Optional[dict] = None,
+             lean: bool = False) -> dict:
     """One observe pass: forwards, then metrics, then the step's outputs. Returns the step's results
     (plain data + tensors); `published` holds the outputs of earlier steps its refs name.
 
@@ -128,19 +129,26 @@ def run_step(engine, step: ObservePlan, batch_size: Optional[int] = None, bar=No
     values are those of one pass; row numbers in refusals are the document's. Each window takes
     its rows of an unreduced published value and the whole of a reduced one (SPEC.md M17). With
     `memo`, a forward that other steps compute identically runs once for all of them (share.py).
+    `lean` (the run's own passes) scores a read that only metrics use window by window and keeps its
+    scores, not its values (SPEC.md Q10).
     """
     path = f"interventions.{step.intervention}"
     for forward in step.forwards:
         check_tokenizer(engine.tokenizer, forward, path)
     rows = len(step.example_ids)
     size = batch_size or rows
-    parts = []
+    scored_only = _scored_only(step) if lean else set()
+    parts, scored = [], {m.name: [] for m in step.metrics if m.of in scored_only}
     lengths = _noise_lengths(engine, step, path) if size < rows else {}
     for lo in range(0, rows, size):
         hi = min(lo + size, rows)
         refs = {name: outputs.window(value, lo, hi) for name, value in (published or {}).items()}
         leads = {name: (lo, rows) if n is None else (sum(n[:lo]), sum(n)) for name, n in lengths.items()}
-        parts.append(_pass(engine, window(step, lo, hi), path, lo, live or {}, grad, memo, refs, leads))
+        got, where = _pass(engine, window(step, lo, hi), path, lo, live or {}, grad, memo, refs, leads)
+        for metric in (m for m in step.metrics if m.name in scored):
+            read = where[metric.of]
+            scored[metric.name] += score(metric, got[metric.of], read, _both(metric, read, lo), lo)
+        parts.append(({k: v for k, v in got.items() if k not in scored_only}, where))
         if bar is not None:
             bar.update(1)
     values = parts[0][0] if len(parts) == 1 else {k: torch.cat([p[0][k] for p in parts], dim=0) for k in parts[0][0]}
@@ -149,19 +157,27 @@ def run_step(engine, step: ObservePlan, batch_size: Optional[int] = None, bar=No
     # A pass of bare integers reports nothing (SPEC.md P32-P33): no "positions" entry at all.
     positions = ({name: {"rows": r.windows, "reason": r.reasons, "tokens": r.tokens} for name, r in placed.items()}
                  if step.dynamic else {})
-    eligible, tables = {}, {}
+    eligible = {m.name: _both(m, placed[m.of]) for m in step.metrics}
     for metric in step.metrics:
-        read = placed[metric.of]
-        both = tuple(col and not reason for col, reason in zip(metric.eligible, read.reasons))
-        if not any(both):
+        if not any(eligible[metric.name]):
             _refuse(f"metric '{metric.name}': no row is both column-eligible and placed by its read "
                     f"'{metric.of}'; a metric of nothing has no mean", f"{path}.metrics.{metric.name}")
-        eligible[metric.name] = both
-        tables[metric.name] = score(metric, values[metric.of], read, both)
+    tables = {m.name: scored[m.name] if m.name in scored else score(m, values[m.of], placed[m.of], eligible[m.name])
+              for m in step.metrics}
     made = outputs.publish(step.outputs, values, {k: v.windows for k, v in placed.items()},
                            f"steps.{step.name.split('/')[0]}")
     return {"positions": positions, "eligible": eligible, "values": values, "scores": tables, "placed": placed,
             "outputs": made}
+
+
+def _scored_only(step: ObservePlan) -> set[str]:
+    """The reads only metrics use: no output keeps them (SPEC.md Q10)."""
+    return {m.of for m in step.metrics} - {o.read for _name, o in step.outputs}
+
+
+def _both(metric, read: Resolved, lo: int = 0) -> tuple[bool, ...]:
+    """A metric's rows lo.. of a window: column-eligible and placed by its read (SPEC.md P30)."""
+    return tuple(col and not reason for col, reason in zip(metric.eligible[lo:lo + len(read.reasons)], read.reasons))
 
 
 def _noise_lengths(engine, step: ObservePlan, path: str) -> dict[str, Optional[list[int]]]:
@@ -381,15 +397,17 @@ def _row_vectors(value: torch.Tensor, resolved: Resolved) -> list[Optional[torch
     return out
 
 
-def score(metric, value: torch.Tensor, resolved: Resolved, both: tuple[bool, ...]) -> list[Optional[float]]:
-    """Per-row metric values (None where the row is not scored), by the kind's scoring (metrics.py)."""
+def score(metric, value: torch.Tensor, resolved: Resolved, both: tuple[bool, ...],
+          lo: int = 0) -> list[Optional[float]]:
+    """Per-row metric values (None where the row is not scored), by the kind's scoring (metrics.py); `value`,
+    `resolved` and `both` are rows lo.. of the step (a window's)."""
     answers, scoring = dict(metric.answers), metrics.KINDS[metric.kind].score
     out: list[Optional[float]] = []
     for r, vector in enumerate(_row_vectors(value.detach().float(), resolved)):
         if not both[r] or vector is None:
             out.append(None)
             continue
-        v = float(scoring(vector, {column: ids[r] for column, ids in answers.items()}))
+        v = float(scoring(vector, {column: ids[lo + r] for column, ids in answers.items()}))
         out.append(v if math.isfinite(v) else None)
     return out
 
@@ -448,7 +466,7 @@ def _leaf_step(engine, step, live: dict, leaf: Plan, batch_size, bar, memo=None,
         files: list[tuple[str, Any]] = [(path, ({"weight": results["curves"][name]}, {})) for name, path in step.saves]
         return files + [(path, metric_table(step.evaluation, results["evaluation"], name, leaf.digest))
                         for name, path in step.evaluation.saves]
-    results = run_step(engine, step, batch_size, bar, live=live, memo=memo, published=published)
+    results = run_step(engine, step, batch_size, bar, live=live, memo=memo, published=published, lean=True)
     if step.publishes and published is not None:
         published.update(results["outputs"])
     return [(path, _saved(step, results, name, leaf.digest)) for name, path in step.saves]

@@ -179,3 +179,12 @@ def test_many_rows_run_in_passes_under_the_default_budget(llama, tmp_path):
     per_row = memory.pass_cost(llama, plan.steps[0])[0]
     assert len(plan.steps[0].example_ids) == 1200
     assert 0 < plan.window < 1200 and plan.window * per_row <= memory.DEFAULT_BUDGET < (plan.window + 1) * per_row
+
+
+def test_a_read_only_metrics_use_is_kept_as_its_scores(eng):
+    """SPEC.md:353 [Q10] The run's own passes score a read only metrics use window by window and keep its scores,
+    not its values: the tables are exactly those of the same windows keeping every value."""
+    step = compiler.compile_document(PATCHING, eng, DATA).steps[0]
+    lean, kept = run.run_step(eng, step, 2, lean=True), run.run_step(eng, step, 2)
+    assert "logits" in kept["values"] and "logits" not in lean["values"] and "v_cf" in lean["values"]
+    assert lean["scores"] == kept["scores"] and lean["eligible"] == kept["eligible"]
