@@ -110,6 +110,8 @@ def test_rows_are_split_into_passes_under_the_budget(eng, monkeypatch):
     per_row = memory.pass_cost(eng, compiler.compile_document(PATCHING, eng, DATA).steps[0])[0]
     plan = compiler.compile_document(PATCHING, eng, DATA, budget=2 * per_row + 1)
     assert plan.window == 2
+    assert plan.text().endswith("\n  rows per pass: 2 (the memory budget's; --batch-size overrides it)")
+    assert "rows per pass" not in compiler.compile_document(PATCHING, eng, DATA).text()
     one = run.run_step(eng, compiler.compile_document(PATCHING, eng, DATA).steps[0])
     calls = []
     forward = eng.forward
