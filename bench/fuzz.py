@@ -1,12 +1,13 @@
 """Fuzz the command line: N mutated documents and data tables through validate, explain and run.
 
-    python bench/fuzz.py [N=10000] [--seed S] [--verbose]
+    python bench/fuzz.py [N=10000] [--seed S] [--shard I/M] [--verbose]
 
 Each case mutates one shipped document and/or one data table (tests/fuzzing.py) and runs
 the three verbs in this process; an outcome is foreign when it is not status 0, or status 2
 with one `<stage>: ...` line, or when stderr carries a traceback or "internal error". Prints
 the count of cases and of foreign outcomes, grouped by their last stderr line; exits 1 when
-there is any. Not a test: tests/test_fuzz.py runs a few hundred of the same cases in CI.
+there is any. `--shard I/M` runs only the cases k with k % M == I (the same cases, M processes
+side by side; their counts add up). Not a test: tests/test_fuzz.py runs a few hundred of the same cases in CI.
 """
 from __future__ import annotations
 
@@ -31,14 +32,16 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("n", nargs="?", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--shard", default="0/1", help="I/M: only the cases k with k %% M == I")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args()
+    shard, shards = (int(part) for part in args.shard.split("/"))
     os.chdir(ROOT)
     foreign: dict = collections.defaultdict(list)
     statuses: collections.Counter = collections.Counter()
     started = time.perf_counter()
     with fuzzing.cached_loads(), tempfile.TemporaryDirectory() as tmp:
-        for k in range(args.n):
+        for k in range(shard, args.n, shards):
             rng = random.Random(args.seed * 1_000_003 + k)
             case_dir = pathlib.Path(tmp)
             found, outcomes = fuzzing.run_case(rng, case_dir, record=True)
@@ -48,11 +51,12 @@ def main() -> int:
                 foreign[key].append((k, source))
                 if args.verbose:
                     print(f"case {k} ({source}) {verb}: status {status}\n{text}\n", file=sys.stderr)
-            if (k + 1) % 500 == 0:
-                print(f"{k + 1} cases, {sum(len(v) for v in foreign.values())} foreign, "
+            if (k // shards + 1) % 500 == 0:
+                print(f"{k // shards + 1} cases, {sum(len(v) for v in foreign.values())} foreign, "
                       f"{time.perf_counter() - started:.0f} s", flush=True)
     total = sum(len(v) for v in foreign.values())
-    print(f"fuzz: {args.n} cases ({3 * args.n} runs of validate/explain/run) in "
+    n = len(range(shard, args.n, shards))
+    print(f"fuzz: {n} cases{f' (shard {args.shard})' if shards > 1 else ''} ({3 * n} runs of validate/explain/run) in "
           f"{time.perf_counter() - started:.0f} s; outcomes {dict(sorted(statuses.items()))}; "
           f"{total} foreign exception(s)")
     for (verb, status, line), cases in sorted(foreign.items(), key=lambda kv: -len(kv[1])):
