@@ -138,7 +138,8 @@ def run_step(engine, step: ObservePlan, batch_size: Optional[int] = None, bar=No
     rows = len(step.example_ids)
     size = batch_size or rows
     scored_only = _scored_only(step) if lean else set()
-    parts, scored = [], {m.name: [] for m in step.metrics if m.of in scored_only}
+    parts: list = []
+    scored: dict[str, list] = {m.name: [] for m in step.metrics if m.of in scored_only}
     lengths = _noise_lengths(engine, step, path) if size < rows else {}
     for lo in range(0, rows, size):
         hi = min(lo + size, rows)
