@@ -159,16 +159,21 @@ def run_step(engine, step: ObservePlan, batch_size: Optional[int] = None, bar=No
     positions = ({name: {"rows": r.windows, "reason": r.reasons, "tokens": r.tokens} for name, r in placed.items()}
                  if step.dynamic else {})
     eligible = {m.name: _both(m, placed[m.of]) for m in step.metrics}
-    for metric in step.metrics:
-        if not any(eligible[metric.name]):
-            _refuse(f"metric '{metric.name}': no row is both column-eligible and placed by its read "
-                    f"'{metric.of}'; a metric of nothing has no mean", f"{path}.metrics.{metric.name}")
+    _refuse_metrics_of_nothing(step, eligible, path)
     tables = {m.name: scored[m.name] if m.name in scored else score(m, values[m.of], placed[m.of], eligible[m.name])
               for m in step.metrics}
     made = outputs.publish(step.outputs, values, {k: v.windows for k, v in placed.items()},
                            f"steps.{step.name.split('/')[0]}")
     return {"positions": positions, "eligible": eligible, "values": values, "scores": tables, "placed": placed,
             "outputs": made}
+
+
+def _refuse_metrics_of_nothing(step: ObservePlan, eligible: dict, path: str) -> None:
+    """A metric no row of which is both column-eligible and placed by its read has no mean (SPEC.md P30)."""
+    for metric in step.metrics:
+        if not any(eligible[metric.name]):
+            _refuse(f"metric '{metric.name}': no row is both column-eligible and placed by its read "
+                    f"'{metric.of}'; a metric of nothing has no mean", f"{path}.metrics.{metric.name}")
 
 
 def _scored_only(step: ObservePlan) -> set[str]:
