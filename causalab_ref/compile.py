@@ -411,14 +411,28 @@ def _metrics(ctx: Context, intervention, base_rows: list, ipath: str) -> list[Me
         eligible = data.answer_eligible(base_rows, columns, m, mpath)
         answers = []
         for field_name, column in metric.columns:
-            per_row = tuple(answer_id(tok, row[column], f"{mpath}.{field_name}",
-                                      f"row {r}, column '{column}'") if ok else None
-                            for r, (row, ok) in enumerate(zip(base_rows, eligible)))
-            answers.append((field_name, per_row))
+            answers.append((field_name, _answer_ids(tok, base_rows, eligible, column, f"{mpath}.{field_name}")))
         kind = metrics.KINDS[metric.kind]
         plans.append(MetricPlan(name=m, kind=metric.kind, of=metric.of, answers=tuple(answers),
                                 eligible=eligible, unit=kind.unit, estimand_version=kind.estimand_version))
     return plans
+
+
+def _answer_ids(tok, rows: list, eligible: tuple, column: str, path: str) -> tuple:
+    """Each eligible row's answer id in `column` (None for the others); a text many rows share is encoded once,
+    at its first row, which a refusal names."""
+    known: dict[str, int] = {}
+    out: list = []
+    for r, (row, ok) in enumerate(zip(rows, eligible)):
+        text = row[column] if ok else None
+        if ok and (not isinstance(text, str) or text not in known):
+            got = answer_id(tok, text, path, f"row {r}, column '{column}'")
+            if isinstance(text, str):
+                known[text] = got
+            out.append(got)
+        else:
+            out.append(known[text] if ok else None)
+    return tuple(out)
 
 
 def observe_plan(ctx: Context, name: str, i_name: str, rows_by_role: dict, batches: dict,
