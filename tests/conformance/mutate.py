@@ -260,8 +260,10 @@ MUTANTS = [
      '    if False:\n        return "steps-first"'),
     ("attn_implementation refused as an unknown key, not by name", "PR4", "protocol.py",
      'if isinstance(raw, dict) and "attn_implementation" in raw:', "if False:"),
-    ("lm_head may take layers in a protocol document", "PR7", "protocol.py",
-     "if component in PER_MODEL and layers is not None:", "if False:"),
+    # Not a mutant: "lm_head may take layers in a protocol document" (PR7, `if component in PER_MODEL and
+    # layers is not None:` -> `if False:`) is equivalent under C13. The lowered site is then refused by the
+    # plan-shaped check ("'lm_head' is one per model and takes no layers") at the same stage and, re-pathed
+    # (PR17), the same path, and its text holds the template's fixed words; no portable case can tell.
     ("the protocol digest hashes the whole header", "PR15", "protocol.py",
      'body = dict(raw, header={"protocol_version": raw["header"]["protocol_version"]})', "body = dict(raw)"),
     ("a lowered document's refusals keep plan-shaped paths", "PR17", "protocol.py",
