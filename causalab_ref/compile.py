@@ -424,7 +424,7 @@ def _answer_ids(tok, rows: list, eligible: tuple, column: str, path: str) -> tup
     known: dict[str, int] = {}
     out: list = []
     for r, (row, ok) in enumerate(zip(rows, eligible)):
-        text = row[column] if ok else None
+        text: Any = row[column] if ok else None  # the row's own value: answer_id refuses a non-string
         if ok and (not isinstance(text, str) or text not in known):
             got = answer_id(tok, text, path, f"row {r}, column '{column}'")
             if isinstance(text, str):
