@@ -1,8 +1,8 @@
 """The metric kinds: one table row per kind, read by every stage that needs a fact about one.
 
 A row says which base-row columns the kind names (validation, the schema, `vocab`), the unit
-and estimand version its table carries (compile), and how it scores one row's vocabulary
-logits given the token id of each column (run). SPEC.md §1 Documents (D14) and §4 Runs (R7, R8).
+and estimand version its table carries (compile), and how it scores rows of vocabulary
+logits given each row's token id of each column (run). SPEC.md §1 Documents (D14) and §4 Runs (R7, R8).
 """
 from __future__ import annotations
 
@@ -10,33 +10,40 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 
-def _match(vector, ids: dict):
-    return (vector.argmax() == ids["expected"]).float()
+def _match(logits, ids: dict):
+    return (logits.argmax(-1) == ids["expected"]).float()
 
 
-def _logit_diff(vector, ids: dict):
-    return vector[ids["a"]] - vector[ids["b"]]
+def _logit_diff(logits, ids: dict):
+    return _at(logits, ids["a"]) - _at(logits, ids["b"])
 
 
-def _cross_entropy(vector, ids: dict):
-    return -vector.log_softmax(-1)[ids["target"]]
+def _cross_entropy(logits, ids: dict):
+    return -_at(logits.log_softmax(-1), ids["target"])
 
 
-def _token_logit(vector, ids: dict):
-    return vector[ids["token"]]
+def _token_logit(logits, ids: dict):
+    return _at(logits, ids["token"])
 
 
-def _token_prob(vector, ids: dict):
-    return vector.softmax(-1)[ids["token"]]
+def _token_prob(logits, ids: dict):
+    return _at(logits.softmax(-1), ids["token"])
+
+
+def _at(logits, ids):
+    """Each row's entry at its own token id: (n, V), (n,) -> (n,)."""
+    return logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
 
 
 @dataclass(frozen=True)
 class MetricKind:
     """One metric kind: its columns, the unit and estimand version of its table, its scoring.
 
-    `score(vector, ids)` takes one row's logits over the vocabulary (a float tensor) and the
-    token id of each column (`{"a": 12, "b": 40}`) and returns the row's value as a 0-d tensor,
-    differentiable but for `match` (a fit's objective keeps the graph)."""
+    `score(logits, ids)` takes n rows' logits over the vocabulary (a float tensor (n, V)) and
+    each column's token id per row (`{"a": tensor([12, 7]), "b": tensor([40, 40])}`, int64 (n,))
+    and returns the rows' values (n,), differentiable but for `match` (a fit's objective keeps
+    the graph). Each row's value depends on that row alone: scoring rows together gives, bit
+    for bit, what scoring each alone gives (SPEC.md R8)."""
     name: str
     columns: tuple[str, ...]
     unit: str

@@ -388,46 +388,48 @@ def _cut_stack(stack: torch.Tensor, windows, ragged: bool) -> torch.Tensor:
     return torch.stack(parts, dim=0)
 
 
-def _row_vectors(value: torch.Tensor, resolved: Resolved) -> list[Optional[torch.Tensor]]:
-    """Each row's one scored vector: rectangular (rows, 1, V) or flat (total, V) in resolved-row order."""
+def _row_index(value: torch.Tensor, resolved: Resolved) -> tuple[torch.Tensor, list[Optional[int]]]:
+    """The scored vectors as one matrix (m, V), and each row's index into it (None: not placed). A read
+    is rectangular (rows, 1, V) or flat (total, V) in resolved-row order."""
     if value.dim() == 3:
-        return [value[r, 0] for r in range(value.shape[0])]
-    out: list[Optional[torch.Tensor]] = []
+        return value[:, 0], list(range(value.shape[0]))
+    out: list[Optional[int]] = []
     k = 0
     for window in resolved.windows:
-        if window:
-            out.append(value[k])
-            k += len(window)
-        else:
-            out.append(None)
-    return out
+        out.append(k if window else None)
+        k += len(window)
+    return value, out
+
+
+def _scores(metric, value: torch.Tensor, resolved: Resolved, both: tuple[bool, ...],
+            lo: int = 0) -> tuple[list[int], torch.Tensor]:
+    """The rows scored (both eligible and placed) and their values, scored together by the kind (one row's
+    value is that row's alone, metrics.py); `lo` is the window's first row in the answers' numbering."""
+    matrix, index = _row_index(value, resolved)
+    rows = [r for r, i in enumerate(index) if both[r] and i is not None]
+    at = [index[r] for r in rows]
+    whole = at == list(range(matrix.shape[0]))  # every row scored: no copy of the logits
+    picked = matrix if whole else matrix.index_select(0, torch.tensor(at, dtype=torch.long))
+    ids = {column: torch.tensor([ids[lo + r] for r in rows], dtype=torch.long) for column, ids in metric.answers}
+    return rows, metrics.KINDS[metric.kind].score(picked, ids)
 
 
 def score(metric, value: torch.Tensor, resolved: Resolved, both: tuple[bool, ...],
           lo: int = 0) -> list[Optional[float]]:
-    """Per-row metric values (None where the row is not scored), by the kind's scoring (metrics.py); `value`,
+    """Per-row metric values (None where the row is not scored, or its value is not finite); `value`,
     `resolved` and `both` are rows lo.. of the step (a window's)."""
-    answers, scoring = dict(metric.answers), metrics.KINDS[metric.kind].score
-    out: list[Optional[float]] = []
-    for r, vector in enumerate(_row_vectors(value.detach().float(), resolved)):
-        if not both[r] or vector is None:
-            out.append(None)
-            continue
-        v = float(scoring(vector, {column: ids[lo + r] for column, ids in answers.items()}))
-        out.append(v if math.isfinite(v) else None)
+    out: list[Optional[float]] = [None] * len(resolved.windows)
+    rows, values = _scores(metric, value.detach().float(), resolved, both, lo)
+    for r, v in zip(rows, values.tolist()):
+        out[r] = v if math.isfinite(v) else None
     return out
 
 
 def metric_vectors(step: ObservePlan, results: dict) -> dict[str, torch.Tensor]:
     """Each metric over its eligible rows as one float32 vector, keeping the graph (a fit's loss terms)."""
-    out = {}
-    for metric in step.metrics:
-        answers, both = dict(metric.answers), results["eligible"][metric.name]
-        scoring = metrics.KINDS[metric.kind].score
-        rows = _row_vectors(results["values"][metric.of].float(), results["placed"][metric.of])
-        out[metric.name] = torch.stack([scoring(v, {column: ids[r] for column, ids in answers.items()})
-                                        for r, v in enumerate(rows) if both[r] and v is not None])
-    return out
+    return {metric.name: _scores(metric, results["values"][metric.of].float(), results["placed"][metric.of],
+                                 results["eligible"][metric.name])[1]
+            for metric in step.metrics}
 
 
 # ---------------------------------------------------------------- fit and weights steps (SPEC.md §9)

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import io
 import json
 import pathlib
 import random
 import re
 import shutil
 from typing import Any
+
+import inprocess
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DOCUMENTS = sorted((REPO / "documents").glob("*.json"))
@@ -202,25 +203,16 @@ def cached_loads():
 
 
 def check(argv: list[str]) -> tuple[bool, int, str]:
-    """Run the CLI in-process; (the outcome is the project's own, status, stderr)."""
-    from causalab_ref import cli
-
-    err, out = io.StringIO(), io.StringIO()
+    """Run the CLI in-process (inprocess.cli); (the outcome is the project's own, status, stderr)."""
     try:
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
-            try:
-                status = cli.main(argv)
-            except SystemExit as leave:
-                if not isinstance(leave.code, int):  # a message or None as the status is not the contract
-                    return False, -1, f"SystemExit({leave.code!r}) {err.getvalue()}"
-                status = leave.code
+        done = inprocess.cli(*argv, cwd=pathlib.Path.cwd())
     except BaseException as error:  # anything escaping main is foreign
         return False, -1, f"escaped main: {type(error).__name__}: {error}"
-    text = err.getvalue()
+    text = done.stderr
     lines = text.strip().splitlines()
-    ok = (status == 0 or (status == 2 and len(lines) == 1 and lines[0].split(":")[0] in STAGES))
+    ok = (done.returncode == 0 or (done.returncode == 2 and len(lines) == 1 and lines[0].split(":")[0] in STAGES))
     ok = ok and "Traceback" not in text and "internal error" not in text
-    return ok, status, text
+    return ok, done.returncode, text
 
 
 def run_case(rng: random.Random, tmp: pathlib.Path, verbs=("validate", "explain", "run"), record: bool = False):

@@ -11,6 +11,7 @@ import dataclasses
 import io
 import os
 import pathlib
+import sys
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -25,14 +26,20 @@ class Completed:
 
 
 def cli(*args: str, cwd: pathlib.Path = REPO) -> Completed:
-    """`python -m causalab_ref *args` run from `cwd`, in this process."""
+    """`python -m causalab_ref *args` run from `cwd`, in this process. A `SystemExit` leaving main gives
+    its status; one whose code is not an int (not the contract) gives status -1, its code in stderr."""
     from causalab_ref import cli as entry
 
     out, err, before = io.StringIO(), io.StringIO(), os.getcwd()
     os.chdir(cwd)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            status = entry.main(list(args))
+            try:
+                status = entry.main(list(args))
+            except SystemExit as leave:
+                status = leave.code if isinstance(leave.code, int) else -1
+                if status == -1:
+                    print(f"SystemExit({leave.code!r})", file=sys.stderr)
     finally:
         os.chdir(before)
     return Completed(status, out.getvalue(), err.getvalue())

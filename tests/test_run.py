@@ -192,3 +192,27 @@ def test_a_metric_over_a_read_that_is_not_the_vocabulary_is_refused_at_compile(l
     assert refusal.value.stage == "compile"
     assert refusal.value.path == "interventions.patching.metrics.iia.of"
     assert refusal.value.message.startswith("metric 'iia' scores token ids, and its read 'v_cf' at block_output[0]")
+
+
+def test_rows_scored_together_equal_each_row_scored_alone():
+    """SPEC.md:158 [R8] each kind's batched scoring gives, bit for bit, its formula on each row's vector alone."""
+    from causalab_ref import metrics
+    gen = torch.Generator().manual_seed(8)
+    logits = torch.randn(9, 32000, generator=gen) * 6
+    logits[3, 17] = logits[3].max() + 40  # a dominant logit (softmax near 1, others underflow)
+    logits[4, :] = 0.5  # every logit tied: argmax is the first
+    ids = torch.randint(0, 32000, (9,), generator=gen)
+    other = torch.randint(0, 32000, (9,), generator=gen)
+    ids[3], ids[4] = 17, 0
+    alone = {"match": lambda v, r: (v.argmax() == ids[r]).float(),
+             "logit_diff": lambda v, r: v[ids[r]] - v[other[r]],
+             "cross_entropy": lambda v, r: -v.log_softmax(-1)[ids[r]],
+             "token_logit": lambda v, r: v[ids[r]],
+             "token_prob": lambda v, r: v.softmax(-1)[ids[r]]}
+    assert set(alone) == set(metrics.KINDS)
+    for name, formula in alone.items():
+        kind = metrics.KINDS[name]
+        columns = dict(zip(kind.columns, (ids, other)))
+        together = kind.score(logits, columns)
+        want = torch.stack([formula(logits[r], r) for r in range(9)])
+        assert torch.equal(together, want), (name, (together - want).abs().max())
