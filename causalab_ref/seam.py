@@ -62,15 +62,13 @@ def write(current: torch.Tensor, action: Action, arrived: torch.Tensor, step: in
     tap = action.tap
     row = mechanisms.lookup(tap.mechanism, f"writes.{tap.name}")
     featurizer = action.featurizer or IDENTITY
-    # A dense copy (Q13's view only serves reads): what a featurizer or a mechanism computes never depends on
-    # how the tensor it was sliced from is laid out.
-    x = select.gather(current, action.selection).contiguous()
+    x = select.gather(current, action.selection, dense=True)  # Q13's view only serves bare reads
     features, params = getattr(tap, "features", None), row.params(tap.params)
     with torch.autocast(device_type=x.device.type, enabled=False):
         f, err = featurizer.featurize(x)
         index = None if features is None else torch.tensor(features)
         context = mechanisms.Context(f0=lambda: featurizers.cut(
-            featurizer.featurize(select.gather(arrived, action.selection).contiguous())[0], f.shape[-1], index),
+            featurizer.featurize(select.gather(arrived, action.selection, dense=True))[0], f.shape[-1], index),
             step=step, lead=action.lead)
         landed = featurizers.touch(f, features, lambda part, o: row.formula(part, o, params, context),
                                    operand_for(action, f))
@@ -81,9 +79,9 @@ def write(current: torch.Tensor, action: Action, arrived: torch.Tensor, step: in
 def read(current: torch.Tensor, action: Action, grad: bool = False) -> torch.Tensor:
     """One read at a tap: the gathered value (through the read's featurizer, autocast off), cloned; detached
     unless the pass keeps a graph for a fit (`grad`)."""
-    value = select.gather(current, action.selection)
+    value = select.gather(current, action.selection, dense=action.featurizer is not None)
     if action.featurizer is not None:
-        value = featurizers.read(action.featurizer, value.contiguous())
+        value = featurizers.read(action.featurizer, value)
     return value.clone() if grad else value.detach().clone()
 
 

@@ -94,13 +94,14 @@ def span(selection: Selection, seq: int) -> Optional[tuple[int, int]]:
     return (lo, hi) if tuple(first) == tuple(range(lo, hi)) else None
 
 
-def gather(tensor: torch.Tensor, selection: Selection) -> torch.Tensor:
-    """The part of `tensor` the selection names, flat over features.
+def gather(tensor: torch.Tensor, selection: Selection, dense: bool = False) -> torch.Tensor:
+    """The part of `tensor` the selection names, flat over features; with `dense`, laid out contiguously.
 
     Rectangular: (rows, w, len(take) * per_group); ragged: (total, len(take) * per_group).
     Without groups the whole feature axis is kept. Windows that are all one run of positions (`span`) are
     taken as a slice, a view of `tensor` where its layout allows (Q13): callers never write into a gathered
-    value (a read clones it, a mechanism computes a new tensor, `scatter` writes a copy).
+    value (a read clones it, a mechanism computes a new tensor, `scatter` writes a copy). What a featurizer
+    or a mechanism computes must not depend on that layout: the seam gathers for them `dense`.
     """
     canon = _canonical(tensor, selection.seq_axis)
     _check(selection, canon)
@@ -114,11 +115,10 @@ def gather(tensor: torch.Tensor, selection: Selection) -> torch.Tensor:
     if selection.groups is not None:
         take = torch.tensor(selection.take, dtype=torch.long, device=canon.device)
         flat = flat.reshape(flat.shape[0], selection.groups, -1)[:, take].reshape(flat.shape[0], -1)
-    if selection.ragged:
-        return flat
-    n = len(selection.windows)
-    w = len(selection.windows[0]) if n else 0
-    return flat.reshape(n, w, *flat.shape[1:])
+    if not selection.ragged:
+        n = len(selection.windows)
+        flat = flat.reshape(n, len(selection.windows[0]) if n else 0, *flat.shape[1:])
+    return flat.contiguous() if dense else flat
 
 
 def scatter(tensor: torch.Tensor, selection: Selection, values: torch.Tensor) -> torch.Tensor:
