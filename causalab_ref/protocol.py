@@ -182,7 +182,7 @@ def _models(raw: Any, writes: dict) -> dict:
         path = f"method.intervened_models.{name}"
         entry = _keys(entry, path, ("input", "writes"), ("input", "writes"))
         names = entry["writes"] if isinstance(entry["writes"], list) else []
-        places = [(writes[w]["site"], json.dumps(writes[w]["pos"])) for w in names
+        places = [json.dumps([writes[w]["site"], writes[w]["pos"]], sort_keys=True) for w in names
                   if isinstance(w, str) and w in writes]
         if len(set(places)) != len(places):
             _fail(f"{path}.writes", f"model '{name}' has two writes at one site and position; a protocol model "

@@ -223,9 +223,14 @@ def signals_held():
 RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
 
 
+@functools.lru_cache(maxsize=None)
+def _renameat2():
+    return getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+
+
 def rename2(src: Path, dst: Path, flags: int) -> bool:
     """Linux renameat2: False when the system or the file system does not offer it."""
-    fn = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    fn = _renameat2()
     if fn is None:
         return False
     if fn(-100, os.fsencode(src), -100, os.fsencode(dst), flags) == 0:  # -100: AT_FDCWD

@@ -233,6 +233,8 @@ def test_refusals_of_the_lowered_document_name_protocol_paths(tmp_path, capsys, 
     lambda d: d["method"]["writes"]["patch"].update(do={"swap": ["v_cf"]}),
     lambda d: d.update(method=[1]),
     lambda d: d["data"].update(base="weekdays/train"),
+    lambda d: d["method"]["writes"]["patch"].update(site={"patched": 1}),  # bench/fuzz.py case 8694
+    lambda d: d["method"]["writes"]["patch"].update(pos={"index": [1]}),
 ])
 def test_hostile_values_are_one_refusal_line(tmp_path, capsys, edit):
     """SPEC.md:324 [PR3] whatever a protocol document holds, validate ends in one refusal line, never a traceback."""
