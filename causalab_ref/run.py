@@ -68,15 +68,19 @@ def place(frame, taps, dynamic: bool, path: str, offset: int = 0) -> dict[str, R
 
 
 def resolve_taps(engine, step: ObservePlan, forward: Forward, path: str, offset: int = 0,
-                 frames: Optional[dict] = None) -> dict[str, Resolved]:
+                 frames: Optional[dict] = None, memo: Optional[share.Memo] = None) -> dict[str, Resolved]:
     """The prompt-frame taps of one forward, resolved against the model's tokenizer.
 
     `frames` caches each role's frame within a pass: two forwards on one role share their rows,
-    so the character map (the expensive half) is built once."""
+    so the character map (the expensive half) is built once; `memo` keeps the last few frames
+    of the run for the sweep points on the same rows (SPEC.md Q15)."""
     frames = {} if frames is None else frames
     if forward.input not in frames:
-        frames[forward.input] = locate.frame_of_ids(engine.tokenizer, forward.ids, forward.mask,
-                                                    segments=forward.segments, char_map=step.dynamic)
+        def build():
+            return locate.frame_of_ids(engine.tokenizer, forward.ids, forward.mask, segments=forward.segments,
+                                       char_map=step.dynamic)
+        key = (forward.ids, forward.mask, repr(forward.segments), step.dynamic)
+        frames[forward.input] = build() if memo is None else memo.frame(key, build)
     frame = frames[forward.input]
     return place(frame, [t for t in forward.taps if t.pos.frame == "prompt"], step.dynamic, path, offset)
 
@@ -233,7 +237,7 @@ def _pass(engine, step: ObservePlan, path: str, offset: int, live: dict, grad: b
     placed: dict[str, Resolved] = {}
     frames: dict = {}
     for forward in step.forwards:
-        resolved = resolve_taps(engine, step, forward, path, offset, frames)
+        resolved = resolve_taps(engine, step, forward, path, offset, frames, memo)
         if forward.decode:
             resolved, read = decode_forward(engine, forward, resolved, values, placed, path, offset, live, leads)
         else:

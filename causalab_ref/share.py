@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import replace
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .plan import Forward, ObservePlan, Plan, Tap
+
+
+FRAMES = 4  # frames a run keeps: a sweep's points on the same rows share them; a windowed run keeps none long
 
 
 def read_identity(tap: Tap) -> str:
@@ -107,6 +110,18 @@ class Memo:
                                 wanted.setdefault(read_identity(tap), tap)
         self.kept: dict[tuple, dict[str, Any]] = {}
         self.left: dict[tuple, int] = {}
+        self.frames: dict[tuple, Any] = {}  # the last FRAMES frames built, oldest first
+
+    def frame(self, key: tuple, build: Callable[[], Any]) -> Any:
+        """The frame of a forward's rows (`key`: ids, mask, segments, whether a character map is built), built
+        once for the forwards of any point on the same rows while it is among the last FRAMES used (SPEC.md Q15)."""
+        frame = self.frames.pop(key, None)
+        if frame is None:
+            frame = build()
+        self.frames[key] = frame
+        while len(self.frames) > FRAMES:
+            del self.frames[next(iter(self.frames))]
+        return frame
 
     def others(self, forward: Forward, lo: int, hi: int) -> list[tuple[str, Tap]]:
         """The reads of the other users (identity, tap for rows lo..hi) that this forward does not take."""

@@ -55,6 +55,28 @@ def test_a_forward_shared_by_sweep_points_runs_once_with_each_points_values(llam
             assert got[f"{leaf.label}/{file_path}"] == alone["scores"][value], (leaf.label, value)
 
 
+@pytest.mark.parametrize("batch_size, frames", [(None, 2), (3, 4)])
+def test_sweep_points_on_the_same_rows_build_each_frame_once(llama, monkeypatch, tmp_path, batch_size, frames):
+    """SPEC.md:358 [Q15] head_patching's four points on one set of rows build the base and counterfactual
+    frames once per window (2 frames, or 4 in two windows), not at every point; the tables are each point's own."""
+    from causalab_ref import locate
+    plan = compiler.compile_document(_doc("head_patching"), llama, DATA)
+    built = []
+    frame_of_ids = locate.frame_of_ids
+
+    def counted(*args, **kwargs):
+        built.append(args[1])
+        return frame_of_ids(*args, **kwargs)
+    monkeypatch.setattr(locate, "frame_of_ids", counted)
+    run.execute(plan, llama, tmp_path / "out", batch_size=batch_size, progress=False)
+    assert len(built) == frames
+    got = _tables(tmp_path / "out")
+    for leaf in plan.leaves():
+        alone = run.run_step(llama, leaf.steps[0], batch_size)
+        for value, file_path in leaf.steps[0].saves:
+            assert got[f"{leaf.label}/{file_path}"] == alone["scores"][value], (leaf.label, value)
+
+
 def test_explain_names_the_steps_that_share_a_forward(llama):
     """SPEC.md:349 [Q6] explain ends with the shared forwards and the `<point>/<step>` each serves."""
     lines = compiler.compile_document(_doc("layer_sweep"), llama, DATA).text().splitlines()
