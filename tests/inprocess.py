@@ -38,7 +38,7 @@ def cli(*args: str, cwd: pathlib.Path = REPO) -> Completed:
                 status = entry.main(list(args))
             except SystemExit as leave:
                 status = leave.code if isinstance(leave.code, int) else -1
-                if status == -1:
+                if not isinstance(leave.code, int):
                     print(f"SystemExit({leave.code!r})", file=sys.stderr)
     finally:
         os.chdir(before)
