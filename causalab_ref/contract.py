@@ -192,14 +192,16 @@ class Engine:
         mask_t = torch.tensor(mask, dtype=torch.long)
         inputs = {"input_ids": torch.tensor(ids, dtype=torch.long), "attention_mask": mask_t,
                   "position_ids": position_ids(mask_t)}
-        return {k: v.to(self.input_device()) for k, v in inputs.items()}
+        device = self.input_device()
+        return {k: v.to(device) for k, v in inputs.items()}
 
     def forward_inputs(self, batch: Batch) -> tuple[dict[str, Any], tuple[Action, ...]]:
         """A plain forward's keyword inputs with the head computed only where a tap names it (`head_bound`,
         SPEC.md Q8), and the actions to fire on it. A decode needs no bound: transformers' `generate` computes
         the head at the last position of every step, its prompt's forward included (Q9)."""
         kept, actions = head_bound(batch)
-        return {**self.inputs(batch.ids, batch.mask), "logits_to_keep": kept.to(self.input_device())}, actions
+        inputs = self.inputs(batch.ids, batch.mask)
+        return {**inputs, "logits_to_keep": kept.to(inputs["input_ids"].device)}, actions
 
     def stop_ids(self) -> tuple[int, ...]:
         """Every id a continuation can be cut at: the tokenizer's EOS and the generation config's (an id or

@@ -38,8 +38,8 @@ def _decode(tok, ids: Sequence[int]) -> str:
 def _rows(x) -> list[list[int]]:
     """A 2-D tensor or a sequence of sequences, as lists of ints."""
     if isinstance(x, torch.Tensor):
-        x = x.tolist()
-    return [[int(v) for v in row] for row in x]
+        return x.long().tolist()
+    return [list(map(int, row)) for row in x]
 
 
 def special_prefix(tok) -> tuple[int, ...]:
@@ -222,11 +222,11 @@ def row_map(tok, ids: Sequence[int], linear: bool, text: Optional[str] = None) -
 
 
 def _content_span(row: list[int], mask: list[int], prefix: tuple[int, ...], r: int) -> tuple[int, int]:
-    real = [j for j, m in enumerate(mask) if m]
-    if not real:
+    real = list(map(bool, mask))
+    if True not in real:
         return 0, 0
-    first, end = real[0], real[-1] + 1
-    if len(real) != end - first:
+    first, end = real.index(True), len(real) - real[::-1].index(True)
+    if not all(real[first:end]):
         raise ValueError(f"row {r}: padding is not contiguous (mask {mask})")
     if prefix and tuple(row[first : first + len(prefix)]) == prefix:
         first += len(prefix)
