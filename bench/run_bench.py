@@ -617,7 +617,7 @@ def main() -> int:
         if "f" in only:  # first, while this process is small: it runs in a process of its own anyway
             bench_f(*size["e"], tmp / "f")
         if "a" in only:
-            bench_a(LLAMA, size["rows"], repeats, tmp / "small")
+            bench_a(LLAMA, size["rows"], 5 * repeats, tmp / "small")  # ~0.1 s a repeat, so more repeats
             big = register(BIG, 2001, "a larger Llama, 8 layers, hidden 512", hidden_size=512, intermediate_size=1376,
                            num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=8)
             bench_a(big, size["rows"], repeats, tmp / "big")

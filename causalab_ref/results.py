@@ -92,7 +92,8 @@ def beside(out: Path, kind: str, pid: Optional[int] = None) -> str:
 
 def writer_of(entry: str, out: Path, kind: str) -> Optional[int]:
     """The pid in the name of one of this tool's folders beside `out` (exactly `.<out>.<kind>-pid<P>-<8>`)."""
-    match = re.fullmatch(re.escape(f".{out.name}.{kind}-pid") + r"(\d+)-" + _RANDOM, entry)
+    head = f".{out.name}.{kind}-pid"
+    match = entry.startswith(head) and re.fullmatch(re.escape(head) + r"(\d+)-" + _RANDOM, entry)
     return int(match.group(1)) if match else None
 
 

@@ -11,7 +11,8 @@ back and the reads taken. Each write is (language-reference §1):
     T  = scatter(T, selection, x')
 
 under disabled autocast; each read is the gathered value after all of the tap's writes,
-detached and cloned. The decode's per-step placement (`at_step`) and the collection of
+detached, and copied where it is a view of a tensor the forward may still change (`read`).
+The decode's per-step placement (`at_step`) and the collection of
 per-step reads (`Reads`) are here too, since both engines decode the same way.
 SPEC.md §12 How it is built.
 """
@@ -22,7 +23,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from . import featurizers, mechanisms, select
+from . import address, featurizers, mechanisms, select
 from .contract import Action
 from .shapes import Refusal
 
@@ -77,12 +78,22 @@ def write(current: torch.Tensor, action: Action, arrived: torch.Tensor, step: in
 
 
 def read(current: torch.Tensor, action: Action, grad: bool = False) -> torch.Tensor:
-    """One read at a tap: the gathered value (through the read's featurizer, autocast off), cloned; detached
-    unless the pass keeps a graph for a fit (`grad`)."""
+    """One read at a tap: the gathered value (through the read's featurizer, autocast off); detached unless
+    the pass keeps a graph for a fit (`grad`). It is copied where it is a view of a tensor the forward may
+    still change, and not where it is its own (a gather that made a new tensor) or the whole of the head's
+    output (`address.HEAD`): the last tensor a forward computes, which no write changes in place (SPEC.md Q13)."""
     value = select.gather(current, action.selection, dense=action.featurizer is not None)
     if action.featurizer is not None:
         value = featurizers.read(action.featurizer, value)
-    return value.clone() if grad else value.detach().clone()
+    whole_head = action.address.component in address.HEAD and value.numel() == current.numel()
+    if _aliases(value, current) and not whole_head:
+        value = value.clone()
+    return value if grad else value.detach()
+
+
+def _aliases(value: torch.Tensor, tensor: torch.Tensor) -> bool:
+    """Whether `value` lies in `tensor`'s memory (a view of it, not a copy)."""
+    return value.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr()
 
 
 @dataclass

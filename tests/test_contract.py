@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from causalab_ref import compile as compiler
-from causalab_ref import contract, engine, locate, mechanisms, run
+from causalab_ref import contract, engine, locate, mechanisms, run, seam
 from causalab_ref.plan import Tap
 from causalab_ref.contract import Action, Batch
 from causalab_ref.hooks import HooksEngine
@@ -194,3 +194,41 @@ def test_the_model_verb_takes_dtype_and_device_map(capsys):
     got = json.loads(capsys.readouterr().out)
     assert (got["dtype"], got["device_map"]) == ("bf16", "cpu")
     assert got["components"]["block_output[0]"] == {"resolves": True, "width": 32, "op": None}
+
+
+def _at(address, windows, name="r"):
+    tap = Tap(kind="read", name=name, site=name, address=address, pos=Where(index=-1))
+    return Action(tap, Selection(windows=windows, seq_axis=address.seq_axis))
+
+
+def _shares(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def test_a_read_is_copied_only_where_it_is_a_view_of_a_tensor_the_forward_may_still_change(llama):
+    """SPEC.md:356 [Q13] a read of one run of positions at the residual stream is a copy (changing the tensor
+    afterwards leaves it as read); the whole of the head's output is kept as it is; part of the head is copied;
+    an index gather is already the read's own."""
+    x = torch.randn(3, 5, 6)
+    kept = seam.read(x, _at(llama.locate("block_output", 0), ((4,),) * 3))
+    before = kept.clone()
+    x.mul_(0)
+    assert not _shares(kept, x) and torch.equal(kept, before)
+    head = torch.randn(3, 1, 6)
+    assert _shares(seam.read(head, _at(llama.locate("lm_head", None), ((0,),) * 3)), head)
+    wider = torch.randn(3, 2, 6)
+    assert not _shares(seam.read(wider, _at(llama.locate("lm_head", None), ((1,),) * 3)), wider)
+    ragged = seam.read(x, _at(llama.locate("block_output", 0), ((4,), (3,), (4,))))
+    assert not _shares(ragged, x) and torch.equal(ragged[:, 0], torch.stack([x[0, 4], x[1, 3], x[2, 4]]))
+
+
+def test_a_write_at_logits_after_a_read_of_the_whole_head_leaves_the_read_as_it_was(llama, hooks):
+    """SPEC.md:356 [Q13] the head read uncopied is the head as computed: a swap at `logits` later in the same forward
+    replaces the tensor (a scatter writes a copy), so the read equals a forward that only reads, on both engines."""
+    clean = llama.forward(_batch(llama, _read(llama, "head", "lm_head")))["head"]
+    batch = _batch(llama, _read(llama, "head", "lm_head"), _write(llama, "w", "logits", None, "swap", 7.0),
+                   _read(llama, "after", "logits"))
+    for eng in (llama, hooks):
+        got = eng.forward(batch)
+        assert torch.equal(got["head"], clean), eng.name
+        assert torch.equal(got["after"], torch.full_like(got["after"], 7.0)), eng.name
