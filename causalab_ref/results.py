@@ -3,7 +3,7 @@
 This module owns the results folder (`Folder`): the staging folder beside --out, the
 refusals of a destination that is not a new folder (or a replaceable one), confinement
 of every file a document names (`confined`), the cleanup of staging folders a killed
-run left (`clean_stale`, `alive`), writing JSON (`dump`), the move into place; and what
+run left (`clean_stale`, `alive`), writing JSON (`dump`, `dumps`), the move into place; and what
 run.json says about this package (`package_digest`, `versions`) and the progress bar
 (`progress`). The run (run.py) hands it plain data and never touches a path. SPEC.md §4 Runs.
 """
@@ -31,7 +31,28 @@ from .shapes import Refusal
 def dump(path: Path, obj: Any) -> None:
     """One JSON file (its folders made), indented, newline-terminated."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(obj, indent=1) + "\n", encoding="utf-8")
+    path.write_text(dumps(obj) + "\n", encoding="utf-8")
+
+
+_SCALARS = frozenset((str, int, float, bool, type(None)))
+#: json's C encoder with the separators `indent=1` puts between the items of a table's row
+_ROWS = json.JSONEncoder(separators=(",\n  ", ": "))
+
+
+def dumps(obj: Any) -> str:
+    """Exactly `json.dumps(obj, indent=1)`, the bytes F§14.1 fixes (SPEC.md Q16). A table of flat rows (a list
+    of non-empty dicts of string keys and plain scalars) is encoded by json's C encoder, which Python uses
+    only without `indent`: given the row separators, only the lines between rows and around the table differ,
+    and a raw newline, which the encoder writes only between items, marks them. Everything else is
+    `json.dumps` itself."""
+    if type(obj) is list and obj and all(type(row) is dict and row and all(type(k) is str for k in row)
+                                         and _SCALARS.issuperset(map(type, row.values())) for row in obj):
+        try:
+            text = _ROWS.encode(obj)  # '[{' row ',\n  ' ... '},\n  {' next row ... '}]'
+        except ValueError:  # what json refuses (an int too long to print) it refuses below, in its own words
+            return json.dumps(obj, indent=1)
+        return "[\n {\n  " + text[2:-2].replace("},\n  {", "\n },\n {\n  ") + "\n }\n]"
+    return json.dumps(obj, indent=1)
 
 
 @functools.lru_cache(maxsize=None)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from causalab_ref import compile as compiler
 from causalab_ref import fixtures, reader, results, run
@@ -76,6 +78,31 @@ def test_metric_table_rows_have_the_fields_in_order(written):
         assert [list(r) for r in rows] == [KEYS] * 4
         assert [r["example_id"] for r in rows] == ["0", "1", "2", "3"]
         assert all(r["metric"] == name for r in rows)
+
+
+def test_every_file_a_run_writes_is_json_dumps_indented_by_one(written):
+    """SPEC.md:359 [Q16] each JSON file is exactly `json.dumps(obj, indent=1)` and a newline, the flat tables
+    (this unanchored step's) included."""
+    out, _ = written
+    for name in ("document.json", "run.json", "iia.json", "logit_diff.json"):
+        text = (out / name).read_text(encoding="utf-8")
+        assert text == json.dumps(json.loads(text), indent=1) + "\n", name
+
+
+SCALARS = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True, allow_infinity=True),
+                    st.text(alphabet=st.sampled_from('ab"\\{}[],:\n \u00e9\u2028\U0001f600'), max_size=8))
+ROWS = st.dictionaries(st.text(alphabet=st.sampled_from('k}{,\n"'), max_size=4), SCALARS, max_size=4)
+VALUES = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                      st.dictionaries(st.text(max_size=3), inner, max_size=3)),
+                      max_leaves=12)
+
+
+@settings(max_examples=400, deadline=None)
+@given(obj=st.one_of(st.lists(ROWS, max_size=5), st.lists(st.one_of(ROWS, VALUES), max_size=4), VALUES))
+def test_the_results_encoder_writes_json_dumps_bytes(obj):
+    """SPEC.md:359 [Q16] tables of flat rows (keys and strings holding braces, commas, quotes and newlines; NaN,
+    infinities, big ints), tables with an empty or a nested row, and any other value: the bytes json.dumps writes."""
+    assert results.dumps(obj) == json.dumps(obj, indent=1)
 
 
 def test_bare_integer_pass_reports_no_positions(written):
