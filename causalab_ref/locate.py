@@ -20,6 +20,7 @@ SPEC.md §2 Positions.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from typing import Optional, Sequence
@@ -119,40 +120,57 @@ def decodes_by_pieces(tok) -> bool:
     return decoder is not None and _decoder_steps(decoder) == PIECE_DECODER
 
 
-def _bytes_of(pieces: list[str]) -> Optional[list[Optional[int]]]:
-    """Each piece's byte (None for a piece that is not a byte piece); None when a piece only looks like one."""
-    out: list[Optional[int]] = []
-    for piece in pieces:
-        byte = BYTE_PIECE.fullmatch(piece)
-        if byte is None and piece.startswith("<0x") and piece.endswith(">") and len(piece.encode()) == 6:
-            return None  # the decoder would read a byte here that the pattern does not
-        out.append(None if byte is None else int(byte.group(1), 16))
-    return out
+def _piece(backend, i: int) -> Optional[tuple[str, Optional[int]]]:
+    """What PIECE_DECODER makes of id `i`: its piece with each "\u2581" a space, and its byte for a byte piece
+    `<0xHH>` (else None); None for an id with no piece, or a piece that only looks like a byte piece (the
+    decoder would read a byte there that the pattern does not)."""
+    piece = backend.id_to_token(i)
+    if piece is None:
+        return None
+    byte = BYTE_PIECE.fullmatch(piece)
+    if byte is None and piece.startswith("<0x") and piece.endswith(">") and len(piece.encode()) == 6:
+        return None
+    return piece.replace("\u2581", " "), None if byte is None else int(byte.group(1), 16)
 
 
-def pieces_char_map(tok, ids: Sequence[int], text: str) -> Optional[tuple[int, ...]]:
+def pieces_char_map(tok, ids: Sequence[int], text: str, known: Optional[dict] = None) -> Optional[tuple[int, ...]]:
     """The offsets of `char_map` from the pieces alone, for PIECE_DECODER (SPEC.md Q14); None (the caller maps the
     row otherwise) for an unknown id, a row whose text holds U+FFFD, or pieces that do not spell `text` exactly.
+    `known` holds each id's `_piece` once looked up (a frame's rows share it).
 
     The text of ids[:k] is the pieces before k laid end to end, less a leading space; inside a run of byte
     pieces it is whole only where the next byte starts a character (else it ends in U+FFFD, no prefix of the
     text, and the definition keeps the previous offset). So offsets are running lengths, one pass, no decode.
     """
+    known = {} if known is None else known
+    ids = [int(i) for i in ids]
     backend = tok.backend_tokenizer
-    pieces = [backend.id_to_token(int(i)) for i in ids]
-    if "\ufffd" in text or any(p is None for p in pieces):
+    known.update((i, _piece(backend, i)) for i in set(ids).difference(known))
+    entries = list(map(known.__getitem__, ids))
+    if "\ufffd" in text or None in entries:
         return None
-    values = _bytes_of(pieces)
-    if values is None:
-        return None
+    pieces = [piece for piece, _byte in entries]
+    values = [byte for _piece, byte in entries]
+    if values.count(None) == len(values):  # no byte piece: each prefix is whole
+        spelled = "".join(pieces)
+        strip = 1 if spelled.startswith(" ") else 0
+        if spelled[strip:] != text:
+            return None
+        lengths = list(itertools.accumulate(map(len, pieces[: len(ids) - 1])))
+        return (0,) + tuple(max(length - strip, 0) for length in lengths) + (len(text),) if ids else (len(text),)
+    return _spelled_offsets(pieces, values, text)
+
+
+def _spelled_offsets(pieces: list[str], values: list[Optional[int]], text: str) -> Optional[tuple[int, ...]]:
+    """Q14's offsets of a row holding byte pieces: a run of bytes is whole only where the next starts a character."""
     parts, group, lengths, length = [], bytearray(), [0], 0  # lengths[k]: ids[:k] spelled, before the strip
     for k, (piece, byte) in enumerate(zip(pieces, values)):
         if byte is None:
             if group:
                 parts.append(group.decode("utf-8", errors="replace"))
                 group = bytearray()
-            parts.append(piece.replace("\u2581", " "))
-            length += len(parts[-1])
+            parts.append(piece)
+            length += len(piece)
         else:
             group.append(byte)
             length += (byte & 0xC0) != 0x80  # a byte that starts a character adds it
@@ -165,15 +183,17 @@ def pieces_char_map(tok, ids: Sequence[int], text: str) -> Optional[tuple[int, .
     if spelled[strip:] != text:
         return None
     offsets = [0]
-    for k in range(1, len(ids)):
+    for k in range(1, len(pieces)):
         at = lengths[k] - strip if lengths[k] > 0 else (0 if lengths[k] == 0 else -1)
         offsets.append(max(at, offsets[-1]))
-    return tuple(offsets[: len(ids)]) + (len(text),)
+    return tuple(offsets[: len(pieces)]) + (len(text),)
 
 
-def linear_char_map(tok, ids: Sequence[int], text: Optional[str] = None) -> tuple[int, ...]:
+def linear_char_map(tok, ids: Sequence[int], text: Optional[str] = None, by_pieces: Optional[bool] = None,
+                    known: Optional[dict] = None) -> tuple[int, ...]:
     """The offsets of `char_map` in linear time (SPEC.md Q1), for a tokenizer `linear_map_serves`; `text` is the
-    row's decoded text when the caller has it. A sentencepiece decoder's rows are mapped from their pieces (Q14).
+    row's decoded text when the caller has it. A sentencepiece decoder's rows are mapped from their pieces (Q14);
+    a caller mapping many rows says once whether it is one (`by_pieces`) and shares the pieces looked up (`known`).
 
     A clean cut is a prefix that decodes to a prefix of the text without U+FFFD. Each prefix is decoded as a
     window of a few tokens from a clean cut `ctx`; what it adds to the window of the last clean cut (`head`)
@@ -186,9 +206,10 @@ def linear_char_map(tok, ids: Sequence[int], text: Optional[str] = None) -> tupl
     """
     ids = list(ids)
     text = _decode(tok, ids) if text is None else text
-    by_pieces = pieces_char_map(tok, ids, text) if decodes_by_pieces(tok) else None
-    if by_pieces is not None:
-        return by_pieces
+    from_pieces = pieces_char_map(tok, ids, text, known) if (
+        decodes_by_pieces(tok) if by_pieces is None else by_pieces) else None
+    if from_pieces is not None:
+        return from_pieces
     garbled = "\ufffd" in text
     decode = tok.backend_tokenizer.decode
     offsets, cuts, ctx, head, length = [0], [0], 0, "", 0
@@ -212,10 +233,11 @@ def linear_char_map(tok, ids: Sequence[int], text: Optional[str] = None) -> tupl
     return tuple(offsets[: len(ids)]) + (len(text),)
 
 
-def row_map(tok, ids: Sequence[int], linear: bool, text: Optional[str] = None) -> tuple[int, ...]:
+def row_map(tok, ids: Sequence[int], linear: bool, text: Optional[str] = None, by_pieces: Optional[bool] = None,
+            known: Optional[dict] = None) -> tuple[int, ...]:
     """A row's character map: linear where the tokenizer is served (Q2), else the definition (P22); `text` is
-    the row's decoded text when the caller has it."""
-    return linear_char_map(tok, ids, text) if linear else char_map(tok, ids)
+    the row's decoded text when the caller has it; `by_pieces` and `known` as for `linear_char_map`."""
+    return linear_char_map(tok, ids, text, by_pieces, known) if linear else char_map(tok, ids)
 
 
 # ---------------------------------------------------------------- frames
@@ -254,7 +276,9 @@ def frame_of_ids(tok, ids, mask, segments=None, char_map=True) -> shapes.Frame:
     decode = (lambda c: tok.backend_tokenizer.decode(c, skip_special_tokens=False)) if linear else (
         lambda c: _decode(tok, c))
     texts = tuple(decode(c) for c in contents)
-    offsets = tuple(row_map(tok, c, linear, t) for c, t in zip(contents, texts))
+    by_pieces = linear and decodes_by_pieces(tok)  # asked once, and each id's piece looked up once, for every row
+    known: dict[int, Optional[tuple[str, Optional[int]]]] = {}
+    offsets = tuple(row_map(tok, c, linear, t, by_pieces, known) for c, t in zip(contents, texts))
     return shapes.Frame(starts=starts, ends=ends, texts=texts, offsets=offsets, segments=segs)
 
 
@@ -273,8 +297,8 @@ def frame_of_texts(tok, texts: Sequence[str], char_map: bool = True):
     Returns (ids, mask, frame) with ids and mask as tuples of tuples of ints.
     """
     enc = with_pad(tok)(list(texts), padding=True, add_special_tokens=True)
-    ids = tuple(tuple(int(i) for i in row) for row in enc["input_ids"])
-    mask = tuple(tuple(int(m) for m in row) for row in enc["attention_mask"])
+    ids = tuple(tuple(map(int, row)) for row in enc["input_ids"])
+    mask = tuple(tuple(map(int, row)) for row in enc["attention_mask"])
     return ids, mask, frame_of_ids(tok, ids, mask, char_map=char_map)
 
 

@@ -152,3 +152,21 @@ def test_a_sentencepiece_row_is_mapped_from_its_pieces_with_one_decode(monkeypat
     monkeypatch.setattr(tok, "_tokenizer", counting)
     frame = locate.frame_of_ids(tok, [ids], [[1] * len(ids)])
     assert frame.offsets[0] == want and counting.ids == len(ids)
+
+
+def test_the_rows_of_one_frame_share_their_pieces_and_each_is_the_definition():
+    """SPEC.md:357 [Q14] — a frame's rows look each id's piece up once for all of them; rows without byte pieces
+    (offsets as running lengths), with byte pieces, and with a leading space, each get the definition's offsets."""
+    tok = fixtures.tokenizer("fixture:tiny-llama")
+    texts = ["If today is Thursday, tomorrow is", "日本語 鿰 é 😀 Thursday", " leading space, Thursday again", "x"]
+    rows = [tok.encode(t, add_special_tokens=False) for t in texts]
+    width = max(map(len, rows))
+    ids = [[0] * (width - len(r)) + r for r in rows]
+    mask = [[0] * (width - len(r)) + [1] * len(r) for r in rows]
+    frame = locate.frame_of_ids(tok, ids, mask)
+    assert [frame.offsets[k] for k in range(len(rows))] == [locate.char_map(tok, r) for r in rows]
+    known: dict = {}
+    for r in rows:
+        text = tok.backend_tokenizer.decode(r, skip_special_tokens=False)
+        assert locate.pieces_char_map(tok, r, text, known) == locate.char_map(tok, r)
+    assert set(known) == {i for r in rows for i in r}
