@@ -40,7 +40,7 @@ def _batch(tok, rows: list[dict], field: str, path: str):
         raise Refusal(f"field '{field}': some rows are conversations and some are strings; a role is one or "
                       "the other", path=path, stage="compile")
     if not any(chats):
-        ids, mask, _frame = locate.frame_of_texts(tok, values, char_map=False)
+        ids, mask = locate.batch_of_texts(tok, values)
         return ids, mask, None, ""
     texts = [data.render_chat(tok, v, path) for v in values]
     ids, mask, frame = locate.frame_of_texts(tok, texts)

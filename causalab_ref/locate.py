@@ -296,10 +296,15 @@ def frame_of_texts(tok, texts: Sequence[str], char_map: bool = True):
 
     Returns (ids, mask, frame) with ids and mask as tuples of tuples of ints.
     """
-    enc = with_pad(tok)(list(texts), padding=True, add_special_tokens=True)
-    ids = tuple(tuple(map(int, row)) for row in enc["input_ids"])
-    mask = tuple(tuple(map(int, row)) for row in enc["attention_mask"])
+    ids, mask = batch_of_texts(tok, texts)
     return ids, mask, frame_of_ids(tok, ids, mask, char_map=char_map)
+
+
+def batch_of_texts(tok, texts: Sequence[str]) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]:
+    """The (ids, mask) of `frame_of_texts`, tokenized as it tokenizes, without the frame."""
+    enc = with_pad(tok)(list(texts), padding=True, add_special_tokens=True)
+    return (tuple(tuple(map(int, row)) for row in enc["input_ids"]),
+            tuple(tuple(map(int, row)) for row in enc["attention_mask"]))
 
 
 def segments_of(text: str, messages: Sequence[dict]) -> dict:
