@@ -20,7 +20,6 @@ SPEC.md §2 Positions.
 """
 from __future__ import annotations
 
-import itertools
 import json
 import re
 from typing import Optional, Sequence
@@ -151,18 +150,6 @@ def pieces_char_map(tok, ids: Sequence[int], text: str, known: Optional[dict] = 
         return None
     pieces = [piece for piece, _byte in entries]
     values = [byte for _piece, byte in entries]
-    if values.count(None) == len(values):  # no byte piece: each prefix is whole
-        spelled = "".join(pieces)
-        strip = 1 if spelled.startswith(" ") else 0
-        if spelled[strip:] != text:
-            return None
-        lengths = list(itertools.accumulate(map(len, pieces[: len(ids) - 1])))
-        return (0,) + tuple(max(length - strip, 0) for length in lengths) + (len(text),) if ids else (len(text),)
-    return _spelled_offsets(pieces, values, text)
-
-
-def _spelled_offsets(pieces: list[str], values: list[Optional[int]], text: str) -> Optional[tuple[int, ...]]:
-    """Q14's offsets of a row holding byte pieces: a run of bytes is whole only where the next starts a character."""
     parts, group, lengths, length = [], bytearray(), [0], 0  # lengths[k]: ids[:k] spelled, before the strip
     for k, (piece, byte) in enumerate(zip(pieces, values)):
         if byte is None:
@@ -183,10 +170,10 @@ def _spelled_offsets(pieces: list[str], values: list[Optional[int]], text: str) 
     if spelled[strip:] != text:
         return None
     offsets = [0]
-    for k in range(1, len(pieces)):
+    for k in range(1, len(ids)):
         at = lengths[k] - strip if lengths[k] > 0 else (0 if lengths[k] == 0 else -1)
         offsets.append(max(at, offsets[-1]))
-    return tuple(offsets[: len(pieces)]) + (len(text),)
+    return tuple(offsets[: len(ids)]) + (len(text),)
 
 
 def linear_char_map(tok, ids: Sequence[int], text: Optional[str] = None, by_pieces: Optional[bool] = None,

@@ -113,7 +113,7 @@ def beside(out: Path, kind: str, pid: Optional[int] = None) -> str:
 
 def writer_of(entry: str, out: Path, kind: str) -> Optional[int]:
     """The pid in the name of one of this tool's folders beside `out` (exactly `.<out>.<kind>-pid<P>-<8>`)."""
-    head = f".{out.name}.{kind}-pid"
+    head = f".{out.name}.{kind}-pid"  # a folder of many results is not matched name by name
     match = entry.startswith(head) and re.fullmatch(re.escape(head) + r"(\d+)-" + _RANDOM, entry)
     return int(match.group(1)) if match else None
 
@@ -122,12 +122,13 @@ def clean_stale(out: Path) -> None:
     """What a killed run left beside --out is never a result: its staging folder is removed, and an old
     result it had moved aside is put back if --out is missing, else removed Only this tool's
     folders, matched by their exact names, of a process that is not alive, are touched (SPEC.md S7)."""
-    mine = f".{out.name}."  # every name `beside` gives starts so: a folder of many results is not matched name by name
-    for entry in sorted(e for e in os.listdir(out.parent) if e.startswith(mine)):
+    for entry in sorted(os.listdir(out.parent)):
         for kind in ("partial", "old"):
             pid = writer_of(entry, out, kind)
+            if pid is None:
+                continue
             old = out.parent / entry
-            if pid is None or not old.is_dir() or old.is_symlink() or (pid != os.getpid() and alive(pid)):
+            if not old.is_dir() or old.is_symlink() or (pid != os.getpid() and alive(pid)):
                 continue
             if kind == "old" and not (out.exists() or out.is_symlink()):
                 os.rename(old, out)

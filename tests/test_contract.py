@@ -42,10 +42,10 @@ def _last(llama):
     return tuple((len(ids[0]) - 1,) for _ in ids)
 
 
-def _read(llama, name, component, layer=None, view="raw"):
+def _read(llama, name, component, layer=None, view="raw", windows=None):
     a = llama.locate(component, layer)
     return Action(Tap(kind="read", name=name, site=name, address=a, pos=Where(index=-1), view=view),
-                  Selection(windows=_last(llama), seq_axis=a.seq_axis))
+                  Selection(windows=_last(llama) if windows is None else windows, seq_axis=a.seq_axis))
 
 
 def _write(llama, name, component, layer, mechanism, operand, featurizer=None, params=()):
@@ -196,11 +196,6 @@ def test_the_model_verb_takes_dtype_and_device_map(capsys):
     assert got["components"]["block_output[0]"] == {"resolves": True, "width": 32, "op": None}
 
 
-def _at(address, windows, name="r"):
-    tap = Tap(kind="read", name=name, site=name, address=address, pos=Where(index=-1))
-    return Action(tap, Selection(windows=windows, seq_axis=address.seq_axis))
-
-
 def _shares(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
@@ -210,15 +205,15 @@ def test_a_read_is_copied_only_where_it_is_a_view_of_a_tensor_the_forward_may_st
     afterwards leaves it as read); the whole of the head's output is kept as it is; part of the head is copied;
     an index gather is already the read's own."""
     x = torch.randn(3, 5, 6)
-    kept = seam.read(x, _at(llama.locate("block_output", 0), ((4,),) * 3))
+    kept = seam.read(x, _read(llama, "r", "block_output", 0, windows=((4,),) * 3))
     before = kept.clone()
     x.mul_(0)
     assert not _shares(kept, x) and torch.equal(kept, before)
     head = torch.randn(3, 1, 6)
-    assert _shares(seam.read(head, _at(llama.locate("lm_head", None), ((0,),) * 3)), head)
+    assert _shares(seam.read(head, _read(llama, "r", "lm_head", windows=((0,),) * 3)), head)
     wider = torch.randn(3, 2, 6)
-    assert not _shares(seam.read(wider, _at(llama.locate("lm_head", None), ((1,),) * 3)), wider)
-    ragged = seam.read(x, _at(llama.locate("block_output", 0), ((4,), (3,), (4,))))
+    assert not _shares(seam.read(wider, _read(llama, "r", "lm_head", windows=((1,),) * 3)), wider)
+    ragged = seam.read(x, _read(llama, "r", "block_output", 0, windows=((4,), (3,), (4,))))
     assert not _shares(ragged, x) and torch.equal(ragged[:, 0], torch.stack([x[0, 4], x[1, 3], x[2, 4]]))
 
 
