@@ -142,7 +142,7 @@ def pieces_char_map(tok, ids: Sequence[int], text: str, known: Optional[dict] = 
     text, and the definition keeps the previous offset). So offsets are running lengths, one pass, no decode.
     """
     known = {} if known is None else known
-    ids = [int(i) for i in ids]
+    ids = list(map(int, ids))
     backend = tok.backend_tokenizer
     known.update((i, _piece(backend, i)) for i in set(ids).difference(known))
     entries = list(map(known.__getitem__, ids))
