@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from . import catalogue, exported, results
+from . import catalogue, exported
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = ROOT / "tests" / "conformance"
@@ -102,6 +102,23 @@ def load_cases(folder: Path = CASES) -> list[dict]:
     return cases
 
 
+class CaseError(Exception):
+    """A case that cannot be set up (a path it names escapes, a file it names is missing): that case fails
+    with this one line, and the run goes on."""
+
+
+def _inside(base: Path, rel: str, what: str) -> Path:
+    """`base / rel`, which must resolve strictly inside `base` (no absolute path, no `..` out, no link out)."""
+    target = base / rel
+    try:
+        inside = base.resolve() in target.resolve().parents
+    except (OSError, RuntimeError, ValueError):
+        inside = False
+    if not isinstance(rel, str) or not rel or Path(rel).is_absolute() or ".." in Path(rel).parts or not inside:
+        raise CaseError(f"{what} {rel!r} escapes its folder ({base}); a case names paths inside it (SPEC.md S12)")
+    return target
+
+
 def _write_data(case: dict, data_root: Path) -> None:
     """The case's tables, and nothing else, under the data root: a list is the rows themselves, a
     string names a table file of the corpus (relative to the case's folder) (SPEC.md C10)."""
@@ -109,12 +126,12 @@ def _write_data(case: dict, data_root: Path) -> None:
     data_root.mkdir(parents=True, exist_ok=True)
     for rel, table in (case.get("data") or {}).items():
         # a key is a path under the data root: `..`, an absolute path or a link out is refused (SPEC.md S8)
-        target = results.confined(data_root, rel, f"{Path(case['_file']).name}: data", data_root, "the data root")
+        target = _inside(data_root, rel, "data key")
         target.parent.mkdir(parents=True, exist_ok=True)
         if isinstance(table, str):
-            source = (corpus / table).resolve()
-            if corpus not in source.parents:
-                raise ValueError(f"{case['name']}: data file {table!r} is outside the corpus")
+            source = _inside(corpus, table, "data file")
+            if not source.is_file():
+                raise CaseError(f"data file {table!r} is not in the corpus ({corpus})")
             target.write_bytes(source.read_bytes())
         else:
             target.write_text(json.dumps(table, indent=1, ensure_ascii=False), encoding="utf-8")
@@ -125,11 +142,12 @@ def _prepare(case: dict, tmp: Path) -> tuple[list[str], Path]:
     data_root = tmp / "data"
     _write_data(case, data_root)
     for rel in case.get("files") or ():  # files a document names by relative path (a bundle): the corpus's own
-        source = Path(case["_file"]).resolve().parent / "files" / rel
+        source = _inside(Path(case["_file"]).resolve().parent / "files", rel, "files entry")
         if not source.is_file():
-            raise ValueError(f"{case['name']}: file {rel!r} is not in the corpus (files/{rel})")
-        (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, tmp / rel)
+            raise CaseError(f"files entry {rel!r} is not in the corpus (files/{rel})")
+        target = _inside(tmp, rel, "files entry")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)
     doc = tmp / "document.json"
     out = tmp / "out"
     verb = case["verb"]
@@ -284,7 +302,10 @@ def check(case: dict, impl, record: bool = False, recipes: Optional[dict[str, st
         if bad:
             return "fail", bad, {}
     with tempfile.TemporaryDirectory(prefix="conform-") as tmp:
-        got = observe(case, impl, Path(tmp))
+        try:
+            got = observe(case, impl, Path(tmp))
+        except CaseError as error:
+            return "fail", [str(error)], {}
     if got["status"] == NOT_APPLICABLE:
         return "n/a", [], got
     if record:

@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import sys
 import tempfile
 from contextlib import contextmanager
@@ -196,6 +197,27 @@ def check_out(out: Path, replace: bool) -> None:
                       "folder", path="--out", stage="run")
 
 
+def open_own(path: Path, what: str) -> int:
+    """A file this tool creates or truncates (a lock), opened read-write without ever following a link
+    (O_NOFOLLOW) and checked on the opened descriptor: a regular file with no other name (a hard link
+    planted there would make a truncation reach another file). Anything else is refused (SPEC.md S11)."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK, 0o644)
+    except OSError as error:
+        if error.errno in (errno.ELOOP, errno.EMLINK):
+            raise Refusal(f"{what} {path} is a link; remove it (this tool never writes through a link)",
+                          path="--out", stage="run") from None
+        raise
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+        os.close(fd)
+        kind = "not a regular file" if not stat.S_ISREG(info.st_mode) else "a hard link to another file"
+        raise Refusal(f"{what} {path} is {kind}; remove it (this tool writes only files of its own)",
+                      path="--out", stage="run")
+    return fd
+
+
 class Claim:
     """The exclusive right to write one --out: a lock on `.<out>.lock` beside it (flock, so the kernel
     drops it when the process dies, SIGKILL included). A second run is refused while the first holds it."""
@@ -204,7 +226,7 @@ class Claim:
         self.path = out.parent / f".{out.name}.lock"
         self.fd: Optional[int] = None
         for _attempt in range(5):
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = open_own(self.path, f"--out {out}: its lock")
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

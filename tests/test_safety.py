@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -275,10 +276,88 @@ def test_conform_cases_cannot_write_data_outside_their_root(tmp_path, capsys):
         case = json.loads((ROOT / "tests" / "conformance" / "accept_mixed_sign_span.json").read_text("utf-8"))
         case["data"] = {key: [{"input": "x"}]}
         (cases / "case.json").write_text(json.dumps(case), encoding="utf-8")
-        assert cli.main(["conform", "--cases", str(cases)]) == 2
-        err = capsys.readouterr().err.strip().splitlines()
-        assert err[-1].startswith("run: case.json: data: ") and "resolves outside the data root" in err[-1]
+        with pytest.raises(SystemExit) as exited:
+            cli.main(["conform", "--cases", str(cases)])
+        assert exited.value.code == 1
+        out = capsys.readouterr().out
+        assert f"data key {key!r} escapes its folder" in out and "conform: 0 passed, 1 failed" in out
         assert not target.exists() and not (tmp_path.parent / "escaped.json").exists()
+
+
+def _case_with(tmp_path, **fields):
+    """A folder holding one corpus case (accept_mixed_sign_span) with `fields` replaced, and its files/."""
+    cases = tmp_path / "cases"
+    (cases / "files").mkdir(parents=True)
+    shutil.copytree(ROOT / "tests" / "conformance" / "data", cases / "data")
+    case = json.loads((ROOT / "tests" / "conformance" / "accept_mixed_sign_span.json").read_text("utf-8"))
+    case.update(fields)
+    (cases / "case.json").write_text(json.dumps(case), encoding="utf-8")
+    return cases
+
+
+def test_a_case_files_entry_that_climbs_out_fails_that_case_and_writes_nothing_outside(tmp_path, capsys):
+    """SPEC.md:225 [S12] a `files` entry `../r/planted.txt` shipped inside the corpus is neither read from
+    outside files/ nor written outside the case's temporary folder: that case fails with one line naming the
+    entry, and the file does not appear where the entry points."""
+    cases = _case_with(tmp_path, files=["../r/planted.txt"])
+    (cases / "r").mkdir()
+    (cases / "r" / "planted.txt").write_text("planted", encoding="utf-8")
+    before = set(Path(tempfile.gettempdir()).glob("r/planted.txt"))
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["conform", "--cases", str(cases)])
+    assert exited.value.code == 1
+    out = capsys.readouterr().out
+    assert "files entry '../r/planted.txt' escapes its folder" in out and "0 passed, 1 failed" in out
+    assert set(Path(tempfile.gettempdir()).glob("r/planted.txt")) == before
+
+
+def test_a_case_files_entry_through_a_link_out_fails_that_case(tmp_path, capsys):
+    """SPEC.md:225 [S12] a `files` entry that is a link in files/ to a file outside the corpus is not read."""
+    cases = _case_with(tmp_path, files=["secret.txt"])
+    (tmp_path / "secret.txt").write_text("secret", encoding="utf-8")
+    os.symlink(tmp_path / "secret.txt", cases / "files" / "secret.txt")
+    with pytest.raises(SystemExit):
+        cli.main(["conform", "--cases", str(cases)])
+    assert "files entry 'secret.txt' escapes its folder" in capsys.readouterr().out
+
+
+def test_a_data_file_a_case_names_outside_the_corpus_fails_that_case(tmp_path, capsys):
+    """SPEC.md:225 [S12] a table named by file as `../../x.json` is not read from outside the corpus."""
+    (tmp_path / "x.json").write_text("[]", encoding="utf-8")
+    cases = _case_with(tmp_path, data={"weekdays/x.json": "../x.json"})
+    with pytest.raises(SystemExit):
+        cli.main(["conform", "--cases", str(cases)])
+    assert "data file '../x.json' escapes its folder" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("plant", ["symlink", "hardlink", "fifo"])
+def test_a_planted_lock_is_refused_and_its_target_is_left_whole(tmp_path, plant):
+    """SPEC.md:221 [S11] `.<out>.lock` planted as a link to a file (or a hard link, or a fifo) is refused
+    in one line naming it, and the file it points at keeps every byte (it was once emptied, twice)."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious", encoding="utf-8")
+    lock = tmp_path / ".out.lock"
+    {"symlink": lambda: os.symlink(victim, lock), "hardlink": lambda: os.link(victim, lock),
+     "fifo": lambda: os.mkfifo(lock)}[plant]()
+    with pytest.raises(Refusal) as caught:
+        results.Folder(tmp_path / "out")
+    assert caught.value.path == "--out" and str(lock) in caught.value.message
+    assert ("link" in caught.value.message) if plant != "fifo" else ("not a regular file" in caught.value.message)
+    assert victim.read_text(encoding="utf-8") == "precious"
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.partial-*"))
+
+
+def test_a_run_with_a_planted_lock_link_exits_2_and_empties_nothing(llama, tmp_path):
+    """SPEC.md:221 [S11] the attack through the CLI as a subprocess: `run` exits 2 with one line, and the
+    link's target is unchanged."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious", encoding="utf-8")
+    os.symlink(victim, tmp_path / ".out.lock")
+    proc = subprocess.run([sys.executable, "-m", "causalab_ref", "run", str(DOC), "--data-root", str(DATA),
+                           "--out", str(tmp_path / "out"), "--quiet"], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "is a link" in proc.stderr
+    assert victim.read_text(encoding="utf-8") == "precious"
 
 
 def test_an_out_under_a_file_or_with_an_overlong_name_is_one_line(tmp_path):
@@ -321,7 +400,7 @@ def test_a_bug_while_loading_stays_an_internal_error(monkeypatch, capsys):
 
 
 def test_the_summary_line_shows_the_mean_the_count_and_a_few_values(tmp_path):
-    """SPEC.md:221 [S19] 12 rows, one unscored: the mean of 11, `11 of 12`, the first 5 values, `7 more`."""
+    """SPEC.md:229 [S19] 12 rows, one unscored: the mean of 11, `11 of 12`, the first 5 values, `7 more`."""
     values = [float(v) for v in range(11)] + [None]
     rows = [{"metric": "iia", "value": v, "unit": "fraction"} for v in values]
     (tmp_path / "iia.json").write_text(json.dumps(rows), encoding="utf-8")
@@ -353,7 +432,7 @@ def _own_code(ckpt: Path, marker: Path, file: str) -> None:
 
 @pytest.mark.parametrize("file", ["config.json", "tokenizer_config.json"])
 def test_a_checkpoint_naming_its_own_code_is_refused_on_every_verb_and_engine(tmp_path, capsys, file):
-    """SPEC.md:222 [S20] an `auto_map` (config.json or tokenizer_config.json) with its .py beside it:
+    """SPEC.md:230 [S20] an `auto_map` (config.json or tokenizer_config.json) with its .py beside it:
     validate, explain, model, tokens and run, on both engines, refuse in one line naming the file, and the
     code never runs."""
     ckpt = _copy(tmp_path)
@@ -375,7 +454,7 @@ def test_a_checkpoint_naming_its_own_code_is_refused_on_every_verb_and_engine(tm
 
 
 def test_a_checkpoint_naming_its_own_code_never_reads_stdin(tmp_path):
-    """SPEC.md:222 [S20] a tokenizer auto_map with "y" waiting on stdin: no question, the code never runs."""
+    """SPEC.md:230 [S20] a tokenizer auto_map with "y" waiting on stdin: no question, the code never runs."""
     ckpt = _copy(tmp_path)
     marker = tmp_path / "ran"
     _own_code(ckpt, marker, "tokenizer_config.json")
@@ -385,7 +464,7 @@ def test_a_checkpoint_naming_its_own_code_never_reads_stdin(tmp_path):
 
 
 def test_an_auto_map_key_is_found_by_parsing_and_a_string_that_says_auto_map_is_not_one(tmp_path):
-    """SPEC.md:222 [S20] the JSON files are parsed: an `auto_map` key spelled with an escape is refused; the
+    """SPEC.md:230 [S20] the JSON files are parsed: an `auto_map` key spelled with an escape is refused; the
     value "auto_map" (a string, not a key) is no code, and the checkpoint loads."""
     ckpt = _copy(tmp_path)
     config = ckpt / "tokenizer_config.json"
@@ -401,7 +480,7 @@ def test_an_auto_map_key_is_found_by_parsing_and_a_string_that_says_auto_map_is_
 
 
 def test_a_hub_key_not_in_the_cache_fails_naming_what_was_tried(tmp_path):
-    """SPEC.md:223 [S21] offline first: a hub key not in the local cache, with the hub off (HF_HUB_OFFLINE),
+    """SPEC.md:231 [S21] offline first: a hub key not in the local cache, with the hub off (HF_HUB_OFFLINE),
     is refused naming the key, the revision, the cache and the hub."""
     proc = _cli("model", "nobody/none", env={**ENV, "HF_HOME": str(tmp_path / "hf")})
     line = _one_line(proc, "compile: model.key: model 'nobody/none' at revision 'main' could not be found: tried ")
@@ -409,7 +488,7 @@ def test_a_hub_key_not_in_the_cache_fails_naming_what_was_tried(tmp_path):
 
 
 def test_a_hub_key_with_no_network_fails_naming_the_unreachable_hub(tmp_path):
-    """SPEC.md:223 [S21] not offline by setting but unreachable: the hub's host is tried once (a refused
+    """SPEC.md:231 [S21] not offline by setting but unreachable: the hub's host is tried once (a refused
     connection here: a local port nothing listens on), then the key is refused naming it."""
     env = {k: v for k, v in ENV.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     env = {k: v for k, v in env.items() if "proxy" not in k.lower()}
@@ -445,7 +524,7 @@ def _reshape_norm(t):
     (_reshape_norm, "mis-shaped", "model.norm.weight"),
 ])
 def test_weights_that_do_not_match_the_model_are_refused_naming_the_tensors(tmp_path, change, kind, named):
-    """SPEC.md:224 [S22] missing (the head and all of layer 1), unexpected and mis-shaped tensors are refused
+    """SPEC.md:232 [S22] missing (the head and all of layer 1), unexpected and mis-shaped tensors are refused
     on both engines, naming them; nothing loads with random values."""
     ckpt = _copy(tmp_path)
     _weights(ckpt, change)
@@ -466,7 +545,7 @@ def own_cache(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("damage", ["overwrite", "truncate", "delete", "record"])
 def test_a_damaged_fixture_is_rebuilt_not_trusted(own_cache, damage):
-    """SPEC.md:225 [S23] weight bytes overwritten, a truncated file, a missing file, a record without the
+    """SPEC.md:233 [S23] weight bytes overwritten, a truncated file, a missing file, a record without the
     files' digests: the next use rebuilds the folder to its recorded bytes."""
     folder, before = own_cache
     weights = folder / "model.safetensors"
@@ -488,7 +567,7 @@ def test_a_damaged_fixture_is_rebuilt_not_trusted(own_cache, damage):
 
 
 def test_a_damaged_fixture_in_a_read_only_cache_is_one_line(tmp_path, monkeypatch):
-    """SPEC.md:226 [S24] a fixture that must be rebuilt where the cache cannot be written: refused naming
+    """SPEC.md:234 [S24] a fixture that must be rebuilt where the cache cannot be written: refused naming
     the folder, the cause and $CAUSALAB_REF_CACHE."""
     mount = _Mount(tmp_path / "cache", "size=4m")
     try:
