@@ -13,8 +13,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from causalab_ref import compile as compiler
-from causalab_ref import engine, featurizers, run
+from causalab_ref.runs import compile as compiler
+from causalab_ref.engines import loading
+from causalab_ref.featurizers import kinds
+from causalab_ref.runs import run
 from causalab_ref.shapes import Model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,9 +31,9 @@ def main() -> None:
     (tmp / "weekdays" / "pairs.json").write_text(json.dumps(rows + [dict(r, split="test") for r in pairs[8:]]))
     raw["steps"]["fit"].update(epochs=5, pairs=16)
     raw["steps"]["fit"]["early_stop"]["patience"] = 10
-    llama = engine.load(Model(key="fixture:tiny-llama", revision="seeded", dtype="fp32"))
+    llama = loading.load(Model(key="fixture:tiny-llama", revision="seeded", dtype="fp32"))
     plan = compiler.compile_document(raw, llama, tmp)
-    live = featurizers.build(plan.featurizers)
+    live = kinds.build(plan.featurizers)
     step = plan.steps[0]
     started = time.perf_counter()
     result = run.fit_step(llama, step, live)

@@ -7,7 +7,7 @@ the three verbs in this process; an outcome is foreign when it is not status 0, 
 with one `<stage>: ...` line, or when stderr carries a traceback or "internal error". Prints
 the count of cases and of foreign outcomes, grouped by their last stderr line; exits 1 when
 there is any. `--shard I/M` runs only the cases k with k % M == I (the same cases, M processes
-side by side; their counts add up). Not a test: tests/test_fuzz.py runs a few hundred of the same cases in CI.
+side by side; their counts add up). Not a test: tests/safety/test_fuzz.py runs a few hundred of the same cases in CI.
 """
 from __future__ import annotations
 

@@ -60,8 +60,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from causalab_ref import compile as compiler  # noqa: E402
-from causalab_ref import checkpoint, engine, fixtures, locate, run  # noqa: E402
+from causalab_ref.runs import compile as compiler  # noqa: E402
+from causalab_ref.engines import checkpoint, loading  # noqa: E402
+from causalab_ref.fixtures import builder  # noqa: E402
+from causalab_ref.positions import locate  # noqa: E402
+from causalab_ref.runs import run  # noqa: E402
 from causalab_ref.shapes import Model  # noqa: E402
 
 DOCS = ROOT / "documents"
@@ -79,13 +82,13 @@ QUICK = {"rows": 8, "repeats": 2, "b": (16, 128), "e": (16, 120), "e_repeats": 1
 
 def register(name: str, seed: int, note: str, **config) -> str:
     """A seeded Llama built exactly as the fixtures are (recipe, seeded init, the same tokenizer)."""
-    fixtures.RECIPES[name] = {"config": dict(fixtures.LLAMA_CONFIG, **config), "seed": seed, "tokenizer": "llama2",
+    builder.RECIPES[name] = {"config": dict(builder.LLAMA_CONFIG, **config), "seed": seed, "tokenizer": "llama2",
                                "stands_in_for": f"(bench only) {note}"}
-    return fixtures.FIXTURE_PREFIX + name
+    return builder.FIXTURE_PREFIX + name
 
 
 def load(key: str):
-    return engine.load(Model(key=key, revision="seeded", dtype="fp32"), weights=True)
+    return loading.load(Model(key=key, revision="seeded", dtype="fp32"), weights=True)
 
 
 def timed(fn, repeats: int) -> float:
@@ -229,7 +232,7 @@ def bench_a(key: str, rows: int, repeats: int, tmp: pathlib.Path) -> None:
 
 
 def bench_b(rows: int, length: int, repeats: int) -> None:
-    tok = fixtures.tokenizer(LLAMA)
+    tok = builder.tokenizer(LLAMA)
     rng = random.Random(0)
     words = ["If", "today", "is", "Thursday,", "tomorrow", "Saturday", "été", "naïve", "日本語", "😀", "🚀",
              "Ωmega", "x", "—", "e\u0301", "\u3042", "(", "'s", "  ", "\n", "Monday.", "🤖🤖", "1234", "Zürich"]
@@ -303,7 +306,7 @@ def run_peak(doc: pathlib.Path, out: pathlib.Path, data_root: pathlib.Path = DAT
 
 def load_peak(key: str = LLAMA) -> float:
     return _peak("from causalab_ref import engine; from causalab_ref.shapes import Model; "
-                 f"engine.load(Model(key={key!r}, revision='seeded', dtype='fp32'), weights=True); {HWM}")
+                 f"loading.load(Model(key={key!r}, revision='seeded', dtype='fp32'), weights=True); {HWM}")
 
 
 def bench_d(tmp: pathlib.Path) -> None:
@@ -421,7 +424,7 @@ def counted(eng) -> list:
 
 
 def bench_g(rows: int, repeats: int, tmp: pathlib.Path) -> None:
-    from causalab_ref import share
+    from causalab_ref.runs import share
 
     heads = 16
     key = register(HEADS16, 2002, "a Llama with 16 heads, 2 layers, hidden 256", hidden_size=256,

@@ -28,7 +28,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _read_document(path: str, args=None):
-    from . import reader, validate
+    from .documents import reader, validate
     file = Path(path)
     try:
         if not file.is_file():
@@ -46,7 +46,7 @@ def _read_document(path: str, args=None):
 def _lowered(raw):
     """(format, the plan-shaped document): a protocol document is lowered, a steps-first one refused
     (protocol.py, SPEC.md §10)."""
-    from . import protocol
+    from .documents import protocol
     form = protocol.shape(raw)
     if form == "steps-first":
         protocol.refuse_steps_first(raw)
@@ -65,11 +65,13 @@ def _compile(args, engine_name: str, weights: bool = False, device_map: str = "c
     given and the protocol's digest (SPEC.md PR15, PR16)."""
     from dataclasses import replace
 
-    from . import compile as compiler
-    from . import engine, memory, protocol
+    from .runs import compile as compiler
+    from .engines import loading
+    from .runs import memory
+    from .documents import protocol
     budget = memory.parse_budget(getattr(args, "memory_budget", None))
     given, raw, points = _read_document(args.document, args)
-    eng = engine.load(points[0].document.model, kind=engine_name, weights=weights,
+    eng = loading.load(points[0].document.model, kind=engine_name, weights=weights,
                       device_map=device_map)  # the model is never swept
     plan = compiler.compile_document(raw, eng, Path(args.data_root), points, budget=budget)
     if args.format == "protocol":
@@ -85,14 +87,14 @@ def cmd_validate(args):
 
 
 def cmd_explain(args):
-    from .plan import plan_json
+    from .runs.plan import plan_json
     _raw, eng, plan = _compile(args, args.engine, device_map=args.device_map)
     return {"text": plan.text(), "steps": [leaf.label or step.name for leaf in plan.leaves() for step in leaf.steps],
             "plan": plan_json(plan, eng)}
 
 
 def cmd_run(args):
-    from . import results, run
+    from .runs import results, run
     if args.batch_size is not None and args.batch_size <= 0:
         raise Refusal(f"--batch-size {args.batch_size} is not a number of rows", path="--batch-size",
                       stage="validation")
@@ -128,7 +130,9 @@ def summary_line(path: Path) -> str:
 
 
 def cmd_vocab(args):
-    from . import address, mechanisms, metrics
+    from .locations import address
+    from .writes import mechanisms
+    from .documents import metrics
     lines = ["components:"]
     for name, row in address.describe().items():
         accessor = "interior" if row["interior"] else f"nnterp {row['accessor']}"
@@ -147,7 +151,7 @@ def cmd_vocab(args):
 
 
 def cmd_data(args):
-    from . import data
+    from .runs import data
     rows = data.rows_of(args.ref, Path(args.data_root), "ref")
     columns = sorted({c for r in rows for c in r})
     splits = sorted({str(r["split"]) for r in rows if "split" in r})
@@ -171,7 +175,7 @@ def _document_tokens(args):
     index shown and left padding shifts a shorter row's first index); the pieces are
     the content after the tokenizer's special prefix. Compiled with no weights.
     """
-    from . import locate
+    from .positions import locate
     if args.key is not None or args.texts:
         raise Refusal("tokens takes either KEY TEXT... or --document DOC, not both", path="--document",
                       stage="validation")
@@ -201,13 +205,14 @@ def _document_tokens(args):
 
 
 def cmd_tokens(args):
-    from . import engine, locate
+    from .engines import loading
+    from .positions import locate
     from .shapes import Model
     if args.document is not None:
         return _document_tokens(args)
     if args.key is None or not args.texts:
         raise Refusal("tokens takes KEY TEXT... or --document DOC", path="tokens", stage="validation")
-    eng = engine.load(Model(key=args.key, revision=args.revision, dtype="fp32"), kind="nnterp", weights=False)
+    eng = loading.load(Model(key=args.key, revision=args.revision, dtype="fp32"), kind="nnterp", weights=False)
     tok = eng.tokenizer
     lines, out = [], {}
     ids, _mask, frame = locate.frame_of_texts(tok, list(args.texts))
@@ -223,9 +228,9 @@ def cmd_tokens(args):
 
 
 def cmd_model(args):
-    from . import engine
+    from .engines import loading
     from .shapes import Model
-    eng = engine.load(Model(key=args.key, revision=args.revision, dtype=args.dtype,
+    eng = loading.load(Model(key=args.key, revision=args.revision, dtype=args.dtype,
                             attn_implementation=args.attn_implementation), kind=args.engine, weights=False,
                       device_map=args.device_map)
     if args.lands:
@@ -236,7 +241,7 @@ def cmd_model(args):
 def _where_each_lands(eng, layer: int):
     """The seed's "where each one lands" printout (address.where_each_lands through the engine's own
     `locate`): rank, io and module (or operation) of every name."""
-    from . import address
+    from .locations import address
     lines, out = [], {}
     for name, a in address.where_each_lands(None, layer, resolve=eng.locate):
         if isinstance(a, str):
@@ -250,7 +255,7 @@ def _where_each_lands(eng, layer: int):
 
 
 def cmd_conform(args):
-    from .conform import conform
+    from .conformance.conform import conform
     result = conform(args.impl, cases_dir=args.cases, only=args.only, fail_fast=args.fail_fast,
                      record=args.record, quiet=args.quiet, main=main, fixtures_dir=args.fixtures)
     if not result["ok"]:
@@ -261,7 +266,7 @@ def cmd_conform(args):
 
 def cmd_fixtures(args):
     """`fixtures export DIR`: each fixture as an ordinary checkpoint folder, and DIR/manifest.json (X15)."""
-    from . import exported
+    from .fixtures import exported
     done = exported.export(Path(args.dir), keys=args.key or None)
     lines = [f"{key} -> {folder} ({'reused' if reused else 'exported'})" for key, folder, reused in done]
     lines.append(f"manifest: {Path(args.dir) / exported.MANIFEST}")
@@ -270,7 +275,7 @@ def cmd_fixtures(args):
 
 
 def cmd_schema(args):
-    from .schema import schema
+    from .documents.schema import schema
     return {"text": json.dumps(schema(), indent=1), "schema": schema()}
 
 
@@ -382,7 +387,7 @@ def main(argv=None) -> int:
         result = args.func(args)
     except Refusal as refusal:
         if getattr(args, "format", "") == "protocol":  # the protocol document's own paths (PR19)
-            from .protocol import protocol_path
+            from .documents.protocol import protocol_path
             refusal.path = protocol_path(refusal.path)
         where = f"{refusal.path}: " if refusal.path else ""
         line = f"{refusal.stage}: {where}{refusal.message}"  # one line whatever the document's text holds (D4)

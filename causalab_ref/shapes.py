@@ -8,7 +8,10 @@ SPEC.md §1 Documents and §2.2 The cut describe the fields.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Protocol
+
+if TYPE_CHECKING:  # annotations only: nothing here imports torch at run time
+    import torch
 
 # ---------------------------------------------------------------- refusals
 
@@ -362,3 +365,51 @@ def features_label(groups: Optional[int], take: Optional[tuple[int, ...]]) -> st
     if groups is None or take is None:
         return ""
     return f" features=[{', '.join(str(t) for t in take)}]/{groups}"
+
+
+# ---------------------------------------------------------------- what crosses into an engine (SPEC.md §12)
+
+
+class Basis(Protocol):
+    """A change of basis around a write: `featurize(x) -> (f, err)`, `inverse(f', err, x) -> x'`
+    (language-reference §1; featurizers plug in here, identity is the default)."""
+
+    def featurize(self, x: torch.Tensor) -> tuple[torch.Tensor, Any]: ...
+
+    def inverse(self, f: torch.Tensor, err: Any, x: torch.Tensor) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class Action:
+    """One tap of a forward made concrete for this batch of rows.
+
+    `tap` is the plan's tap (plan.Tap); `selection` the rows' positions and features;
+    `operand` what a write lands (a tensor, a number, or None); `steps` the decode steps
+    it fires at (0 is the prompt's own forward); `featurizer` None is identity."""
+
+    tap: Any
+    selection: Selection
+    operand: Any = None
+    steps: tuple[int, ...] = (0,)
+    featurizer: Optional[Basis] = None
+    lead: Optional[tuple[int, int]] = None  # gaussian: (offset, total) of this window in the whole pass
+
+    @property
+    def name(self) -> str:
+        return self.tap.name
+
+    @property
+    def address(self) -> Address:
+        return self.tap.address
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One forward of the plan on one window of rows: left-padded ids and mask, the actions in
+    rank order (writes before reads at one address), and the decode bound (0: no decode)."""
+
+    ids: tuple[tuple[int, ...], ...]
+    mask: tuple[tuple[int, ...], ...]
+    actions: tuple[Action, ...]
+    decode: int = 0
+    grad: bool = False  # a fit's update: keep the autograd graph from the featurizers' leaves to the reads

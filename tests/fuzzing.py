@@ -184,10 +184,10 @@ _ENGINES: dict = {}
 
 @contextlib.contextmanager
 def cached_loads():
-    """engine.load (and so HooksEngine.load) memoized per model block and weights, for this process."""
-    from causalab_ref import engine
+    """loading.load (and so HooksEngine.load) memoized per model block and weights, for this process."""
+    from causalab_ref.engines import loading
 
-    original = engine.load
+    original = loading.load
 
     def load(spec, kind="nnterp", weights=True, device_map="cpu"):
         key = (kind, spec.key, spec.revision, spec.dtype, spec.attn_implementation, weights, device_map)
@@ -195,11 +195,11 @@ def cached_loads():
             _ENGINES[key] = original(spec, kind=kind, weights=weights, device_map=device_map)
         return _ENGINES[key]
 
-    engine.load = load
+    loading.load = load
     try:
         yield
     finally:
-        engine.load = original
+        loading.load = original
 
 
 def check(argv: list[str]) -> tuple[bool, int, str]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from causalab_ref import catalogue as catalogue_format
+from causalab_ref.conformance import catalogue as catalogue_format
 
 ROOT = Path(__file__).resolve().parents[1]
 PLACEHOLDER = catalogue_format.PLACEHOLDER
@@ -211,7 +211,7 @@ def _sites_in(file: Path) -> list[Site]:
 
 
 def code_sites(package: Path = ROOT / "causalab_ref") -> list[Site]:
-    return [s for file in sorted(package.glob("*.py")) for s in _sites_in(file)]
+    return [s for file in sorted(package.rglob("*.py")) for s in _sites_in(file)]
 
 
 def uncatalogued(entries: Optional[list[Entry]] = None) -> list[Site]:

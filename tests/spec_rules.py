@@ -28,7 +28,7 @@ def rules() -> dict[str, int]:
 
 def cited_files() -> list[Path]:
     """The files whose citations are checked: the tests and the package's modules."""
-    return sorted((ROOT / "tests").glob("*.py")) + sorted((ROOT / "causalab_ref").glob("*.py"))
+    return sorted((ROOT / "tests").rglob("*.py")) + sorted((ROOT / "causalab_ref").rglob("*.py"))
 
 
 def _name(file: Path) -> str:

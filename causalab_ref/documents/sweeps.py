@@ -1,0 +1,132 @@
+"""Sweep lowering: a document with `{"sweep": ...}` wrappers -> one (label, document) per point.
+
+A wrapper is any object whose keys are `sweep` and optionally `as`, anywhere but in `model`
+and `header`. Independent wrappers form a cross product in reading order, wrappers sharing an
+`as` axis move together, and each point is labelled `<name>=<value>` joined by `,` (its folder
+under --out). Lowering happens once, before validation: every point is an ordinary document.
+SPEC.md §1 Documents (D17, D18).
+"""
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any, NoReturn
+
+from .names import inside_out
+from .reader import type_name
+from ..shapes import Refusal
+
+MAX_POINTS = 10_000
+
+
+def _fail(path: str, message: str) -> NoReturn:
+    raise Refusal(message, path=path, stage="validation")
+
+
+def _is_wrapper(raw: Any) -> bool:
+    return isinstance(raw, dict) and "sweep" in raw and set(raw) <= {"sweep", "as"}
+
+
+def find_wrappers(raw: Any, path: tuple) -> list:
+    found = []
+    if _is_wrapper(raw):
+        return [(path, raw)]
+    if isinstance(raw, dict):
+        for key, value in raw.items():
+            found += find_wrappers(value, path + (key,))
+    elif isinstance(raw, list):
+        for k, value in enumerate(raw):
+            found += find_wrappers(value, path + (k,))
+    return found
+
+
+def _sweep_values(wrapper: dict, where: str) -> list:
+    values = wrapper["sweep"]
+    if isinstance(values, dict):
+        for key in values:
+            if key != "range":
+                _fail(f"{where}.sweep.{key}", f"unknown key '{key}'; allowed here: ['range']")
+        if "range" not in values:
+            _fail(f"{where}.sweep.range", "required field is missing")
+        bounds = values["range"]
+        if (not isinstance(bounds, list) or len(bounds) not in (2, 3)
+                or any(isinstance(b, bool) or not isinstance(b, int) for b in bounds)
+                or (len(bounds) == 3 and bounds[2] == 0)):
+            _fail(f"{where}.sweep.range", "a range is [start, stop] or [start, stop, step] of integers, step not 0")
+        try:
+            count = len(range(*bounds))
+        except OverflowError:  # more values than a C integer counts
+            count = MAX_POINTS + 1
+        if count > MAX_POINTS:
+            _fail(f"{where}.sweep.range", f"a range of more than {MAX_POINTS} values; a sweep has at most "
+                                          f"{MAX_POINTS} points")
+        values = list(range(*bounds))
+    if not isinstance(values, list) or not values:
+        _fail(f"{where}.sweep", "a sweep lists at least one value")
+    if "as" in wrapper and not isinstance(wrapper["as"], str):
+        _fail(f"{where}.as", f"expected a string, got {type_name(wrapper['as'])}")
+    return values
+
+
+def _label_value(value: Any) -> str:
+    if isinstance(value, list) and len(value) == 1:
+        value = value[0]
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _replace(raw: Any, path: tuple, value: Any) -> Any:
+    if not path:
+        return value
+    head, rest = path[0], path[1:]
+    copy: Any = dict(raw) if isinstance(raw, dict) else list(raw)
+    copy[head] = _replace(raw[head], rest, value)
+    return copy
+
+
+def points(raw: Any) -> list[tuple[str, Any]]:
+    """Lower sweep wrappers: one (label, document) per point; an unswept document is [("", raw)]."""
+    if not isinstance(raw, dict):
+        _fail("", f"a document is a JSON object, got {type_name(raw)}")
+    wrappers = find_wrappers(raw, ())
+    if not wrappers:
+        return [("", raw)]
+    axes: dict[str, list] = {}
+    order: list[str] = []
+    for path, wrapper in wrappers:
+        where = ".".join(str(p) for p in path)
+        if not path:
+            _fail("", "the document itself is a sweep wrapper; sweep a field inside it")
+        if path[0] in ("model", "header"):
+            _fail(where, f"{where} is swept; a sweep may not change the model or the header — "
+                         "those are the identity of the run, not a coordinate in it")
+        values = _sweep_values(wrapper, where)
+        name = wrapper.get("as") or next(str(p) for p in reversed(path) if isinstance(p, str))
+        key = f"as:{wrapper['as']}" if "as" in wrapper else f"path:{where}"
+        if key not in axes:
+            axes[key] = []
+            order.append(key)
+        members = axes[key]
+        if members and len(members[0][2]) != len(values):
+            _fail(where, f"the axis '{name}' moves {len(members[0][2])} values here and {len(values)} there; "
+                         "wrappers on one axis have equal lengths")
+        members.append((path, name, values))
+    total = 1
+    for key in order:
+        total *= len(axes[key][0][2])
+    if total > MAX_POINTS:
+        _fail(".".join(str(p) for p in wrappers[0][0]), f"the sweeps make {total} points; a sweep has at most "
+                                                         f"{MAX_POINTS} points")
+    result = []
+    for choice in itertools.product(*(range(len(axes[k][0][2])) for k in order)):
+        point, labels = raw, []
+        for key, k in zip(order, choice):
+            members = axes[key]
+            labels.append(f"{members[0][1]}={_label_value(members[0][2][k])}")
+            inside_out(labels[-1], ".".join(str(p) for p in members[0][0]), "the sweep point's folder", True)
+            for path, _name, values in members:
+                point = _replace(point, path, values[k])
+        label = ",".join(labels)
+        # The label is the point's folder under --out (SPEC.md R6, R12).
+        inside_out(label, ".".join(str(p) for p in axes[order[0]][0][0]), "the sweep point's folder", True)
+        result.append((label, point))
+    return result

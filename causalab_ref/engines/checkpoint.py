@@ -1,0 +1,329 @@
+"""Checkpoint: loading a document's model block, for both engines, with one error mapping.
+
+This module owns where a checkpoint is (`where`: a fixture directory built or reused, or a
+hub key and revision), the per-family StandardizedTransformer arguments (`load_kwargs`),
+the document dtypes as torch's (`torch_dtype`), the two loads (`standardized`: an nnterp
+StandardizedTransformer; `transformers_model`: the plain transformers model the hooks
+engine runs), and `load(spec, ...)`: what both engines call, which turns any failure of
+the libraries into one refusal naming the key (`unloadable`). SPEC.md §7 Hardening.
+"""
+from __future__ import annotations
+
+import json
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Optional
+
+from ..fixtures import exported, builder
+from ..shapes import Model, Refusal
+
+#: the document's dtypes (SPEC.md D5) as torch's names; the one map both engines load with
+DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+def torch_dtype(name: str):
+    """The torch dtype of a document's `dtype` (`fp32`, `bf16`)."""
+    import torch
+
+    return getattr(torch, DTYPES[name])
+
+
+def quiet_transformers() -> None:
+    """Loading chatter (progress bars, config warnings) is not a result; keep stderr for refusals."""
+    from transformers.utils import logging as hf_logging
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+def where(spec: Model) -> tuple[str, Optional[str]]:
+    """Where a model block's checkpoint is: (a local directory, the fixture's recipe digest or None).
+
+    A folder key (a path key, or a key `$CONFORM_CHECKPOINTS` maps; exported.py) is that folder; a
+    `fixture:` key is built, verified or rebuilt here; a hub key is found in the local hub cache first
+    and fetched only when it is not there (SPEC.md S21). Every loader then reads a local directory."""
+    folder = exported.folder_for(spec.key)
+    if folder is not None:
+        return str(folder), exported.recipe_of(folder)
+    if builder.is_fixture(spec.key):
+        return str(builder.checkpoint_dir(spec.key)), builder.recipe_digest(spec.key)
+    if Path(spec.key).is_dir():
+        return spec.key, None
+    return hub_snapshot(spec), None
+
+
+#: the files a hub checkpoint is fetched with: configs, tokenizer files, safetensors weights; never code
+HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken"]
+
+
+def hub_snapshot(spec: Model) -> str:
+    """A hub key's local snapshot directory: the local cache first; the network only when the key is not
+    there, after a quick check that the hub is reachable. Refused naming the key and what was tried."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import HFValidationError
+
+    label = f"model '{spec.key}' at revision '{spec.revision}'"
+    tried = []
+    try:
+        return snapshot_download(spec.key, revision=spec.revision, local_files_only=True, allow_patterns=HUB_FILES)
+    except HFValidationError:
+        raise Refusal(f"{label} is not a fixture ('fixture:tiny-llama', ...), a checkpoint directory, or a hub "
+                      "key of the form 'owner/name'", path="model.key", stage="compile") from None
+    except (OSError, ValueError) as error:
+        tried.append(f"the local hub cache {constants.HF_HUB_CACHE} ({type(error).__name__})")
+    unreachable = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else _unreachable(constants.ENDPOINT)
+    if not unreachable:
+        try:
+            return snapshot_download(spec.key, revision=spec.revision, allow_patterns=HUB_FILES)
+        except (OSError, ValueError) as error:
+            unreachable = f"{type(error).__name__}: {_first_line(error)}"
+    tried.append(f"the hub {constants.ENDPOINT} ({unreachable})")
+    raise Refusal(f"{label} could not be found: tried {' and '.join(tried)}; name a fixture, a local checkpoint "
+                  "directory, or a hub key that is cached or reachable", path="model.key", stage="compile")
+
+
+def _unreachable(endpoint: str) -> str:
+    """'' when the hub's host takes a connection within a few seconds (or a proxy is configured), else why."""
+    import socket
+    from urllib.parse import urlparse
+
+    if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return ""
+    url = urlparse(endpoint)
+    try:
+        socket.create_connection((url.hostname, url.port or 443), timeout=3).close()
+    except OSError as error:
+        return f"unreachable: {error}"
+    return ""
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error)
+    return text.splitlines()[0] if text else ""
+
+
+def names_code(value) -> bool:
+    """Whether a parsed JSON value holds an `auto_map` key at any depth (a nested config's too)."""
+    if isinstance(value, dict):
+        return "auto_map" in value or any(names_code(v) for v in value.values())
+    return isinstance(value, list) and any(names_code(v) for v in value)
+
+
+def own_code(directory: str, spec: Model) -> None:
+    """Refuse a checkpoint that names its own code (an `auto_map` key in any of its JSON files: config.json,
+    tokenizer_config.json, ...), before anything of it is read by the libraries (SPEC.md S20). The files
+    are parsed, so a key spelled with escapes is found and the words "auto_map" inside a string (a chat
+    template, a description) are not a key; a file that is not JSON is judged by its text."""
+    for file in sorted(Path(directory).glob("*.json")):
+        if file.name.endswith(".index.json"):
+            continue  # the weight index: tensor names only
+        try:
+            text = file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue  # the library's own load will name it
+        try:
+            named = names_code(json.loads(text))
+        except (ValueError, RecursionError):
+            named = '"auto_map"' in text
+        if named:
+            raise Refusal(f"model '{spec.key}': {file.name} has an `auto_map`, which names code shipped with the "
+                          "checkpoint; causalab_ref never runs a checkpoint's own code. Use a checkpoint of an "
+                          "architecture transformers implements, with no auto_map", path="model.key", stage="compile")
+
+
+def unloadable(spec: Model, error: Exception) -> Refusal:
+    """The refusal for a checkpoint the libraries could not load (both engines)."""
+    first = _first_line(error)
+    *others, last = [repr(name) for name in builder.names()]
+    return Refusal(f"model '{spec.key}' at revision '{spec.revision}' could not be loaded "
+                   f"({type(error).__name__}: {first}); "
+                   f"a fixture is named {', '.join(others)} or {last}, any other key is loaded from the hub",
+                   path="model.key", stage="compile")
+
+
+def loading_errors() -> tuple[type[Exception], ...]:
+    """What loading a checkpoint raises for a bad or absent checkpoint: files (OSError), configs and
+    tokenizers (ValueError, KeyError), weights (RuntimeError, safetensors' error), nnterp's renaming.
+    Anything else (a TypeError, an AttributeError, ...) is a bug and stays one (SPEC.md S10)."""
+    from nnterp.rename_utils import RenamingError
+    from safetensors import SafetensorError
+
+    return OSError, ValueError, KeyError, RuntimeError, ImportError, SafetensorError, RenamingError
+
+
+@contextmanager
+def mapped(spec: Model):
+    """Inside: a refusal passes through; a failure of loading (`loading_errors`) becomes `unloadable`."""
+    try:
+        yield
+    except Refusal:
+        raise
+    except loading_errors() as error:
+        raise unloadable(spec, error) from None
+
+
+@contextmanager
+def tensors_checked(spec: Model):
+    """Inside: a weights load whose tensors do not match the model — missing, unexpected or mis-shaped —
+    is refused naming them (SPEC.md S22), instead of loading random values silently.
+
+    transformers decides which tensors a model needs (tied weights, renamed keys, ignorable buffers) and
+    reports it through `log_state_dict_report`; while inside, that report is read here first."""
+    from transformers import modeling_utils
+
+    original = modeling_utils.log_state_dict_report
+
+    def report(model, pretrained_model_name_or_path, ignore_mismatched_sizes, loading_info, logger=None):
+        problems = [(what, sorted(str(k) for k in keys)[:8], len(keys)) for what, keys in (
+            ("missing", loading_info.missing_keys), ("unexpected", loading_info.unexpected_keys),
+            ("mis-shaped", loading_info.mismatched_keys)) if keys]
+        if problems:
+            said = "; ".join(f"{what} {', '.join(names)}" + (f" (and {n - len(names)} more)" if n > len(names) else "")
+                             for what, names, n in problems)
+            raise Refusal(f"model '{spec.key}': its weights do not match its config ({said}); a checkpoint must "
+                          "hold every tensor the model has, each with its shape, and nothing else",
+                          path="model.key", stage="compile")
+        return original(model, pretrained_model_name_or_path, ignore_mismatched_sizes, loading_info, logger)
+
+    modeling_utils.log_state_dict_report = report
+    try:
+        yield
+    finally:
+        modeling_utils.log_state_dict_report = original
+
+
+def _gpt2_probs_source():
+    from nnterp.rename_utils import AttnProbFunction
+
+    class GPT2AttnProbs(AttnProbFunction):
+        """nnterp 1.3.0 looks for module_attn_dropout_0, which this transformers does not
+        have; the dispatched eager function calls nn.functional.dropout."""
+
+        def get_attention_prob_source(self, attention_module, return_module_source=False):
+            src = attention_module.source.attention_interface_0.source
+            return src if return_module_source else src.nn_functional_dropout_0
+
+    return GPT2AttnProbs()
+
+
+def load_kwargs(model_type: str, attn_implementation: Optional[str] = None,
+                weights: bool = True) -> dict[str, Any]:
+    """The StandardizedTransformer keyword arguments for one family.
+
+    eager => enable_attention_probs=True (and nnterp's validation trace, which needs
+    weights; without weights it validates by scan).  GPT-2 gets a fixed attention-prob
+    source; GptOss cannot run nnterp's probability check (its sink makes rows sum < 1)
+    and needs the batched_mm experts implementation to run on CPU or meta.
+    """
+    kw: dict[str, Any] = {"dispatch": bool(weights)}
+    if model_type == "gpt_oss":
+        kw["experts_implementation"] = "batched_mm"
+    if attn_implementation == "eager":
+        kw["enable_attention_probs"] = True
+        kw["check_attn_probs_with_trace"] = bool(weights) and model_type != "gpt_oss"
+        if model_type == "gpt2":
+            from nnterp.rename_utils import RenameConfig
+
+            kw["rename_config"] = RenameConfig(attn_prob_source=_gpt2_probs_source())
+    elif attn_implementation is not None:
+        kw["attn_implementation"] = attn_implementation
+    return kw
+
+
+def softmax_layers_of_hybrid(config) -> Optional[list[int]]:
+    """A hybrid (its config's `layer_types` has `linear_attention` layers, Qwen3-Next): its
+    softmax-attention layers (maybe none); None for any other model."""
+    types = list(getattr(config, "layer_types", None) or [])
+    if "linear_attention" not in types:
+        return None
+    return [i for i, t in enumerate(types) if t != "linear_attention"]
+
+
+def hybrid_kwargs(kw: dict[str, Any]) -> dict[str, Any]:
+    """A hybrid's StandardizedTransformer arguments (SPEC.md L31).  nnterp 1.3.0 checks for `self_attn`
+    and the pattern on layer 0 only, and a hybrid's layer 0 may mix with `linear_attn` (`RenamingError:
+    Could not find self_attn module`): skip nnterp's attention check (`ignore_attn`), and load eager
+    without nnterp's pattern check; `enable_probs` checks it on a softmax layer after the load."""
+    from nnterp.rename_utils import RenameConfig
+
+    kw = {**kw, "rename_config": RenameConfig(ignore_attn=True)}
+    if kw.pop("enable_attention_probs", False):
+        kw.pop("check_attn_probs_with_trace", None)
+        kw["attn_implementation"] = "eager"
+    return kw
+
+
+def enable_probs(model, layer: int, weights: bool) -> None:
+    """Turn on nnterp's attention-pattern accessor after nnterp's own check at `layer` (a trace with
+    weights, a scan without), as `enable_attention_probs=True` does at layer 0."""
+    probs = model.attention_probabilities
+    probs.enabled, probs.initialized_with_enable = True, True
+    probs.check_source(layer=layer, use_trace=bool(weights))
+
+
+def standardized(path: str, attn_implementation: Optional[str] = None, weights: bool = True,
+                 dtype: Optional[str] = None, device_map: str = "cpu", **overrides):
+    """Load a checkpoint directory (or hub key) as a StandardizedTransformer.
+
+    `attn_implementation` None keeps the family's default; `weights=False` is a meta
+    load (config and module tree only; the first trace dispatches).
+    """
+    from transformers import AutoConfig
+    from nnterp import StandardizedTransformer
+
+    config = AutoConfig.from_pretrained(path, trust_remote_code=False, revision=overrides.get("revision"))
+    model_type, softmax_layers = config.model_type, softmax_layers_of_hybrid(config)
+    kw = load_kwargs(model_type, attn_implementation, weights)
+    kw["device_map"] = device_map
+    if softmax_layers is not None:
+        kw = hybrid_kwargs(kw)
+    # Never a checkpoint's own code, and only safetensors weights (SPEC.md R13).
+    kw["trust_remote_code"] = False
+    if weights:
+        kw["use_safetensors"] = True
+    if dtype is not None:
+        kw["dtype"] = torch_dtype(dtype)
+    kw.update(overrides)
+    dispatch_after = False
+    if model_type == "gpt_oss" and kw.get("enable_attention_probs") and kw.get("dispatch"):
+        # nnterp's scan check of the pattern sums rows to 1 on real values, which a sink
+        # breaks: check on the meta model, then load the weights.
+        kw["dispatch"], dispatch_after = False, True
+    model = StandardizedTransformer(path, **kw)
+    if dispatch_after:
+        model.dispatch()
+    if softmax_layers and attn_implementation == "eager":
+        enable_probs(model, softmax_layers[0], weights)
+    return model
+
+
+def transformers_model(path: str, attn_implementation: str, dtype: str, device_map: str = "cpu"):
+    """The plain transformers model of a checkpoint (the hooks engine's forward), in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        path, attn_implementation=attn_implementation, dtype=torch_dtype(dtype), device_map=device_map,
+        trust_remote_code=False, use_safetensors=True, local_files_only=True)
+    model.eval()
+    return model
+
+
+def load(spec: Model, weights: bool = True, hooked: bool = False, device_map: str = "cpu"):
+    """A model block's checkpoint: (StandardizedTransformer, transformers model or None, recipe).
+
+    `hooked` (the hooks engine): the StandardizedTransformer is a weightless shell for addresses,
+    and with `weights` a transformers model of the same directory is loaded beside it, with the
+    attention the shell says the document gets (the family default, or the document's). `device_map` is
+    the run's (`--device-map`, contract.device_map), handed to both loaders as transformers takes it."""
+    from ..locations.address import runs_attention
+
+    quiet_transformers()
+    path, recipe = where(spec)
+    own_code(path, spec)
+    with mapped(spec), tensors_checked(spec):
+        model = standardized(path, attn_implementation=spec.attn_implementation,
+                             weights=weights and not hooked, dtype=spec.dtype, device_map=device_map)
+        hf_model = None
+        if hooked and weights:
+            hf_model = transformers_model(path, runs_attention(model), spec.dtype, device_map)
+    return model, hf_model, recipe

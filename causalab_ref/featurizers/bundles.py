@@ -1,0 +1,149 @@
+"""Bundles: `.safetensors` files of featurizer weights and other tensors, written canonically and
+read back with their identity stamp checked (SPEC.md §9).
+
+`write` lays the file out itself — header JSON with sorted keys and compact separators,
+tensors in name order, padded to 8 bytes as the format says — so the same tensors and
+metadata always give the same bytes (stock `save_file` orders `__metadata__` at random per
+process). `read` returns (tensors, metadata) or refuses a file that is not one. `stamp` is
+the metadata a weights step writes; `check` holds a loaded bundle against the document
+that loads it: tensor names, stamp key by key, shapes, in that order.
+"""
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from . import kinds
+from ..shapes import Refusal
+
+DTYPES = {torch.float32: "F32", torch.float64: "F64", torch.float16: "F16", torch.bfloat16: "BF16",
+          torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+          torch.bool: "BOOL"}
+ENGINE = "causalab_ref"
+
+
+def encode(tensors: dict[str, torch.Tensor], metadata: Optional[dict[str, str]] = None) -> bytes:
+    """The canonical bytes of a safetensors file holding `tensors` and string `metadata`."""
+    header: dict = {}
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in sorted(metadata.items())}
+    blobs, offset = [], 0
+    for name in sorted(tensors):
+        value = tensors[name].detach().cpu().contiguous()
+        blob = value.reshape(-1).view(torch.uint8).numpy().tobytes() if value.numel() else b""
+        header[name] = {"dtype": DTYPES[value.dtype], "shape": list(value.shape),
+                        "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + b"".join(blobs)
+
+
+def write(path: Path, tensors: dict[str, torch.Tensor], metadata: Optional[dict[str, str]] = None) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(encode(tensors, metadata))
+
+
+def read(path: Path, where: str, name: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """(tensors, metadata) of a safetensors file; a missing or unreadable file is refused at compile."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise Refusal(f"featurizer '{name}': no bundle at '{path}'", path=where, stage="compile")
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = dict(handle.metadata() or {})
+            tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+    except Exception as error:  # a file that is not safetensors: the library's own error, one line
+        first = (str(error).splitlines() or [""])[0][:200]
+        raise Refusal(f"featurizer '{name}': '{path}' is not a safetensors file ({type(error).__name__}: {first})",
+                      path=where, stage="compile") from None
+    return tensors, metadata
+
+
+def stamp(model, site_name: str, site, address, kind: str, k: Optional[int], d: Optional[int], digest: str,
+          parametrization: str = "cayley") -> dict[str, str]:
+    """The identity a weights step writes into a bundle: which model, place, kind and shape it is of."""
+    return {
+        "produced_by": digest,
+        "model_key": model.key,
+        "model_revision": model.revision,
+        "model_dtype": model.dtype,
+        "site": site_name,
+        "component": site.component,
+        "layer": str(address.layer),
+        "heads": json.dumps(list(site.heads)) if site.heads is not None else "null",
+        "units": json.dumps(list(site.units)) if site.units is not None else "null",
+        "kind": kind,
+        "k": str(k),
+        "d": str(d),
+        "parametrization": parametrization,
+        "featurizer_dtype": "fp32",
+        "engine": ENGINE,
+    }
+
+
+def _names(name: str, file: str, kind: str, keys, where: str) -> None:
+    row = kinds.KINDS[kind]
+    keys = set(keys)
+    if set(row.required) <= keys <= set(row.required) | set(row.optional):
+        return
+    tail = f" and optionally {list(row.optional)}" if row.optional else ""
+    raise Refusal(f"featurizer '{name}': '{file}' holds {sorted(keys)}; a {kind} bundle holds "
+                  f"{list(row.required)}{tail}", path=where, stage="compile")
+
+
+def _stamp(name: str, file: str, kind: str, metadata: dict, expected: dict, doc_k, where: str) -> None:
+    """Only keys the bundle carries are compared, never site, engine or produced_by; parametrization
+    only for a subspace; k only when the document gives one."""
+    skip = {"site", "engine", "produced_by"}
+    if kind != "subspace":
+        skip.add("parametrization")
+    if doc_k is None:
+        skip.add("k")
+    wrong = [f"{key}: bundle says '{metadata[key]}', document says '{expected[key]}'"
+             for key in sorted(metadata) if key in expected and key not in skip and metadata[key] != expected[key]]
+    if wrong:
+        raise Refusal(f"featurizer '{name}': '{file}' is not this featurizer — {'; '.join(wrong)}", path=where,
+                      stage="compile")
+
+
+def check(name: str, file: str, kind: str, tensors: dict, metadata: dict, expected: dict, doc_k: Optional[int],
+          d: int, where: str) -> int:
+    """Refuse a bundle that is not this document's featurizer; returns its k (a gate's is d)."""
+    _names(name, file, kind, tensors, where)
+    _stamp(name, file, kind, metadata, expected, doc_k, where)
+    first = tensors[kinds.KINDS[kind].required[0]]
+    k = d if kind == "gate" else (doc_k if doc_k is not None else int(first.shape[-1]))
+    shapes = kinds.expected_shapes(kind, d, k)
+    for key in sorted(tensors):
+        have = tuple(tensors[key].shape)
+        if have != shapes[key]:
+            raise Refusal(f"featurizer '{name}': '{file}' has {key} {have}, not the {shapes[key]} this document "
+                          f"and its {d}-wide site declare", path=where, stage="compile")
+    return k
+
+
+EXAMPLE_SAE = "documents/artifacts/sae.safetensors"
+
+
+def example_sae(d: int = 16, k: int = 32, seed: int = 0) -> bytes:
+    """The shipped example dictionary (documents/artifacts/sae.safetensors), built from a seeded CPU generator so
+    the file is reproducible and never hand-edited: W_enc (d, k) and W_dec (k, d) drawn / √d, both biases zero
+    (so a latent is active where its direction meets the activation, about half of them per prompt); stamped for
+    block_output[0] of the Llama fixture."""
+    g = torch.Generator().manual_seed(seed)
+    tensors = {"W_enc": torch.randn(d, k, generator=g) / d ** 0.5, "W_dec": torch.randn(k, d, generator=g) / d ** 0.5,
+               "b_enc": torch.zeros(k), "b_dec": torch.zeros(d)}
+    metadata = {"model_key": "fixture:tiny-llama", "model_revision": "seeded", "model_dtype": "fp32",
+                "component": "block_output", "layer": "0", "heads": "null", "units": "null", "kind": "sae",
+                "k": str(k), "d": str(d), "featurizer_dtype": "fp32", "engine": ENGINE,
+                "produced_by": "causalab_ref.bundles.example_sae"}
+    return encode(tensors, metadata)

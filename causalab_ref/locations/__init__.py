@@ -1,0 +1,7 @@
+"""Locations (SPEC.md §3): a component at a layer (heads, units) made an address the engines reach.
+
+    address.py   the component table per architecture family, as plain data, and the module-tree walk
+    select.py    gathering and scattering the positions and features an address's selection names
+
+    from causalab_ref.locations import address
+"""

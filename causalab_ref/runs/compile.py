@@ -1,0 +1,593 @@
+"""Compile: a validated document + a weightless model + the rows on disk -> a plan (plan.py).
+
+The plan is plain data (strings, integers, tuples): every site resolved to an
+address, every prompt tokenized into a left-padded batch, every metric's answer
+column tokenized to one id per row with its column eligibility, the forwards of
+each step in dependency order with their taps in forward order (writes before
+reads at one address). `explain` prints it. SPEC.md §4 Runs (R1-R5).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Optional
+
+from ..featurizers import bundles, fit
+from . import data, memory, share
+from ..positions import locate
+from ..documents import metrics, reader, validate
+from ..writes import outputs
+from .plan import FeaturizerPlan, FitPlan, Forward, MetricPlan, ObservePlan, Plan, Tap, WeightsPlan
+from ..shapes import Address, Document, Observe, Ref, Refusal, Where
+
+# ---------------------------------------------------------------- pieces
+
+
+def answer_id(tok, text: str, path: str, where: str = "") -> int:
+    """space_prefixed: strip leading whitespace, prepend one space, encode without specials; one id.
+
+    `where` names the row and column for the refusal (`row 1, column 'cf_answer'`)."""
+    surface = " " + text.lstrip()
+    ids = tok.encode(surface, add_special_tokens=False)
+    if len(ids) != 1:
+        raise Refusal(f"answer '{text}' is {len(ids)} tokens as '{surface}'; a metric column must resolve to "
+                      f"exactly one token{f' ({where})' if where else ''}", path=path, stage="compile")
+    return ids[0]
+
+
+def _batch(tok, rows: list[dict], field: str, path: str):
+    """Tokenize one role's prompts as a left-padded batch; conversations through the chat template."""
+    values = [data.prompt_of(data.walk(r, field, path, k), field, path, k) for k, r in enumerate(rows)]
+    chats = [data.is_conversation(v) for v in values]
+    if any(chats) and not all(chats):
+        raise Refusal(f"field '{field}': some rows are conversations and some are strings; a role is one or "
+                      "the other", path=path, stage="compile")
+    if not any(chats):
+        ids, mask = locate.batch_of_texts(tok, values)
+        return ids, mask, None, ""
+    texts = [data.render_chat(tok, v, path) for v in values]
+    ids, mask, frame = locate.frame_of_texts(tok, texts)
+    segments = tuple(locate.segments_of(frame.texts[k], values[k]) for k in range(len(values)))
+    return ids, mask, segments, frame.texts[0]
+
+
+def _forward_order(intervention, needed: list[tuple[str, str]], path: str) -> list[tuple[str, str]]:
+    """Forwards in dependency order: a model's writes need the forwards their operands are read in."""
+    reads, writes, models = dict(intervention.reads), dict(intervention.writes), dict(intervention.models)
+
+    def deps(pair):
+        model, _role = pair
+        if model == "original":
+            return []
+        out = []
+        for w in models[model].writes:
+            operand = writes[w].operand
+            if isinstance(operand, str):
+                r = reads[operand]
+                out.append((r.model, r.input))
+        return out
+
+    order, seen, active = [], set(), set()
+
+    def visit(pair):
+        if pair in seen:
+            return
+        if pair in active:
+            raise Refusal(f"model '{pair[0]}' needs a value read in its own forward (a cycle of operands)",
+                          path=path, stage="compile")
+        active.add(pair)
+        for d in deps(pair):
+            visit(d)
+        active.discard(pair)
+        seen.add(pair)
+        order.append(pair)
+
+    for pair in needed:
+        visit(pair)
+    return order
+
+
+STACK_LIMIT = 256 * 2 ** 20  # bytes a continuation read may buffer
+
+
+def stacked(pos: Where) -> bool:
+    """A continuation cut other than a fixed decode step is read at every step and cut afterwards."""
+    return pos.frame == "generated" and not (pos.index is not None and pos.index >= 0 and pos.scope is None)
+
+
+def _stack(tap: Tap, decode: int, rows: int, path: str) -> Tap:
+    """Mark a continuation read as stacked, refusing one that would buffer more than 256 MiB."""
+    if tap.kind != "read" or not stacked(tap.pos):
+        return tap
+    width = _tap_width(tap)
+    if width is None:
+        raise Refusal(f"read '{tap.name}' cuts the continuation at {tap.pos.spelling()}, which stacks every decode "
+                      f"step, and '{tap.address.component}' has no fixed width to stack; read it at a decode step "
+                      "{\"frame\": \"generated\", \"index\": k}", path=f"{path}.reads.{tap.name}.pos", stage="compile")
+    size = rows * decode * width * 4
+    if size > STACK_LIMIT:
+        raise Refusal(f"read '{tap.name}' at {tap.pos.spelling()} buffers every decode step before it is cut: "
+                      f"{rows} rows x {decode} steps x {width} features x 4 bytes = {size} bytes "
+                      f"({size / 2 ** 20:.1f} MiB), above the 256 MiB limit. Read fewer rows per pass "
+                      "(--batch-size), decode fewer tokens, or narrow the site with heads or units",
+                      path=f"{path}.reads.{tap.name}.pos", stage="compile")
+    return replace(tap, stacked=decode)
+
+
+def _check_selection(address: Address, site, name: str) -> None:
+    """Heads and units against the real counts at this address (SPEC.md §3 Locations (L15))."""
+    path = f"sites.{name}"
+    if site.heads is not None and address.heads is None:
+        from ..locations.address import PER_HEAD
+        raise Refusal(f"'{address.component}' is not a per-head tensor; `heads` applies at {list(PER_HEAD)}",
+                      path=f"{path}.heads", stage="compile")
+    for h in site.heads or ():
+        if h >= address.heads:
+            raise Refusal(f"site '{name}': head {h} of a {address.heads}-head tensor", path=f"{path}.heads",
+                          stage="compile")
+    if site.units is not None:
+        if address.width is None:
+            raise Refusal(f"the width of '{address.component}' is not a fact about the model: it depends on the "
+                          "batch (the attention pattern's key axis) or is not a tensor's", path=f"{path}.units",
+                          stage="compile")
+        for u in site.units:
+            if u >= address.width:
+                raise Refusal(f"site '{name}': unit {u} of a {address.width}-wide tensor", path=f"{path}.units",
+                              stage="compile")
+
+
+def _check_vocabulary_wide(name: str, read, sites, addresses, metric: str, path: str) -> None:
+    """A metric scores token ids, so its read holds the vocabulary's logits: lm_head or logits whole,
+    or a residual-stream read with "view": "logits" (SPEC.md D20)."""
+    site = sites[read.site]
+    whole = site.heads is None and site.units is None
+    if read.view == "logits" or (site.component in ("lm_head", "logits") and whole):
+        return
+    narrowed = (f" (heads {list(site.heads)})" if site.heads is not None
+                else f" (units {list(site.units)})" if site.units is not None else "")
+    raise Refusal(f"metric '{metric}' scores token ids, and its read '{name}' "
+                  f"at {addresses[read.site].label()}{narrowed} does not hold the vocabulary's logits; read lm_head or "
+                  "logits (whole), or the residual stream with \"view\": \"logits\"", path=f"{path}.of",
+                  stage="compile")
+
+
+def _positions(engine) -> Optional[int]:
+    """How many positions the model has (None when its config does not say)."""
+    config = engine.config
+    return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+
+
+def _check_prompt_fits(engine, mask, role: str, path: str) -> None:
+    """A prompt longer than the model's positions is refused naming its rows and their lengths (SPEC.md S45)."""
+    limit = _positions(engine)
+    lengths = [sum(row) for row in mask]
+    over = [(r, n) for r, n in enumerate(lengths) if limit and n > limit]
+    if over:
+        shown = ", ".join(f"row {r}: {n} tokens" for r, n in over[:10]) + (", ..." if len(over) > 10 else "")
+        raise Refusal(f"role '{role}': {len(over)} prompt(s) longer than the model's {limit} positions ({shown}); "
+                      f"shorten them to at most {limit} tokens or pick rows that fit", path=path, stage="compile")
+
+
+def _check_decode_fits(engine, length: int, decode: int, path: str) -> None:
+    """A decode that would run past the model's positions is refused before it starts."""
+    limit = _positions(engine)
+    if decode and limit and length + decode > limit:
+        raise Refusal(f"decode {decode} after a {length}-token prompt runs past the model's {limit} positions; "
+                      f"decode at most {max(limit - length, 0)} tokens", path=f"{path}.decode", stage="compile")
+
+
+def _tap_width(tap: Tap) -> Optional[int]:
+    """Features per position a tap touches: the address's width, narrowed by heads or units."""
+    width = tap.address.width
+    if width is None or tap.groups is None or tap.take is None:
+        return width
+    return width // tap.groups * len(tap.take)
+
+
+def _feature_width(tap: Tap) -> Optional[int]:
+    """Features per position in the tap's feature space (a featurizer's k, or the site's width)."""
+    return tap.space if tap.featurizer != "identity" else _tap_width(tap)
+
+
+def _check_operand_widths(forwards: list, path: str) -> None:
+    """A write lands its operand's features: both sides' widths are facts before any forward."""
+    taps = {t.name: t for f in forwards for t in f.taps}
+    for forward in forwards:
+        for tap in forward.taps:
+            if tap.kind != "write" or not isinstance(tap.operand, str):
+                continue
+            source = taps[tap.operand]
+            want, have = _feature_width(tap), _feature_width(source)
+            cut = len(tap.features) if tap.features is not None else want
+            if want is not None and have is not None and have not in (want, cut):
+                raise Refusal(f"write '{tap.name}' lands {want} features per position at {tap.address.label()}, and "
+                              f"its operand '{tap.operand}' was read with {have} at {source.address.label()}; a swap "
+                              "needs the same width on both sides", path=f"{path}.writes.{tap.name}", stage="compile")
+
+
+PATTERN = ("attention_scores", "attention_probs")
+
+
+def _check_pattern_layouts(forwards: list, reads: dict, path: str) -> None:
+    """A pattern's last axis is the padded batch's keys: a swap between two batches is only key j to
+    key j when both have the same layout, so their attention masks must be equal."""
+    by_pair = {(f.model, f.input): f for f in forwards}
+    for forward in forwards:
+        for tap in forward.taps:
+            if tap.kind != "write" or tap.address.component not in PATTERN or not isinstance(tap.operand, str):
+                continue
+            read = reads[tap.operand]
+            source = by_pair[(read.model, read.input)]
+            if source.mask != forward.mask:
+                raise Refusal(_pattern_layouts_differ(tap, read, source, forward), path=f"{path}.writes.{tap.name}",
+                              stage="compile")
+
+
+def _pattern_layouts_differ(tap: Tap, read, source: Forward, forward: Forward) -> str:
+    rows: Any = [r for r, (a, b) in enumerate(zip(source.mask, forward.mask)) if a != b]
+    if len(source.mask) != len(forward.mask) or len(source.mask[0]) != len(forward.mask[0]):
+        rows = f"shapes {len(source.mask)}x{len(source.mask[0])} and {len(forward.mask)}x{len(forward.mask[0])}"
+    return (f"write '{tap.name}' swaps the attention pattern read in '{read.model}' on '{read.input}' "
+            f"into '{forward.model}' on '{forward.input}', and their attention masks differ "
+            f"(rows {rows}). The last axis of a pattern is the padded batch's keys, so key slot j is "
+            "the same token only when both batches have the same layout; pair rows whose prompts "
+            "tokenize to the same length (documents/data/weekdays_aligned is such a table)")
+
+
+def _published(step_name: str, kept: tuple, forwards: list, rows: int) -> tuple:
+    """What this step's outputs will hold, as later steps' checks need it (a pca's span checked here)."""
+    taps = {t.name: t for f in forwards for t in f.taps if t.kind == "read"}
+    out = []
+    for name, output in kept:
+        tap = taps[output.read]
+        source = outputs.Source(step=step_name, output=output, rows=rows,
+                                per_row=None if tap.pos.ragged else tap.pos.width, width=_feature_width(tap))
+        outputs.check_pca(step_name, name, source, f"steps.{step_name}.outputs.{name}")
+        out.append((name, source))
+    return tuple(out)
+
+
+def _check_refs(step_name: str, forwards: list, sources: dict, rows: int, path: str) -> None:
+    """Each write whose operand is {"ref": x}: rows, pca, windows and width against x's source (M14, M16)."""
+    for forward in forwards:
+        for tap in forward.taps:
+            if tap.kind != "write" or not isinstance(tap.operand, Ref):
+                continue
+            want = 1 if tap.pos.frame == "generated" else (None if tap.pos.ragged else tap.pos.width)
+            outputs.check_ref(step_name, tap.name, tap.operand.name, sources[tap.operand.name], rows, want,
+                              _feature_width(tap), f"{path}.writes.{tap.name}.operand")
+
+
+def _stamps(doc: Document, kept: tuple, forwards: list, digest: str) -> tuple:
+    """Each output's `.safetensors` metadata: the bundle stamp of the read's site, `kind` output/none,
+    output/mean or pca, `k`, `d` the read's width, no parametrization (LR§8; SPEC.md M20)."""
+    taps = {t.name: t for f in forwards for t in f.taps if t.kind == "read"}
+    sites = dict(doc.sites)
+    out = []
+    for name, output in kept:
+        tap = taps[output.read]
+        kind = "pca" if output.reduce == "pca" else f"output/{output.reduce}"
+        stamp = bundles.stamp(doc.model, tap.site, sites[tap.site], tap.address, kind, output.k, _tap_width(tap),
+                              digest, parametrization="")
+        out.append((name, tuple(sorted(stamp.items()))))
+    return tuple(out)
+
+
+def _tap_sort_key(tap: Tap):
+    return (tap.address.rank, 0 if tap.kind == "write" else 1)
+
+
+# ---------------------------------------------------------------- the compiler
+
+
+@dataclass
+class Context:
+    """What every step of one point's compile shares: the document, its places, its featurizers, the cache."""
+
+    doc: Document
+    engine: Any
+    data_root: Path
+    cache: dict
+    addresses: dict
+    featurizers: dict  # name -> FeaturizerPlan
+    digest: str = ""
+    sources: dict = field(default_factory=dict)  # output name -> outputs.Source, published so far (SPEC.md §8.2)
+    budget: int = memory.DEFAULT_BUDGET  # --memory-budget, bytes (SPEC.md Q11)
+    window: int = 0  # the most rows every pass so far runs at once within the budget (0: no bound)
+
+    def bound(self, passes: list, step_name: str) -> None:
+        """Fold one document step's passes into the rows per pass (refused when one row does not fit, Q12)."""
+        fit = memory.rows_per_pass(self.engine, passes, self.budget, f"steps.{step_name}.rows")
+        if fit:
+            self.window = fit if not self.window else min(self.window, fit)
+
+    def rows(self, rows: tuple, path: str) -> dict[str, list]:
+        """Each role's rows of a step (cached by ref); roles pair by index, so their counts must agree."""
+        out = {}
+        for role, ref in rows:
+            if ("rows", ref) not in self.cache:
+                self.cache[("rows", ref)] = data.rows_of(ref, self.data_root, f"{path}.{role}")
+            out[role] = self.cache[("rows", ref)]
+        counts = {role: len(r) for role, r in out.items()}
+        if len(set(counts.values())) > 1:
+            step = path.split(".")[1]
+            raise Refusal(f"step '{step}': roles pair rows by index and these have different counts {counts}",
+                          path=path, stage="compile")
+        return out
+
+    def batches(self, rows_by_role: dict, key: Any, path: str) -> dict:
+        """Each role's rows tokenized as one left-padded batch (cached by `key`: a ref or a minibatch),
+        each prompt within the model's positions (refused at `<path>.<role>`)."""
+        roles = dict(self.doc.roles)
+        out = {}
+        for role, rows in rows_by_role.items():
+            k = ("batch", key, role, roles[role].field)
+            if k not in self.cache:
+                self.cache[k] = _batch(self.engine.tokenizer, rows, roles[role].field, f"roles.{role}.field")
+            out[role] = self.cache[k]
+            _check_prompt_fits(self.engine, out[role][1], role, f"{path}.{role}")
+        return out
+
+
+def compile_point(point: validate.Point, engine, data_root: Path, cache: Optional[dict] = None,
+                  budget: int = memory.DEFAULT_BUDGET) -> Plan:
+    """One validated point's plan. `cache` keeps rows and tokenized batches across the points of a
+    sweep, which share them unless the sweep moves a field or a dataset ref; `budget` bounds a pass's
+    memory (memory.py)."""
+    doc, raw = point.document, point.raw
+    addresses: dict[str, Address] = {}
+    for name, site in doc.sites:
+        addresses[name] = engine.locate(site.component, site.layer, site=name)
+        _check_selection(addresses[name], site, name)
+    digest = reader.digest(raw)
+    ctx = Context(doc=doc, engine=engine, data_root=data_root, cache={} if cache is None else cache,
+                  addresses=addresses, featurizers={}, digest=digest, budget=budget)
+    ctx.featurizers = featurizer_plans(ctx, digest)
+    steps: list = []
+    for step_name, step in doc.steps:
+        first = len(steps)
+        if step.kind == "fit":
+            steps.append(fit_plan(ctx, step_name, step))
+            ctx.bound([p for epoch in steps[-1].updates for p in epoch] + [steps[-1].evaluation], step_name)
+        elif step.kind == "weights":
+            steps.append(WeightsPlan(name=step_name, names=step.names,
+                                     saves=tuple((s.value, s.file_path) for s in step.saves)))
+        else:
+            rows_by_role = ctx.rows(step.rows, f"steps.{step_name}.rows")
+            batches = ctx.batches(rows_by_role, tuple(step.rows), f"steps.{step_name}.rows")
+            published: dict = {}
+            for i_name in step.interventions:
+                name = step_name if len(step.interventions) == 1 else f"{step_name}/{i_name}"
+                steps.append(observe_plan(ctx, name, i_name, rows_by_role, batches,
+                                          _saves_of(step, i_name, dict(doc.interventions)), (step_name, step)))
+                published.update(dict(steps[-1].sources))
+            ctx.bound(steps[first:], step_name)
+            if len(step.interventions) == 1:  # a step listing several publishes to itself only (M13)
+                ctx.sources.update(published)
+    return Plan(label=point.label, digest=digest, raw=raw, steps=tuple(steps),
+                featurizers=tuple(ctx.featurizers.values()), window=ctx.window)
+
+
+def _saves_of(step: Observe, i_name: str, interventions: dict) -> tuple:
+    """The saves of one intervention's child step: what it produces (metrics, outputs, generated ids; M19),
+    bare or as `<intervention>/<name>`."""
+    mine = validate.produced_names((i_name,), interventions, step.outputs)
+    return tuple((s.value.split("/", 1)[1] if s.value.startswith(f"{i_name}/") else s.value, s.file_path)
+                 for s in step.saves
+                 if s.value in mine or (s.value.startswith(f"{i_name}/") and s.value.split("/", 1)[1] in mine))
+
+
+def _forwards(ctx: Context, intervention, rows_by_role: dict, batches: dict, ipath: str) -> list:
+    """The forwards one intervention needs over these rows, in dependency order, taps in forward order."""
+    doc, tok = ctx.doc, ctx.engine.tokenizer
+    sites, roles = dict(doc.sites), dict(doc.roles)
+    writes, models = dict(intervention.writes), dict(intervention.models)
+    needed = []
+    for _r, read in intervention.reads:
+        if (read.model, read.input) not in needed:
+            needed.append((read.model, read.input))
+    forwards = []
+    for model_name, role in _forward_order(intervention, needed, ipath):
+        ops = [("read", r, read) for r, read in intervention.reads if (read.model, read.input) == (model_name, role)]
+        if model_name != "original":
+            ops += [("write", w, writes[w]) for w in models[model_name].writes]
+        taps = [_tap(kind, n, op, sites, ctx.addresses, rows_by_role[role], roles[role].field,
+                     f"{ipath}.{kind}s.{n}", ctx.featurizers) for kind, n, op in ops]
+        taps = [_stack(t, intervention.decode, len(rows_by_role[role]), ipath) for t in taps]
+        taps.sort(key=_tap_sort_key)
+        ids, mask, segments, sample = batches[role]
+        _check_decode_fits(ctx.engine, len(ids[0]), intervention.decode, ipath)
+        forwards.append(Forward(model=model_name, input=role, ids=ids, mask=mask, taps=tuple(taps),
+                                segments=segments, sample=sample, decode=intervention.decode,
+                                check=tok.decode(list(ids[0]), skip_special_tokens=False)))
+    return forwards
+
+
+def _metrics(ctx: Context, intervention, base_rows: list, ipath: str) -> list[MetricPlan]:
+    tok, sites = ctx.engine.tokenizer, dict(ctx.doc.sites)
+    reads = dict(intervention.reads)
+    plans = []
+    for m, metric in intervention.metrics:
+        mpath = f"{ipath}.metrics.{m}"
+        _check_vocabulary_wide(metric.of, reads[metric.of], sites, ctx.addresses, m, mpath)
+        columns = tuple(c for _, c in metric.columns)
+        eligible = data.answer_eligible(base_rows, columns, m, mpath)
+        answers = []
+        for field_name, column in metric.columns:
+            answers.append((field_name, _answer_ids(tok, base_rows, eligible, column, f"{mpath}.{field_name}")))
+        kind = metrics.KINDS[metric.kind]
+        plans.append(MetricPlan(name=m, kind=metric.kind, of=metric.of, answers=tuple(answers),
+                                eligible=eligible, unit=kind.unit, estimand_version=kind.estimand_version))
+    return plans
+
+
+def _answer_ids(tok, rows: list, eligible: tuple, column: str, path: str) -> tuple:
+    """Each eligible row's answer id in `column` (None for the others); a text many rows share is encoded once,
+    at its first row, which a refusal names."""
+    known: dict[str, int] = {}
+    out: list = []
+    for r, (row, ok) in enumerate(zip(rows, eligible)):
+        text: Any = row[column] if ok else None  # the row's own value: answer_id refuses a non-string
+        if ok and (not isinstance(text, str) or text not in known):
+            got = answer_id(tok, text, path, f"row {r}, column '{column}'")
+            if isinstance(text, str):
+                known[text] = got
+            out.append(got)
+        else:
+            out.append(known[text] if ok else None)
+    return tuple(out)
+
+
+def observe_plan(ctx: Context, name: str, i_name: str, rows_by_role: dict, batches: dict,
+                 saves: tuple, step: Optional[tuple[str, Observe]] = None) -> ObservePlan:
+    """One pass of one intervention over these rows; `step` (name, Observe) brings the step's outputs, and
+    each write with a ref is checked against what earlier steps published (SPEC.md §8.2)."""
+    intervention = dict(ctx.doc.interventions)[i_name]
+    ipath = f"interventions.{i_name}"
+    reads = dict(intervention.reads)
+    base_role = "base" if "base" in rows_by_role else ctx.doc.roles[0][0]
+    base_rows = rows_by_role[base_role]
+    forwards = _forwards(ctx, intervention, rows_by_role, batches, ipath)
+    _check_pattern_layouts(forwards, reads, ipath)
+    _check_operand_widths(forwards, ipath)
+    step_name, observe = step if step is not None else (name, None)
+    _check_refs(step_name, forwards, ctx.sources, len(base_rows), ipath)
+    kept = tuple((o, out) for o, out in (observe.outputs if observe else ()) if out.read in dict(intervention.reads))
+    metric_plans = _metrics(ctx, intervention, base_rows, ipath)
+    dynamic = any(tap.pos.dynamic for f in forwards for tap in f.taps)
+    return ObservePlan(name=name, intervention=i_name, forwards=tuple(forwards), metrics=tuple(metric_plans),
+                       saves=saves, example_ids=data.example_ids(base_rows), dynamic=dynamic, outputs=kept,
+                       publishes=observe is None or len(observe.interventions) == 1,
+                       sources=_published(step_name, kept, forwards, len(base_rows)),
+                       stamps=_stamps(ctx.doc, kept, forwards, ctx.digest) if kept else ())
+
+
+def _tap(kind, name, op, sites, addresses, rows, field, path, featurizers: dict) -> Tap:
+    site = sites[op.site]
+    address = addresses[op.site]
+    groups = take = None
+    if site.heads is not None:
+        groups, take = address.heads, site.heads
+    elif site.units is not None:
+        groups, take = address.width, site.units
+    anchors = None
+    if op.pos.scope is not None and op.pos.scope.variable is not None:
+        anchors = tuple(data.anchor_text(row, field, op.pos.scope.variable, f"{path}.pos.scope.variable", k)
+                        for k, row in enumerate(rows))
+    space = featurizers[op.featurizer].k if op.featurizer != "identity" else _site_width(address, site)
+    common = dict(name=name, site=op.site, address=address, pos=op.pos, groups=groups, take=take, anchors=anchors,
+                  featurizer=op.featurizer, space=space)
+    if kind == "write":
+        _check_features(op.features, space, name, path)
+        return Tap(kind="write", mechanism=op.mechanism, operand=op.operand, features=op.features, params=op.params,
+                   **common)
+    return Tap(kind="read", view=op.view, **common)
+
+
+def _check_features(features, space: Optional[int], name: str, path: str) -> None:
+    """`features` are distinct coordinates below the feature space's width (language-reference §3)."""
+    if features is None:
+        return
+    if space is None or not features or len(set(features)) != len(features) or any(
+            not 0 <= i < space for i in features):
+        prefix = ".".join(path.split(".")[:2])
+        raise Refusal(f"{prefix}: write '{name}': features {list(features)} of a {space}-dimensional feature space; "
+                      f"they are distinct indices below {space}", path=f"{path}.features", stage="compile")
+
+
+def _site_width(address: Address, site) -> Optional[int]:
+    """Features per position at a site: the address's width, narrowed by heads or units (None: no width)."""
+    if address.width is None:
+        return None
+    if site.heads is not None and address.heads:
+        return address.width // address.heads * len(site.heads)
+    if site.units is not None:
+        return len(site.units)
+    return address.width
+
+
+NO_WIDTH = ("the width of '{component}' is not a fact about the model: it depends on the batch (the attention "
+            "pattern's key axis) or is not a tensor's")
+
+
+def _featurizer_plan(ctx: Context, name: str, spec, site_name: str, digest: str) -> FeaturizerPlan:
+    doc, path = ctx.doc, f"featurizers.{name}"
+    site, address = dict(doc.sites)[site_name], ctx.addresses[site_name]
+    d = _site_width(address, site)
+    if d is None:
+        raise Refusal(NO_WIDTH.format(component=site.component), path=path, stage="compile")
+    if spec.k is not None and spec.kind in ("subspace", "pca") and spec.k > d:
+        raise Refusal(f"featurizer '{name}': k={spec.k} is not a subspace of the {d}-wide site '{site_name}'",
+                      path=f"{path}.k", stage="compile")
+    trainers = [s for _n, s in doc.steps if s.kind == "fit" and name in s.params]
+    stamp = bundles.stamp(doc.model, site_name, site, address, spec.kind, spec.k, d, digest)
+    k, seed, bundle = (d if spec.kind == "gate" else spec.k), None, None
+    if spec.file_path is not None:
+        tensors, metadata = bundles.read(Path(spec.file_path), f"{path}.file_path", name)
+        k = bundles.check(name, spec.file_path, spec.kind, tensors, metadata, stamp, spec.k, d, f"{path}.file_path")
+        bundle = bundles.encode(tensors)
+    elif spec.kind == "subspace":
+        seed = spec.seed if spec.seed is not None else (trainers[0].seed if trainers else 0)
+    return FeaturizerPlan(name=name, kind=spec.kind, site=site_name, d=d, k=k, seed=seed, file_path=spec.file_path,
+                          bundle=bundle, trained=bool(trainers), stamp=tuple(sorted(stamp.items())))
+
+
+def featurizer_plans(ctx: Context, digest: str) -> dict:
+    """Every declared featurizer at its one site: width, rank and seed checked, a bundle loaded and checked."""
+    sites_of = validate.featurizer_sites(dict(ctx.doc.featurizers), ctx.doc.interventions)
+    return {name: _featurizer_plan(ctx, name, spec, sites_of[name], digest) for name, spec in ctx.doc.featurizers}
+
+
+def _disjoint(step, train: dict, held: dict, path: str) -> None:
+    """Fit and eval rows from different refs share no base row (compared as sorted-key JSON)."""
+    if dict(step.rows) == dict(step.eval_rows):
+        return
+    role = "base" if "base" in train else next(iter(train))
+    seen = {json.dumps(r, sort_keys=True) for r in train[role]}
+    shared = sum(json.dumps(r, sort_keys=True) in seen for r in held[role])
+    if shared:
+        raise Refusal(f"the eval rows share {shared} row(s) with the fitted rows; the two must be endpoint-disjoint",
+                      path=f"{path}.eval.rows", stage="compile")
+
+
+def fit_plan(ctx: Context, step_name: str, step) -> FitPlan:
+    """A fit step: each planned update an observe pass over its own minibatch (tokenized as its own batch),
+    and the eval pass over the eval rows (SPEC.md FZ12)."""
+    path = f"steps.{step_name}"
+    i_name = step.interventions[0]
+    train = ctx.rows(step.rows, f"{path}.rows")
+    held = ctx.rows(step.eval_rows, f"{path}.eval.rows")
+    _disjoint(step, train, held, path)
+    n = len(next(iter(train.values())))
+    updates = []
+    for e, epoch in enumerate(fit.schedule(n, step.epochs, step.pairs, step.seed)):
+        plans = []
+        for u, index in enumerate(epoch):
+            rows = {role: [r[i] for i in index] for role, r in train.items()}
+            batches = ctx.batches(rows, (tuple(step.rows), index), f"{path}.rows")
+            plans.append(observe_plan(ctx, f"epochs[{e}][{u}]", i_name, rows, batches, ()))
+        updates.append(tuple(plans))
+    evaluation = observe_plan(ctx, "evaluation", i_name, held, ctx.batches(held, tuple(step.eval_rows),
+                                                                          f"{path}.eval.rows"),
+                              tuple((s.value, s.file_path) for s in step.eval_saves))
+    return FitPlan(name=step_name, intervention=i_name, params=step.params, objective=step.objective, lr=step.lr,
+                   weight_decay=step.weight_decay, anneal=step.anneal, early_stop=step.early_stop,
+                   updates=tuple(updates), evaluation=evaluation,
+                   saves=tuple((s.value, s.file_path) for s in step.saves))
+
+
+def compile_document(raw: Any, engine, data_root: Path, points: Optional[list] = None,
+                     budget: int = memory.DEFAULT_BUDGET) -> Plan:
+    """The root plan: one leaf per sweep point (or the document itself when unswept).
+
+    `points` are the document's lowered and validated points (`validate.points_of(raw)`) when the
+    caller has them already, so that each is validated once; otherwise they are made here. Forwards
+    that several steps compute identically are marked shared (share.py)."""
+    points = validate.points_of(raw) if points is None else points
+    if len(points) == 1 and points[0].label == "":
+        return share.mark(compile_point(points[0], engine, data_root, budget=budget))
+    cache: dict = {}
+    leaves = tuple(compile_point(point, engine, data_root, cache, budget) for point in points)
+    window = min((leaf.window for leaf in leaves if leaf.window), default=0)
+    return share.mark(Plan(label="", digest=reader.digest(raw), raw=raw, points=leaves, window=window))

@@ -1,0 +1,180 @@
+"""Data: rows on disk, the field path grammar, anchors, and chat rows.
+
+A dataset ref `<dir>/<table>` or `<dir>/<table>#<split>` names a JSON array of
+flat row objects under the data root. A role's `field` is a path into a row
+(`column`, `column[i]`, `a.b`). A variable anchor looks at the `<column>_variables`
+sibling of the role's field first and at a top-level column second. A field holding
+a list of {"role", "content"} messages is a conversation, rendered through the
+checkpoint's chat template. SPEC.md §1 Documents and §2.4 Anchors.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, NoReturn, Optional
+
+from ..documents import reader
+from ..shapes import Refusal
+
+_STEP = re.compile(r"^([A-Za-z_][A-Za-z0-9_\-]*)((?:\[\d+\])*)$")
+
+
+def _refuse(message: str, path: str = "", stage: str = "compile") -> NoReturn:
+    raise Refusal(message, path=path, stage=stage)
+
+
+def table_path(ref: str, root: Path, path: str = "") -> tuple[Path, Optional[str]]:
+    """The file a dataset ref names, confined to the data root, and its split (or None)."""
+    name, _, split = ref.partition("#")
+    parts = name.split("/")
+    if (not name or name.startswith("/") or any(p in ("", ".", "..") for p in parts)
+            or any(not re.fullmatch(r"[A-Za-z0-9_\-.]+", p) for p in parts)):
+        _refuse(f"dataset ref '{ref}' is not <dir>/<table> under the data root", path)
+    if any(len(p.encode("utf-8")) > 255 for p in parts[:-1] + [parts[-1] + ".json"]):
+        _refuse(f"dataset ref '{ref}': a folder or table name over 255 bytes is not a file name", path)
+    file = (root / (name + ".json"))
+    try:
+        resolved, base = file.resolve(), root.resolve()
+    except OSError:
+        _refuse(f"dataset ref '{ref}': cannot resolve {file}", path)
+    if base not in resolved.parents:
+        _refuse(f"dataset ref '{ref}' leaves the data root {root}", path)
+    return file, (split or None)
+
+
+def rows_of(ref: str, root: Path, path: str = "") -> list[dict]:
+    """Read a dataset ref's rows (a split keeps rows whose `split` column equals it)."""
+    file, split = table_path(ref, root, path)
+    try:
+        if not file.is_file():
+            _refuse(f"dataset ref '{ref}': no table at {file}", path)
+        text = file.read_text(encoding="utf-8")
+    except OSError as error:  # unreadable, or a name the file system will not take
+        _refuse(f"dataset ref '{ref}': cannot read {file} ({error.strerror or type(error).__name__})", path)
+    except UnicodeDecodeError as error:
+        _refuse(f"dataset ref '{ref}': {file} is not a JSON table ({error})", path)
+    rows = _parse_table(text, ref, file, path)
+    if split is not None:
+        rows = [r for r in rows if r.get("split") == split]
+    if not rows:
+        _refuse(f"dataset ref '{ref}' selects no rows", path)
+    return rows
+
+
+def _parse_table(text: str, ref: str, file: Path, path: str) -> list:
+    """A table's text -> its rows, through the one JSON reader (reader.py): a key named twice or a
+    number that is not one is refused naming the file and the place in it (SPEC.md S40-S42)."""
+    try:
+        rows = reader.parse(text)
+    except reader.Malformed as bad:
+        if isinstance(bad.cause, (json.JSONDecodeError, RecursionError)):
+            _refuse(f"dataset ref '{ref}': {file} is not a JSON table ({bad.cause})", path)
+        if bad.at is None:  # a lone surrogate (`"\ud800"`) is JSON but not text any tokenizer takes
+            _refuse(f"dataset ref '{ref}': {file} {bad.message}", path)
+        _refuse(f"dataset ref '{ref}': {file} at {bad.at or 'the top level'}: {bad.message}", path)
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        _refuse(f"dataset ref '{ref}': {file} is not a JSON array of row objects", path)
+    return rows
+
+
+def example_ids(rows: list[dict]) -> tuple[str, ...]:
+    """A row's `example_id` column as a string where the table has one, else its 0-based index."""
+    return tuple(str(r["example_id"]) if "example_id" in r else str(k) for k, r in enumerate(rows))
+
+
+def _steps(field: str, path: str) -> list[tuple[str, list[int]]]:
+    steps = []
+    for part in field.split("."):
+        m = _STEP.match(part)
+        if not m:
+            _refuse(f"field '{field}': `column`, `column[i]` and `a.b` are the forms", path, "validation")
+        steps.append((m.group(1), [int(i) for i in re.findall(r"\[(\d+)\]", m.group(2))]))
+    return steps
+
+
+def walk(row: dict, field: str, path: str = "", row_index: int = 0) -> Any:
+    """The value a field path names in a row; refused with the row when it is not there."""
+    value: Any = row
+    for name, indexes in _steps(field, path):
+        if not isinstance(value, dict) or name not in value:
+            _refuse(f"field '{field}': no such column '{name}' on row {row_index}", path)
+        value = value[name]
+        for i in indexes:
+            if not isinstance(value, list) or i >= len(value):
+                _refuse(f"field '{field}': row {row_index} has no item [{i}] under '{name}'", path)
+            value = value[i]
+    return value
+
+
+def sibling(field: str, variable: str) -> str:
+    """`counterfactual_inputs[0]` + `entity` -> `counterfactual_inputs_variables[0].entity`."""
+    first, _, rest = field.partition(".")
+    m = _STEP.match(first)
+    name, brackets = (m.group(1), m.group(2)) if m else (first, "")
+    head = f"{name}_variables{brackets}"
+    return ".".join(p for p in (head, rest, variable) if p)
+
+
+def anchor_text(row: dict, field: str, variable: str, path: str = "", row_index: int = 0) -> Optional[str]:
+    """The row's own text for a variable anchor: the sibling first, a top-level column second."""
+    near = sibling(field, variable)
+    try:
+        value = walk(row, near, path, row_index)
+    except Refusal:
+        value = None
+        if variable not in row:
+            _refuse(f"variable '{variable}': this row has neither '{near}' nor a column '{variable}' "
+                    f"(row {row_index}); name a column the rows carry", path)
+        value = row[variable]
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        _refuse(f"variable '{variable}': row {row_index} holds {type(value).__name__}, not text", path)
+    return value
+
+
+def is_conversation(value: Any) -> bool:
+    return (isinstance(value, list) and bool(value)
+            and all(isinstance(m, dict) and set(m) == {"role", "content"}
+                    and isinstance(m["role"], str) and isinstance(m["content"], str) for m in value))
+
+
+def prompt_of(value: Any, field: str, path: str, row_index: int) -> Any:
+    """A role's value on one row: a string, or a conversation (a list of messages)."""
+    if isinstance(value, str) or is_conversation(value):
+        return value
+    _refuse(f"field '{field}': expected a string or a list of {{\"role\", \"content\"}} messages on row "
+            f"{row_index}, got {type(value).__name__}", path)
+
+
+def render_chat(tok, messages: list[dict], path: str = "") -> str:
+    """A conversation through the checkpoint's own chat template, less the template's leading BOS text.
+
+    The template writes BOS as text; tokenizing with special tokens adds it again, so
+    it is removed here (SPEC.md §2.3 Chat turns).
+    """
+    if not getattr(tok, "chat_template", None):
+        _refuse("this row is a conversation and this checkpoint has no chat template, so there is no text to "
+                "run. Give the role a string column", path)
+    try:
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception as error:  # the template's own refusal (jinja2's raise_exception): this row's, not ours
+        _refuse(f"the checkpoint's chat template refuses this conversation: {type(error).__name__}: "
+                f"{str(error).splitlines()[0] if str(error) else ''}", path)
+    bos = getattr(tok, "bos_token", None)
+    if bos and text.startswith(bos):
+        text = text[len(bos):]
+    return text
+
+
+def answer_eligible(rows: list[dict], columns: tuple[str, ...], metric: str, path: str) -> tuple[bool, ...]:
+    """The column half of a metric's rows: every named column holds a non-blank string."""
+    for column in columns:
+        if not any(column in r for r in rows):
+            _refuse(f"metric '{metric}': no row has a column '{column}'", path)
+    eligible = tuple(all(isinstance(r.get(c), str) and str(r.get(c)).strip() != "" for c in columns) for r in rows)
+    if not any(eligible):
+        _refuse(f"metric '{metric}': none of these {len(rows)} row(s) has a value in {list(columns)}; "
+                "a metric of nothing has no mean", path)
+    return eligible

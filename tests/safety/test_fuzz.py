@@ -1,0 +1,97 @@
+"""Fuzzed inputs: mutated shipped documents and data tables through validate, explain and run.
+
+Every outcome is the project's own: status 0, or status 2 with one `<stage>: ...` line; never
+another exception, never a traceback. Hypothesis draws the mutations (tests/fuzzing.py); CI runs
+a few hundred cases in this process with model loads cached; `python bench/fuzz.py` runs 10,000.
+"""
+from __future__ import annotations
+
+import random
+
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import fuzzing
+
+
+@settings(max_examples=200, deadline=None, database=None, derandomize=True,
+          suppress_health_check=list(HealthCheck))
+@given(rng=st.randoms(use_true_random=False))
+def test_mutated_documents_end_in_success_or_a_refusal(rng: random.Random, tmp_path_factory):
+    """SPEC.md:19 [D4] SPEC.md:418 [R14] Whatever the document and data hold, validate, explain and run
+    end with status 0 or 2 and one line; no other exception, no traceback."""
+    tmp = tmp_path_factory.mktemp("fuzz")
+    with fuzzing.cached_loads():
+        foreign = fuzzing.run_case(rng, tmp)
+    assert not foreign, foreign
+
+
+def test_broken_json_and_deep_nesting_are_refusals(tmp_path):
+    """SPEC.md:19 [D4] SPEC.md:418 [R14] Broken JSON, text nested past any parser, and bytes that are not
+    UTF-8 are refused at validation in one line."""
+    doc = tmp_path / "doc.json"
+    for body in (b'{"model": ', b"[" * 100_000 + b"]" * 100_000, b"\xff\xfe{}", b'{"a": NaN}'):
+        doc.write_bytes(body)
+        ok, status, text = fuzzing.check(["validate", str(doc)])
+        assert ok and status == 2 and text.startswith("validation: "), text
+
+
+def test_a_key_holding_a_newline_is_still_one_line(tmp_path):
+    """SPEC.md:19 [D4] A refusal quoting the document's own text stays one line (newlines escaped)."""
+    import json
+    raw = json.loads((fuzzing.REPO / "documents" / "patching.json").read_text(encoding="utf-8"))
+    raw["roles"]["base"]["\nnew\nline"] = 1
+    doc = tmp_path / "doc.json"
+    doc.write_text(json.dumps(raw), encoding="utf-8")
+    ok, status, text = fuzzing.check(["validate", str(doc)])
+    assert ok and status == 2 and text.count("\n") == 1, text
+    assert "roles.base.\\nnew\\nline" in text
+
+
+def test_a_sweep_of_too_many_points_is_refused_not_built():
+    """SPEC.md:418 [R14] A range of 10**100 values is refused at validation, not expanded."""
+    import json
+
+    from causalab_ref.documents import sweeps
+    from causalab_ref.shapes import Refusal
+    raw = json.loads((fuzzing.REPO / "documents" / "patching.json").read_text(encoding="utf-8"))
+    raw["sites"]["target"]["layers"] = [{"sweep": {"range": [0, 10 ** 100]}}]
+    try:
+        sweeps.points(raw)
+    except Refusal as refusal:
+        assert refusal.path == "sites.target.layers.0.sweep.range"
+        assert "at most 10000 points" in refusal.message
+    else:
+        raise AssertionError("not refused")
+
+
+def test_a_lone_surrogate_in_a_document_or_a_table_is_a_refusal(tmp_path):
+    """SPEC.md:418 [R14] `"\\ud800"` is JSON but no tokenizer's text: refused with its path, not a TypeError."""
+    import json
+    import shutil
+    doc = tmp_path / "doc.json"
+    doc.write_text('{"model": "\\ud800"}', encoding="utf-8")
+    ok, status, text = fuzzing.check(["validate", str(doc)])
+    assert ok and status == 2 and "not valid Unicode text" in text, text
+    root = tmp_path / "data"
+    shutil.copytree(fuzzing.DATA, root)
+    table = root / "weekdays" / "train.json"
+    table.write_text(table.read_text(encoding="utf-8").replace('" Friday"', '"\\ud800"', 1), encoding="utf-8")
+    ok, status, text = fuzzing.check(["validate", str(fuzzing.REPO / "documents" / "patching.json"),
+                                      "--data-root", str(root)])
+    assert ok and status == 2 and text.startswith("compile: steps.score.rows.base: ") and "Unicode" in text, text
+    assert json.loads(table.read_text(encoding="utf-8"))  # the table is still JSON
+
+
+def test_a_metric_of_a_read_that_is_not_logits_is_a_refusal(tmp_path):
+    """SPEC.md:418 [R14] a token-scoring metric over a residual without "view": "logits" is refused (at
+    compile) naming the metric, not an IndexError."""
+    import json
+    raw = json.loads((fuzzing.REPO / "documents" / "layer_sweep.json").read_text(encoding="utf-8"))
+    del raw["interventions"]["lens"]["reads"]["lens"]["view"]
+    doc = tmp_path / "doc.json"
+    doc.write_text(json.dumps(raw), encoding="utf-8")
+    with fuzzing.cached_loads():
+        ok, status, text = fuzzing.check(["run", str(doc), "--out", str(tmp_path / "out"), "--quiet"])
+    assert ok and status == 2, text
+    assert text.startswith("compile: interventions.lens.metrics.p_answer.of: metric 'p_answer' scores token ids"), text
+    assert not (tmp_path / "out").exists()
