@@ -274,6 +274,20 @@ def cmd_fixtures(args):
             "folders": {key: str(folder) for key, folder, _reused in done}}
 
 
+def cmd_plot(args):
+    """`plot OUT [--out FILE]`: a run's results folder drawn as a figure (SPEC.md §14)."""
+    from .figures import plot
+    from .runs.plan import plan_json
+    folder = Path(args.folder)
+    plot.target_of(folder, Path(args.out) if args.out else None, args.replace)  # refused before anything compiles
+    plot.check_folder(folder)
+    given = argparse.Namespace(document=str(folder / "document.json"), data_root=args.data_root, memory_budget=None)
+    _raw, eng, plan = _compile(given, "nnterp")  # where each swept position lands (explain's plan, no weights)
+    written = plot.draw(folder, Path(args.out) if args.out else None, replace=args.replace,
+                        plan=plan_json(plan, eng))
+    return {"text": f"figure: {written}", "figure": str(written)}
+
+
 def cmd_schema(args):
     from .documents.schema import schema
     return {"text": json.dumps(schema(), indent=1), "schema": schema()}
@@ -345,6 +359,12 @@ def _corpus_verbs(verbs) -> None:
     p.add_argument("dir", help="the folder to write <name>/ checkpoint folders and manifest.json into")
     p.add_argument("--key", action="append", default=None, help="export only this fixture key (repeatable)")
     _verb(verbs, "schema", cmd_schema, "the document format as a JSON Schema")
+    p = _verb(verbs, "plot", cmd_plot, "draw a run's results folder: heatmaps over its sweep, bars, loss curves")
+    p.add_argument("folder", help="the folder a run wrote (its --out)")
+    p.add_argument("--out", default=None, help="the figure's file, .png or .svg (default <folder>.png beside it)")
+    p.add_argument("--replace", action="store_true", help="replace an existing figure file")
+    p.add_argument("--data-root", default=DEFAULT_DATA_ROOT, help="the data root the run read (positions are "
+                   "resolved against its rows again)")
 
 
 def build_parser() -> argparse.ArgumentParser:

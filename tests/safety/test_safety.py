@@ -403,7 +403,7 @@ def test_a_bug_while_loading_stays_an_internal_error(monkeypatch, capsys):
 
 
 def test_the_summary_line_shows_the_mean_the_count_and_a_few_values(tmp_path):
-    """SPEC.md:621 [S19] 12 rows, one unscored: the mean of 11, `11 of 12`, the first 5 values, `7 more`."""
+    """SPEC.md:625 [S19] 12 rows, one unscored: the mean of 11, `11 of 12`, the first 5 values, `7 more`."""
     values = [float(v) for v in range(11)] + [None]
     rows = [{"metric": "iia", "value": v, "unit": "fraction"} for v in values]
     (tmp_path / "iia.json").write_text(json.dumps(rows), encoding="utf-8")
@@ -435,7 +435,7 @@ def _own_code(ckpt: Path, marker: Path, file: str) -> None:
 
 @pytest.mark.parametrize("file", ["config.json", "tokenizer_config.json"])
 def test_a_checkpoint_naming_its_own_code_is_refused_on_every_verb_and_engine(tmp_path, capsys, file):
-    """SPEC.md:624 [S20] an `auto_map` (config.json or tokenizer_config.json) with its .py beside it:
+    """SPEC.md:628 [S20] an `auto_map` (config.json or tokenizer_config.json) with its .py beside it:
     validate, explain, model, tokens and run, on both engines, refuse in one line naming the file, and the
     code never runs."""
     ckpt = _copy(tmp_path)
@@ -457,7 +457,7 @@ def test_a_checkpoint_naming_its_own_code_is_refused_on_every_verb_and_engine(tm
 
 
 def test_a_checkpoint_naming_its_own_code_never_reads_stdin(tmp_path):
-    """SPEC.md:624 [S20] a tokenizer auto_map with "y" waiting on stdin: no question, the code never runs."""
+    """SPEC.md:628 [S20] a tokenizer auto_map with "y" waiting on stdin: no question, the code never runs."""
     ckpt = _copy(tmp_path)
     marker = tmp_path / "ran"
     _own_code(ckpt, marker, "tokenizer_config.json")
@@ -467,7 +467,7 @@ def test_a_checkpoint_naming_its_own_code_never_reads_stdin(tmp_path):
 
 
 def test_an_auto_map_key_is_found_by_parsing_and_a_string_that_says_auto_map_is_not_one(tmp_path):
-    """SPEC.md:624 [S20] the JSON files are parsed: an `auto_map` key spelled with an escape is refused; the
+    """SPEC.md:628 [S20] the JSON files are parsed: an `auto_map` key spelled with an escape is refused; the
     value "auto_map" (a string, not a key) is no code, and the checkpoint loads."""
     ckpt = _copy(tmp_path)
     config = ckpt / "tokenizer_config.json"
@@ -483,7 +483,7 @@ def test_an_auto_map_key_is_found_by_parsing_and_a_string_that_says_auto_map_is_
 
 
 def test_a_hub_key_not_in_the_cache_fails_naming_what_was_tried(tmp_path):
-    """SPEC.md:631 [S21] offline first: a hub key not in the local cache, with the hub off (HF_HUB_OFFLINE),
+    """SPEC.md:635 [S21] offline first: a hub key not in the local cache, with the hub off (HF_HUB_OFFLINE),
     is refused naming the key, the revision, the cache and the hub."""
     proc = _cli("model", "nobody/none", env={**ENV, "HF_HOME": str(tmp_path / "hf")})
     line = _one_line(proc, "compile: model.key: model 'nobody/none' at revision 'main' could not be found: tried ")
@@ -491,7 +491,7 @@ def test_a_hub_key_not_in_the_cache_fails_naming_what_was_tried(tmp_path):
 
 
 def test_a_hub_key_with_no_network_fails_naming_the_unreachable_hub(tmp_path):
-    """SPEC.md:631 [S21] not offline by setting but unreachable: the hub's host is tried once (a refused
+    """SPEC.md:635 [S21] not offline by setting but unreachable: the hub's host is tried once (a refused
     connection here: a local port nothing listens on), then the key is refused naming it."""
     env = {k: v for k, v in ENV.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     env = {k: v for k, v in env.items() if "proxy" not in k.lower()}
@@ -527,7 +527,7 @@ def _reshape_norm(t):
     (_reshape_norm, "mis-shaped", "model.norm.weight"),
 ])
 def test_weights_that_do_not_match_the_model_are_refused_naming_the_tensors(tmp_path, change, kind, named):
-    """SPEC.md:636 [S22] missing (the head and all of layer 1), unexpected and mis-shaped tensors are refused
+    """SPEC.md:640 [S22] missing (the head and all of layer 1), unexpected and mis-shaped tensors are refused
     on both engines, naming them; nothing loads with random values."""
     ckpt = _copy(tmp_path)
     _weights(ckpt, change)
@@ -548,7 +548,7 @@ def own_cache(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("damage", ["overwrite", "truncate", "delete", "record"])
 def test_a_damaged_fixture_is_rebuilt_not_trusted(own_cache, damage):
-    """SPEC.md:640 [S23] weight bytes overwritten, a truncated file, a missing file, a record without the
+    """SPEC.md:644 [S23] weight bytes overwritten, a truncated file, a missing file, a record without the
     files' digests: the next use rebuilds the folder to its recorded bytes."""
     folder, before = own_cache
     weights = folder / "model.safetensors"
@@ -570,7 +570,7 @@ def test_a_damaged_fixture_is_rebuilt_not_trusted(own_cache, damage):
 
 
 def test_a_damaged_fixture_in_a_read_only_cache_is_one_line(tmp_path, monkeypatch):
-    """SPEC.md:644 [S24] a fixture that must be rebuilt where the cache cannot be written: refused naming
+    """SPEC.md:648 [S24] a fixture that must be rebuilt where the cache cannot be written: refused naming
     the folder, the cause and $CAUSALAB_REF_CACHE."""
     mount = _Mount(tmp_path / "cache", "size=4m")
     try:

@@ -1,0 +1,308 @@
+"""Plot: a run's results folder drawn as a researcher looks at it (SPEC.md §14, FG1-FG7).
+
+A figure has one panel per metric table the run wrote and one per fit's loss curve. A metric over a sweep
+is a heatmap of its mean over eligible rows (two sweep axes: the first down, the second across; one axis:
+a single row); a metric of a run with no sweep is a bar per row. A sweep axis that moves the positions a
+table reports is labelled by each point's decoded tokens as well as its value. Nothing here writes inside
+the results folder; the figure goes to its own file, whole or not at all.
+
+    from causalab_ref.figures import plot
+    fig = plot.figure(Path("out"))                  # a matplotlib Figure, nothing written
+    plot.draw(Path("out"), Path("out.png"))         # written (PNG or SVG by the suffix)
+
+`python -m causalab_ref plot OUT` compiles the run's document again (as `explain` does, no weights) so that a
+swept position's ticks say where it lands on the first row; the figure itself needs only the folder.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from ..documents import sweeps
+from ..runs import results
+from ..shapes import Refusal
+
+SUFFIXES = (".png", ".svg")
+MOST_AXES = 2
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One panel: a metric over the sweep (`grid`: rows x columns of means, None where no row is eligible),
+    a metric per row (`bars`), or a loss curve (`curve`)."""
+
+    kind: str  # "heatmap" | "bars" | "curve"
+    title: str
+    values: tuple  # heatmap: tuple of rows; bars and curve: a flat tuple
+    xlabel: str = ""
+    ylabel: str = ""
+    xticks: tuple = ()
+    yticks: tuple = ()
+
+
+def _fail(message: str, path: str = "OUT") -> Refusal:
+    return Refusal(message, path=path, stage="plot")
+
+
+# ---------------------------------------------------------------- reading the folder
+
+
+def _points(out: Path) -> list[tuple[tuple, Path]]:
+    """((axis, value) per sweep axis, folder) for each point, in the document's sweep order (D17, D18)."""
+    try:
+        raw = json.loads((out / "document.json").read_text(encoding="utf-8"))
+        lowered = sweeps.points(raw)
+    except (OSError, ValueError, Refusal):
+        raise _fail(f"{out} holds no document.json a run wrote; plot draws the folder a run wrote "
+                    "(its --out)") from None
+    if len(lowered) == 1 and not lowered[0][0]:
+        return [((), out)]
+    found = []
+    for label, _doc in lowered:
+        axes = tuple(tuple(part.split("=", 1)) for part in _split_label(label))
+        found.append((axes, out / label))
+    return found
+
+
+def _split_label(label: str) -> list[str]:
+    """`layers=0,pos=[1,2]` -> ['layers=0', 'pos=[1,2]']: each value is compact JSON, whose commas are inside it."""
+    parts, rest = [], label
+    decoder = json.JSONDecoder()
+    while rest:
+        name, _eq, tail = rest.partition("=")
+        _value, end = decoder.raw_decode(tail)
+        parts.append(f"{name}={tail[:end]}")
+        rest = tail[end:].removeprefix(",")
+    return parts
+
+
+def _tables(folder: Path) -> dict[str, list[dict]]:
+    """The metric tables in one point's folder: {relative path: rows}."""
+    tables = {}
+    for file in sorted(folder.rglob("*.json")):
+        if file.name in ("document.json", "run.json") or file.is_symlink():
+            continue
+        try:
+            rows = json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(rows, list) and rows and all(isinstance(r, dict) and "metric" in r and "value" in r
+                                                   for r in rows):
+            tables[file.relative_to(folder).as_posix()] = rows
+    return tables
+
+
+def _curves(folder: Path) -> dict[str, list[float]]:
+    """The loss curves one point's fits saved: {save's file: losses}, from its document's saves of `<fit>/loss`."""
+    try:
+        doc = json.loads((folder / "document.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    curves = {}
+    for step in (doc.get("steps") or {}).values():
+        for save in (step.get("saves") or []) if isinstance(step, dict) else []:
+            value, file = save.get("value", ""), save.get("file_path", "")
+            if isinstance(value, str) and value.endswith("/loss") and str(file).endswith(".safetensors"):
+                losses = _tensor_values(folder / file)
+                if losses is not None:
+                    curves[file] = losses
+    return curves
+
+
+def _tensor_values(file: Path) -> Optional[list[float]]:
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(file), framework="pt") as handle:
+            names = list(handle.keys())
+            tensor = handle.get_tensor(names[0]) if len(names) == 1 else None
+    except (OSError, SafetensorError, ValueError):
+        return None
+    return [float(v) for v in tensor.flatten().tolist()] if tensor is not None and tensor.dim() == 1 else None
+
+
+# ---------------------------------------------------------------- panels
+
+
+def _mean(rows: list[dict]) -> Optional[float]:
+    """The mean over eligible rows with a finite value, as the run's summary line gives it (S19); None: no row."""
+    values = [r["value"] for r in rows if r.get("eligible") and isinstance(r.get("value"), (int, float))
+              and math.isfinite(r["value"])]
+    return sum(values) / len(values) if values else None
+
+
+def plan_tokens(plan: list[dict]) -> dict[str, list[tuple[tuple, str]]]:
+    """{point label: [((step, forward, kind, tap), first row's tokens), ...] in plan order} from the structured
+    plan `explain --json` prints (runs/plan.py `plan_json`): where each tap lands on the point's first row."""
+    found: dict[str, list[tuple[tuple, str]]] = {}
+    for leaf in plan:
+        taps = found.setdefault(leaf.get("label", ""), [])
+        for step in leaf.get("steps", []):
+            for k, forward in enumerate(step.get("forwards", [])):
+                for tap in forward.get("taps", []):
+                    tokens = tap.get("tokens") or []
+                    if tokens and isinstance(tokens[0], str):
+                        taps.append(((step.get("name"), k, tap.get("kind"), tap.get("name")), tokens[0]))
+    return found
+
+
+def _axis_ticks(points, axis: int, landed: dict[str, list[tuple[tuple, str]]]) -> tuple[list[str], tuple[str, ...]]:
+    """(the axis's values in sweep order, their tick labels): each value, and under it the first row's tokens at
+    the first tap (a write before a read) whose landing moves along the axis (FG3)."""
+    values: list[str] = []
+    seen: dict[str, dict[tuple, str]] = {}
+    for axes, _folder in points:
+        value = axes[axis][1]
+        if value not in values:
+            values.append(value)
+            seen[value] = dict(landed.get(",".join(f"{a}={v}" for a, v in axes), []))
+    keys = [key for key, _tokens in next(iter(landed.values()), [])] if landed else []
+    keys.sort(key=lambda key: key[2] != "write")
+    moving = next((key for key in keys if len({seen[v].get(key) for v in values}) > 1
+                   and all(key in seen[v] for v in values)), None)
+    if moving is None:
+        return values, tuple(values)
+    return values, tuple(f"{v}\n{seen[v][moving]}" for v in values)
+
+
+def _heatmap(points, rows_of: dict, landed: dict) -> Panel:
+    names = [a for a, _v in points[0][0]]
+    first = next(iter(rows_of.values()))[0]
+    title = f"{first['metric']} ({first.get('unit', '')}): mean over eligible rows"
+    across, xticks = _axis_ticks(points, len(names) - 1, landed)
+    down, yticks = _axis_ticks(points, 0, landed) if len(names) == 2 else ([""], ("",))
+    grid = []
+    for d in down:
+        grid.append(tuple(_mean(rows_of.get((d, a) if len(names) == 2 else (a,), [])) for a in across))
+    return Panel("heatmap", title, tuple(grid), xlabel=names[-1], ylabel=names[0] if len(names) == 2 else "",
+                 xticks=xticks, yticks=yticks if len(names) == 2 else ())
+
+
+def _bars(table: str, rows: list[dict]) -> Panel:
+    first = rows[0]
+    eligible = [r for r in rows if r.get("eligible")]
+    title = f"{first['metric']} ({first.get('unit', '')}): {len(eligible)} of {len(rows)} rows eligible"
+    values = tuple(r["value"] if r.get("eligible") else None for r in rows)
+    return Panel("bars", title, values, xlabel="example_id", ylabel=first.get("unit", ""),
+                 xticks=tuple(str(r.get("example_id", k)) for k, r in enumerate(rows)))
+
+
+def check_folder(out: Path) -> None:
+    """A folder plot draws is one a run wrote: its run.json names causalab_ref (FG1)."""
+    if results.record_of(Path(out)) is None:
+        raise _fail(f"{out} is not a folder a run wrote (it holds no run.json of causalab_ref); plot draws the "
+                    "folder a run wrote (its --out)")
+
+
+def panels(out: Path, plan: Optional[list[dict]] = None) -> list[Panel]:
+    """Every panel of the figure of the results folder `out` (FG2-FG5); `plan` is the run's document compiled
+    again as `explain --json` prints it, which says where each swept position lands (FG3)."""
+    out = Path(out)
+    check_folder(out)
+    points = _points(out)
+    if len(points[0][0]) > MOST_AXES:
+        raise _fail(f"{out} is a sweep over {len(points[0][0])} axes; plot draws at most {MOST_AXES} (a heatmap); "
+                    "sweep fewer fields, or plot each point's folder")
+    found: list[Panel] = []
+    names = sorted({t for _axes, folder in points for t in _tables(folder)})
+    for table in names:
+        rows_of = {tuple(v for _a, v in axes): _tables(folder).get(table, []) for axes, folder in points}
+        if points[0][0]:
+            found.append(_heatmap(points, rows_of, plan_tokens(plan or [])))
+        else:
+            found.append(_bars(table, rows_of[()]))
+    for axes, folder in points:
+        label = ",".join(f"{a}={v}" for a, v in axes)
+        for file, losses in _curves(folder).items():
+            found.append(Panel("curve", f"{file}{' at ' + label if label else ''}: loss per update",
+                               tuple(losses), xlabel="update", ylabel="loss"))
+    if not found:
+        raise _fail(f"{out} holds no metric table and no loss curve; there is nothing to draw")
+    return found
+
+
+# ---------------------------------------------------------------- drawing
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise _fail("matplotlib is not installed; install the extra: pip install 'causalab_ref[plot]'",
+                    path="") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _draw_panel(ax, panel: Panel) -> None:
+    ax.set_title(panel.title, fontsize=9)
+    ax.set_xlabel(panel.xlabel)
+    ax.set_ylabel(panel.ylabel)
+    if panel.kind == "heatmap":
+        grid = [[math.nan if v is None else v for v in row] for row in panel.values]  # (down, across)
+        image = ax.imshow(grid, aspect="auto", cmap="viridis")
+        ax.figure.colorbar(image, ax=ax)
+        ax.set_xticks(range(len(panel.xticks)), panel.xticks, fontsize=7)
+        ax.set_yticks(range(len(grid)), panel.yticks or [""] * len(grid), fontsize=7)
+        for y, row in enumerate(panel.values):
+            for x, v in enumerate(row):
+                ax.text(x, y, "-" if v is None else f"{v:.3g}", ha="center", va="center", fontsize=6, color="w")
+    elif panel.kind == "bars":
+        ax.bar(range(len(panel.values)), [0 if v is None else v for v in panel.values])
+        ax.set_xticks(range(len(panel.xticks)), panel.xticks, fontsize=7)
+    else:
+        ax.plot(range(len(panel.values)), panel.values, marker="o")
+
+
+def figure(out: Path, plan: Optional[list[dict]] = None):
+    """The matplotlib Figure of the folder `out`, drawn and not written."""
+    plt = _pyplot()
+    found = panels(out, plan)
+    fig, axes = plt.subplots(len(found), 1, figsize=(8, 2.6 * len(found)), squeeze=False)
+    for ax, panel in zip(axes[:, 0], found):
+        _draw_panel(ax, panel)
+    fig.tight_layout()
+    return fig
+
+
+def target_of(out: Path, target: Optional[Path], replace: bool) -> Path:
+    """The figure's file: `target`, or `<out>.png` beside the folder; checked (FG6)."""
+    return _target(Path(target) if target is not None else Path(out).parent / f"{Path(out).name}.png", replace)
+
+
+def _target(target: Path, replace: bool) -> Path:
+    """A figure's file: .png or .svg, never through a link, an existing file only with --replace (FG5)."""
+    if target.suffix.lower() not in SUFFIXES:
+        raise _fail(f"--out {target}: a figure is a .png or a .svg file; name one", path="--out")
+    if target.is_symlink() or (target.exists() and not target.is_file()):
+        raise _fail(f"--out {target} is a link or a folder; name a new file", path="--out")
+    if target.exists() and not replace:
+        raise _fail(f"--out {target} already exists; choose a new file or say --replace", path="--out")
+    return target
+
+
+def draw(out: Path, target: Optional[Path] = None, replace: bool = False, plan: Optional[list[dict]] = None) -> Path:
+    """Write the figure of `out` to `target` (default `<out>.png` beside the folder), whole or not at all."""
+    out = Path(out)
+    target = target_of(out, target, replace)
+    fig = figure(out, plan)
+    staged = None
+    try:
+        fd, staged = tempfile.mkstemp(prefix=f".{target.name}.partial-", suffix=target.suffix, dir=target.parent)
+        with os.fdopen(fd, "wb") as handle:
+            fig.savefig(handle, format=target.suffix.lower().lstrip("."), dpi=120)
+        os.replace(staged, target)
+    except OSError as error:
+        raise _fail(f"cannot write the figure {target}: {error.strerror or type(error).__name__}; name a file "
+                    "in a folder that exists and can be written", path="--out") from None
+    finally:
+        if staged is not None and os.path.exists(staged):
+            os.unlink(staged)
+    return target

@@ -1,0 +1,168 @@
+"""`plot`: a results folder drawn as panels (heatmap over a sweep, bars per row, loss curves) (SPEC.md §14)."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from causalab_ref import cli
+from causalab_ref.figures import plot
+from causalab_ref.shapes import Refusal
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "documents" / "data"
+matplotlib = pytest.importorskip("matplotlib")
+
+
+def _run(doc: dict, tmp_path: Path, name: str) -> Path:
+    path, out = tmp_path / f"{name}.json", tmp_path / name
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    assert cli.main(["run", str(path), "--data-root", str(DATA), "--out", str(out), "--quiet"]) == 0
+    return out
+
+
+def _patching() -> dict:
+    return json.loads((ROOT / "documents" / "patching.json").read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def tracing(tmp_path_factory):
+    """patching.json swept over two layers and three positions (read and write move together: one `as` axis)."""
+    doc = _patching()
+    doc["sites"]["target"]["layers"] = {"sweep": [[0], [1]]}
+    for iv in (doc["interventions"]["patching"]["reads"]["v_cf"], doc["interventions"]["patching"]["writes"]["patch"]):
+        iv["pos"] = {"sweep": [-3, -2, -1], "as": "pos"}
+    return _run(doc, tmp_path_factory.mktemp("plot"), "tracing")
+
+
+def _mean(file: Path) -> float:
+    rows = [r for r in json.loads(file.read_text(encoding="utf-8")) if r["eligible"]]
+    return sum(r["value"] for r in rows) / len(rows)
+
+
+def test_a_two_axis_sweep_is_a_heatmap_of_each_points_mean(tracing):
+    """SPEC.md:1445 [FG2] the first axis down, the second across, each cell the mean over the point's eligible rows
+    (recomputed here from each point's own table)."""
+    panel = next(p for p in plot.panels(tracing) if p.title.startswith("logit_diff"))
+    assert panel.kind == "heatmap" and (panel.ylabel, panel.xlabel) == ("layers", "pos")
+    want = tuple(tuple(_mean(tracing / f"layers={layer},pos={pos}" / "logit_diff.json") for pos in (-3, -2, -1))
+                 for layer in (0, 1))
+    assert [len(row) for row in panel.values] == [3, 3]
+    assert [v for row in panel.values for v in row] == pytest.approx([v for row in want for v in row], rel=1e-12)
+
+
+def _plan(out: Path, capsys) -> list:
+    """The run's document compiled again, as `explain --json` prints it."""
+    capsys.readouterr()
+    assert cli.main(["--json", "explain", str(out / "document.json"), "--data-root", str(DATA)]) == 0
+    return json.loads(capsys.readouterr().out)["plan"]
+
+
+def test_a_position_axis_is_labelled_by_the_decoded_tokens(tracing, capsys):
+    """SPEC.md:1451 [FG3] the axis that moves where a write lands names, under each value, the first row's tokens
+    there (as explain resolves them; seed 000:141 splits 'If today is Thursday, tomorrow is' as [..., ',', 'tom',
+    'orrow', 'is']); the layer axis, which moves no position, names its values alone."""
+    panel = next(p for p in plot.panels(tracing, _plan(tracing, capsys)) if p.title.startswith("iia"))
+    assert panel.xticks == ("-3\n' tom'", "-2\n'orrow'", "-1\n' is'") and panel.yticks == ("0", "1")
+    assert plot.panels(tracing)[0].xticks == ("-3", "-2", "-1")  # without the plan: the values alone
+
+
+def test_the_drawn_figure_has_the_panels_axes_and_labels(tracing, capsys):
+    """SPEC.md:1445 [FG2] SPEC.md:1451 [FG3] the matplotlib figure: one axes per metric table (and a colorbar each), titled, with
+    the sweep's axis names and tick labels."""
+    fig = plot.figure(tracing, _plan(tracing, capsys))
+    axes = [ax for ax in fig.axes if ax.get_title()]
+    assert [ax.get_title().split(" ")[0] for ax in axes] == ["iia", "logit_diff"]
+    assert all(ax.get_xlabel() == "pos" and ax.get_ylabel() == "layers" for ax in axes)
+    assert [t.get_text() for t in axes[0].get_xticklabels()][-1] == "-1\n' is'"
+    assert len(fig.axes) == 4  # two heatmaps and their colorbars
+
+
+def test_a_run_with_no_sweep_is_bars_per_row(tmp_path):
+    """SPEC.md:1456 [FG4] no sweep: a bar per row (ineligible rows at 0), titled with how many rows were eligible."""
+    out = _run(_patching(), tmp_path, "plain")
+    panel = next(p for p in plot.panels(out) if p.title.startswith("logit_diff"))
+    rows = json.loads((out / "logit_diff.json").read_text(encoding="utf-8"))
+    assert panel.kind == "bars" and panel.values == tuple(r["value"] for r in rows)
+    assert panel.xticks == tuple(r["example_id"] for r in rows) and f"{len(rows)} of {len(rows)} rows" in panel.title
+
+
+def test_a_fits_loss_curve_is_a_line_over_updates(tmp_path):
+    """SPEC.md:1458 [FG5] a save of `<fit>/loss` is drawn as the losses in update order, read from its tensor file."""
+    from safetensors.torch import load_file
+
+    out = tmp_path / "das"
+    assert cli.main(["run", str(ROOT / "documents" / "das.json"), "--data-root", str(DATA), "--out", str(out),
+                     "--quiet"]) == 0
+    curve = next(p for p in plot.panels(out) if p.kind == "curve")
+    losses = load_file(str(out / "train_loss.safetensors"))["weight"].tolist()
+    assert curve.values == tuple(losses) and curve.xlabel == "update" and len(losses) > 1
+
+
+def test_the_figure_is_written_whole_as_png_or_svg(tracing, tmp_path):
+    """SPEC.md:1460 [FG6] the file is PNG or SVG by its suffix, and no staging file is left beside it."""
+    png, svg = plot.draw(tracing, tmp_path / "f.png"), plot.draw(tracing, tmp_path / "f.svg")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and b"<svg" in svg.read_bytes()[:2000]
+    assert sorted(os.listdir(tmp_path)) == ["f.png", "f.svg"]
+
+
+def test_plot_refuses_what_it_cannot_draw_in_one_line(tracing, tmp_path, capsys):
+    """SPEC.md:1443 [FG1] SPEC.md:1460 [FG6] a folder no run wrote, a suffix that is no figure, an existing file without --replace,
+    a link: exit 2, one line, nothing written, the link's target unchanged."""
+    (tmp_path / "plain").mkdir()
+    victim = tmp_path / "victim.png"
+    victim.write_bytes(b"keep")
+    os.symlink(victim, tmp_path / "link.png")
+    cases = [([str(tmp_path / "plain")], "OUT", "not a folder a run wrote"),
+             ([str(tracing), "--out", str(tmp_path / "f.txt")], "--out", "a .png or a .svg"),
+             ([str(tracing), "--out", str(victim)], "--out", "already exists"),
+             ([str(tracing), "--out", str(tmp_path / "link.png"), "--replace"], "--out", "is a link")]
+    for argv, path, words in cases:
+        assert cli.main(["plot", *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"plot: {path}: ") and words in err[0]
+    assert victim.read_bytes() == b"keep" and sorted(os.listdir(tmp_path)) == ["link.png", "plain", "victim.png"]
+
+
+def test_a_sweep_over_three_axes_is_refused(tmp_path):
+    """SPEC.md:1445 [FG2] a heatmap has two axes: a run swept over three is refused, naming the count."""
+    doc = _patching()
+    doc["sites"]["target"]["layers"] = {"sweep": [[0], [1]]}
+    doc["interventions"]["patching"]["metrics"]["logit_diff"]["a"] = {"sweep": ["cf_answer", "answer"]}
+    for iv in (doc["interventions"]["patching"]["reads"]["v_cf"], doc["interventions"]["patching"]["writes"]["patch"]):
+        iv["pos"] = {"sweep": [-2, -1], "as": "pos"}
+    out = _run(doc, tmp_path, "three")
+    with pytest.raises(Refusal, match="a sweep over 3 axes; plot draws at most 2"):
+        plot.panels(out)
+
+
+def test_without_matplotlib_plot_names_the_extra(tracing, monkeypatch):
+    """SPEC.md:1464 [FG7] matplotlib is an optional extra: without it, one line naming `causalab_ref[plot]`."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(Refusal) as caught:
+        plot.figure(tracing)
+    assert caught.value.path == "" and "pip install 'causalab_ref[plot]'" in caught.value.message
+
+
+def test_what_is_not_a_metric_table_or_a_curve_in_the_folder_is_not_drawn(tmp_path):
+    """SPEC.md:621 [S13] a file that is not JSON, JSON that is not a metric table, a link to a table outside, and a
+    loss save whose tensor is not 1-D add no panel and raise nothing: the figure is the run's own tables."""
+    import shutil
+
+    import torch
+    from safetensors.torch import save_file
+
+    out = _run(_patching(), tmp_path, "plain")
+    before = plot.panels(out)
+    shutil.copy(out / "iia.json", tmp_path / "outside.json")
+    (out / "junk.json").write_bytes(b"\xff{not json")
+    (out / "list.json").write_text(json.dumps([{"a": 1}]), encoding="utf-8")
+    os.symlink(tmp_path / "outside.json", out / "linked.json")
+    doc = json.loads((out / "document.json").read_text(encoding="utf-8"))
+    doc["steps"]["score"]["saves"].append({"value": "fit/loss", "file_path": "loss.safetensors"})
+    (out / "document.json").write_text(json.dumps(doc), encoding="utf-8")
+    save_file({"weight": torch.zeros(2, 2)}, str(out / "loss.safetensors"))
+    assert plot.panels(out) == before
