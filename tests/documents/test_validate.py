@@ -414,7 +414,7 @@ def test_mixed_sign_span_is_accepted_with_no_width():
 
 
 def test_width_of_each_cut():
-    """SPEC.md:226 [P46] width: 1 for index, n for last n, b-a for a same-signed span, none for all (A10)."""
+    """SPEC.md:232 [P46] width: 1 for index, n for last n, b-a for a same-signed span, none for all (A10)."""
     assert validate.where(-1, "p").width == 1
     assert validate.where({"last": 3}, "p").width == 3
     assert validate.where({"span": [1, 4]}, "p").width == 3
@@ -423,7 +423,7 @@ def test_width_of_each_cut():
 
 
 def test_scope_makes_a_width_one_cut_ragged():
-    """SPEC.md:228 [P47] Ragged when the width is none or there is a scope; seed 000:328."""
+    """SPEC.md:234 [P47] Ragged when the width is none or there is a scope; seed 000:328."""
     pos = validate.where({"index": -1, "scope": {"variable": "entity"}}, "p")
     assert pos.width == 1 and pos.ragged
     assert not validate.where(-1, "p").ragged
@@ -469,7 +469,7 @@ def test_frame_must_be_prompt_or_generated():
 
 
 def test_metric_over_a_window_of_three_is_refused():
-    """SPEC.md:235 [P49] A metric reads width 1; `last: 3` is refused with A11's text; seed 000:330."""
+    """SPEC.md:241 [P49] A metric reads width 1; `last: 3` is refused with A11's text; seed 000:330."""
     raw = doc()
     iv(raw)["reads"]["logits"]["pos"] = {"last": 3}
     r = refused(raw)
@@ -479,7 +479,7 @@ def test_metric_over_a_window_of_three_is_refused():
 
 
 def test_metric_over_a_varying_window_is_refused():
-    """SPEC.md:235 [P49] `{"all": true}` under a metric is `a window of varying positions`; seed 000:330."""
+    """SPEC.md:241 [P49] `{"all": true}` under a metric is `a window of varying positions`; seed 000:330."""
     raw = doc()
     iv(raw)["reads"]["logits"]["pos"] = {"all": True}
     r = refused(raw)
@@ -489,14 +489,14 @@ def test_metric_over_a_varying_window_is_refused():
 
 
 def test_metric_over_a_ragged_width_one_read_is_accepted():
-    """SPEC.md:235 [P49] Ragged is fine under a metric when the width is 1; seed 000:330."""
+    """SPEC.md:241 [P49] Ragged is fine under a metric when the width is 1; seed 000:330."""
     raw = doc()
     iv(raw)["reads"]["logits"]["pos"] = {"index": -1, "scope": {"variable": "entity"}}
     validate.document(raw)
 
 
 def test_write_operand_width_mismatch_is_refused():
-    """SPEC.md:237 [P50] A write and its operand with different fixed widths are refused with A11's text."""
+    """SPEC.md:243 [P50] A write and its operand with different fixed widths are refused with A11's text."""
     raw = doc()
     iv(raw)["writes"]["patch"]["pos"] = {"last": 2}
     r = refused(raw)
@@ -506,7 +506,7 @@ def test_write_operand_width_mismatch_is_refused():
 
 
 def test_ragged_write_width_is_left_to_the_run():
-    """SPEC.md:239 [P51] With no fixed width on one side, validation cannot compare; the run does."""
+    """SPEC.md:245 [P51] With no fixed width on one side, validation cannot compare; the run does."""
     raw = doc()
     iv(raw)["writes"]["patch"]["pos"] = {"all": True, "scope": {"variable": "entity"}}
     iv(raw)["reads"]["v_cf"]["pos"] = {"all": True, "scope": {"variable": "entity"}}
@@ -527,7 +527,7 @@ def _generated(decode: int, write_pos=None, read_pos=None) -> dict:
 
 
 def test_generated_position_needs_decode():
-    """SPEC.md:202 [P42] A generated position with `decode: 0` is refused, for a read and a write (A9); seed 000:275."""
+    """SPEC.md:208 [P42] A generated position with `decode: 0` is refused, for a read and a write (A9); seed 000:275."""
     r = refused(_generated(0, read_pos={"frame": "generated", "index": 0}))
     assert r.path == f"{IV}.reads.v_cf.pos"
     assert r.message == "interventions.patching: read 'v_cf': a generated position needs `decode` > 0"
@@ -537,7 +537,7 @@ def test_generated_position_needs_decode():
 
 
 def test_generated_write_at_index_minus_one_is_refused():
-    """SPEC.md:202 [P42] A write names a reached step; `{generated index:-1}` is a cut to read (A9); seed 000:275."""
+    """SPEC.md:208 [P42] A write names a reached step; `{generated index:-1}` is a cut to read (A9); seed 000:275."""
     r = refused(_generated(3, write_pos={"frame": "generated", "index": -1}))
     assert r.path == f"{IV}.writes.patch.pos"
     assert r.message == (
@@ -547,14 +547,14 @@ def test_generated_write_at_index_minus_one_is_refused():
 
 
 def test_generated_write_of_last_n_is_refused():
-    """SPEC.md:202 [P42] `{"last": n}` in the continuation is also a cut to read, not a write (A9)."""
+    """SPEC.md:208 [P42] `{"last": n}` in the continuation is also a cut to read, not a write (A9)."""
     r = refused(_generated(3, write_pos={"frame": "generated", "last": 1}))
     assert r.path == f"{IV}.writes.patch.pos"
     assert "{generated last:1} names a cut of the finished continuation" in r.message
 
 
 def test_generated_write_with_scope_is_refused():
-    """SPEC.md:202 [P42] A write in the continuation frame takes no scope (A9); seed 000:275."""
+    """SPEC.md:208 [P42] A write in the continuation frame takes no scope (A9); seed 000:275."""
     r = refused(_generated(3, write_pos={"frame": "generated", "index": 0, "scope": {"segment": "eos"}}))
     assert r.path == f"{IV}.writes.patch.pos"
     assert r.message == ("interventions.patching: write 'patch': a write in the continuation frame takes no scope; "
@@ -562,7 +562,7 @@ def test_generated_write_with_scope_is_refused():
 
 
 def test_generated_step_past_the_bound_is_refused():
-    """SPEC.md:202 [P42] A step past the decode bound is refused, write and read (A9)."""
+    """SPEC.md:208 [P42] A step past the decode bound is refused, write and read (A9)."""
     r = refused(_generated(3, write_pos={"frame": "generated", "index": 3}))
     assert r.path == f"{IV}.writes.patch.pos"
     assert r.message == "interventions.patching: write 'patch': step 3 of a 3-token decode"
@@ -572,7 +572,7 @@ def test_generated_step_past_the_bound_is_refused():
 
 
 def test_generated_write_at_a_step_or_all_is_accepted():
-    """SPEC.md:202 [P42] `{"index": k}` with 0 <= k < decode, or `{"all": true}`, are what a write there may say."""
+    """SPEC.md:208 [P42] `{"index": k}` with 0 <= k < decode, or `{"all": true}`, are what a write there may say."""
     validate.document(_generated(3, write_pos={"frame": "generated", "index": 2}))
     validate.document(_generated(3, write_pos={"frame": "generated", "all": True}))
     validate.document(_generated(3, read_pos={"frame": "generated", "index": -1,
@@ -580,7 +580,7 @@ def test_generated_write_at_a_step_or_all_is_accepted():
 
 
 def test_negative_decode_is_refused():
-    """SPEC.md:182 [P36] `decode: n` is a number of tokens to generate; a negative one is refused."""
+    """SPEC.md:188 [P36] `decode: n` is a number of tokens to generate; a negative one is refused."""
     raw = doc()
     iv(raw)["decode"] = -1
     assert refused(raw).path == f"{IV}.decode"
@@ -590,7 +590,7 @@ def test_negative_decode_is_refused():
 
 
 def test_layers_with_two_entries_is_refused():
-    """SPEC.md:249 [L2] A multi-layer band is refused with B11's text; seed 004:33."""
+    """SPEC.md:255 [L2] A multi-layer band is refused with B11's text; seed 004:33."""
     raw = doc()
     raw["sites"]["target"]["layers"] = [0, 1]
     r = refused(raw)
@@ -600,7 +600,7 @@ def test_layers_with_two_entries_is_refused():
 
 
 def test_per_layer_component_without_layers_is_refused():
-    """SPEC.md:253 [L4] A per-layer component with no layer is refused (reference's reading of B4); seed 004:90."""
+    """SPEC.md:259 [L4] A per-layer component with no layer is refused (reference's reading of B4); seed 004:90."""
     raw = doc()
     del raw["sites"]["target"]["layers"]
     r = refused(raw)
@@ -609,7 +609,7 @@ def test_per_layer_component_without_layers_is_refused():
 
 
 def test_whole_model_component_with_layers_is_refused():
-    """SPEC.md:253 [L4] A whole-model component with a layer is refused; seed 004:90."""
+    """SPEC.md:259 [L4] A whole-model component with a layer is refused; seed 004:90."""
     raw = doc()
     raw["sites"]["head"]["layers"] = [0]
     r = refused(raw)
@@ -618,14 +618,14 @@ def test_whole_model_component_with_layers_is_refused():
 
 
 def test_unknown_component_is_left_to_compile():
-    """SPEC.md:293 [L17] A component the table does not know is refused at compile, not at validation."""
+    """SPEC.md:299 [L17] A component the table does not know is refused at compile, not at validation."""
     raw = doc()
     raw["sites"]["target"]["component"] = "block_ouput"
     assert dict(validate.document(raw).sites)["target"].component == "block_ouput"
 
 
 def test_heads_and_units_together_are_refused():
-    """SPEC.md:286 [L14] `heads` and `units` together are refused with B11's text; seed 004:159."""
+    """SPEC.md:292 [L14] `heads` and `units` together are refused with B11's text; seed 004:159."""
     raw = doc()
     raw["sites"]["target"] = {"component": "attention_z", "layers": [0], "heads": [0], "units": [1]}
     r = refused(raw)
@@ -634,7 +634,7 @@ def test_heads_and_units_together_are_refused():
 
 
 def test_heads_at_block_output_is_refused():
-    """SPEC.md:286 [L14] `heads` only at a per-head tensor, B11's text with the sorted per-head names."""
+    """SPEC.md:292 [L14] `heads` only at a per-head tensor, B11's text with the sorted per-head names."""
     raw = doc()
     raw["sites"]["target"]["heads"] = [0]
     r = refused(raw)
@@ -645,14 +645,14 @@ def test_heads_at_block_output_is_refused():
 
 
 def test_heads_at_a_per_head_tensor_is_accepted():
-    """SPEC.md:247 [L1] A site is component, one layer, and optionally heads; seed 004:3."""
+    """SPEC.md:253 [L1] A site is component, one layer, and optionally heads; seed 004:3."""
     raw = doc()
     raw["sites"]["target"] = {"component": "attention_premix", "layers": [0], "heads": [1, 3]}
     assert dict(validate.document(raw).sites)["target"].heads == (1, 3)
 
 
 def test_empty_repeated_or_negative_heads_are_refused():
-    """SPEC.md:286 [L14] An empty, repeated or negative `heads` list is refused with B11's text."""
+    """SPEC.md:292 [L14] An empty, repeated or negative `heads` list is refused with B11's text."""
     for heads, path in (([], "sites.target.heads"), ([1, 1], "sites.target.heads"),
                         ([0, -1], "sites.target.heads.1")):
         raw = doc()
@@ -662,7 +662,7 @@ def test_empty_repeated_or_negative_heads_are_refused():
 
 
 def test_empty_or_repeated_units_are_refused():
-    """SPEC.md:286 [L14] An empty or repeated `units` list is refused with B11's units text."""
+    """SPEC.md:292 [L14] An empty or repeated `units` list is refused with B11's units text."""
     for units in ([], [2, 2]):
         raw = doc()
         raw["sites"]["target"]["units"] = units
@@ -671,7 +671,7 @@ def test_empty_or_repeated_units_are_refused():
 
 
 def test_write_at_input_ids_is_refused():
-    """SPEC.md:268 [L8] `input_ids` is read-only; B11's full validate text; seed 004:92."""
+    """SPEC.md:274 [L8] `input_ids` is read-only; B11's full validate text; seed 004:92."""
     raw = doc()
     raw["sites"]["target"] = {"component": "input_ids"}
     r = refused(raw)
@@ -681,7 +681,7 @@ def test_write_at_input_ids_is_refused():
 
 
 def test_read_at_input_ids_is_accepted():
-    """SPEC.md:268 [L8] Only a write at `input_ids` is refused; reading the model's input is fine."""
+    """SPEC.md:274 [L8] Only a write at `input_ids` is refused; reading the model's input is fine."""
     raw = doc()
     raw["sites"]["ids"] = {"component": "input_ids"}
     iv(raw)["reads"]["ids"] = {"site": "ids", "pos": -1, "input": "base"}
@@ -689,7 +689,7 @@ def test_read_at_input_ids_is_accepted():
 
 
 def test_view_logits_off_the_residual_stream_is_refused():
-    """SPEC.md:273 [L10] `view: logits` only on the residual stream; F§20/B11 full text; seed 004:41."""
+    """SPEC.md:279 [L10] `view: logits` only on the residual stream; F§20/B11 full text; seed 004:41."""
     raw = doc()
     iv(raw)["reads"]["logits"]["view"] = "logits"
     r = refused(raw)
@@ -700,7 +700,7 @@ def test_view_logits_off_the_residual_stream_is_refused():
 
 
 def test_view_logits_on_the_residual_stream_is_accepted():
-    """SPEC.md:273 [L10] `view: logits` on block_output validates; seed 004:41."""
+    """SPEC.md:279 [L10] `view: logits` on block_output validates; seed 004:41."""
     raw = doc()
     iv(raw)["reads"]["logits"]["site"] = "target"
     iv(raw)["reads"]["logits"]["view"] = "logits"
@@ -708,7 +708,7 @@ def test_view_logits_on_the_residual_stream_is_accepted():
 
 
 def test_logits_view_is_not_an_operand():
-    """SPEC.md:273 [L10] A logits view is vocabulary-wide and cannot be written back (F§8.2 text)."""
+    """SPEC.md:279 [L10] A logits view is vocabulary-wide and cannot be written back (F§8.2 text)."""
     raw = doc()
     iv(raw)["reads"]["v_cf"]["view"] = "logits"
     r = refused(raw)

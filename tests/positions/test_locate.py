@@ -91,13 +91,13 @@ def test_imports_only_stdlib_torch_and_shapes():
 
 
 def test_content_text_excludes_bos(weekdays):
-    """seed 000:140 — the content text is the prompt itself, no BOS. SPEC.md:147 [P24] SPEC.md:462 [X4]"""
+    """seed 000:140 — the content text is the prompt itself, no BOS. SPEC.md:147 [P24] SPEC.md:468 [X4]"""
     _ids, _mask, frame = weekdays
     assert repr(frame.texts[0]) == "'If today is Thursday, tomorrow is'"
 
 
 def test_content_pieces_of_the_weekday_prompt(llama, weekdays):
-    """seed 000:141 — the content span covers exactly the prompt's pieces. SPEC.md:147 [P24] SPEC.md:462 [X4]"""
+    """seed 000:141 — the content span covers exactly the prompt's pieces. SPEC.md:147 [P24] SPEC.md:468 [X4]"""
     ids, _mask, frame = weekdays
     pieces = [llama.decode([i]) for i in ids[0][frame.starts[0] : frame.ends[0]]]
     assert pieces == ["If", "today", "is", "Th", "urs", "day", ",", "tom", "orrow", "is"]
@@ -105,7 +105,7 @@ def test_content_pieces_of_the_weekday_prompt(llama, weekdays):
 
 def test_offsets_from_decoding_growing_prefixes(weekdays):
     """seed 000:116,142 — offsets[k] is where token k starts; the last entry is len(text).
-    SPEC.md:136 [P22] SPEC.md:462 [X4]"""
+    SPEC.md:136 [P22] SPEC.md:468 [X4]"""
     _ids, _mask, frame = weekdays
     assert frame.offsets[0] == (0, 2, 8, 11, 14, 17, 20, 21, 25, 30, 33)
 
@@ -193,7 +193,7 @@ def test_spelling_of_an_anchored_all():
 
 def test_index_minus_one_is_the_anchors_last_token(weekdays):
     """seed 000:58,144 — negatives count from the end of the run: Thursday's last piece is 'day'.
-    SPEC.md:93 [P5] SPEC.md:462 [X4]"""
+    SPEC.md:93 [P5] SPEC.md:468 [X4]"""
     _ids, _mask, frame = weekdays
     where = Where(index=-1, scope=Anchor(variable="e"))
     windows, reasons = locate.locate(frame, where, ("Thursday", "Friday"))
@@ -218,7 +218,7 @@ def test_anchor_absent_or_none_is_missing(weekdays):
 
 def test_anchor_index_moves_with_the_tokens_after_it(llama):
     """seed 000:179-193 — ' Tuesday' is three tokens, so the number's index is 8 or 6.
-    SPEC.md:93 [P5] SPEC.md:462 [X4]"""
+    SPEC.md:93 [P5] SPEC.md:468 [X4]"""
     _ids, _mask, frame = locate.frame_of_texts(llama, ARITHMETIC)
     windows, reasons = locate.locate(
         frame, Where(index=-1, scope=Anchor(variable="number")), ("one", "three", "two", "five")
@@ -237,7 +237,7 @@ def test_special_prefix_is_bos_on_llama(llama):
 
 
 def test_index_zero_is_the_first_word_on_llama(llama):
-    """seed 000:168 — the run starts after BOS, so index 0 is 'If'. SPEC.md:147 [P24] SPEC.md:149 [P25] SPEC.md:462 [X4]"""
+    """seed 000:168 — the run starts after BOS, so index 0 is 'If'. SPEC.md:147 [P24] SPEC.md:149 [P25] SPEC.md:468 [X4]"""
     ids, _mask, frame = locate.frame_of_texts(llama, [WEEKDAYS[0]])
     windows, _reasons = locate.locate(frame, Where(index=0))
     assert ids[0][:4] == (1, 960, 9826, 338) and frame.starts == (1,)
@@ -353,7 +353,7 @@ def test_variable_inside_a_segment_is_unique(chat):
 
 def test_width_of_each_cut():
     """seed 000:58,326-328 — 1 for index, n for last, b-a for same-sign spans, None otherwise.
-    SPEC.md:226 [P46]"""
+    SPEC.md:232 [P46]"""
     assert Where(index=-1).width == 1
     assert Where(last=3).width == 3
     assert Where(span=(-4, -1)).width == 3
@@ -363,7 +363,7 @@ def test_width_of_each_cut():
 
 
 def test_ragged_iff_width_unknown_or_scoped():
-    """seed 000:328 — ragged when only a row knows the width, or when anchored. SPEC.md:228 [P47]"""
+    """seed 000:328 — ragged when only a row knows the width, or when anchored. SPEC.md:234 [P47]"""
     assert not Where(index=-1).ragged
     assert not Where(last=3).ragged
     assert Where(index=-1, scope=Anchor(variable="entity")).ragged
@@ -372,7 +372,7 @@ def test_ragged_iff_width_unknown_or_scoped():
 
 
 def test_a_continuation_spec_is_not_ragged_at_its_address():
-    """seed 000:332 SPEC.md:228 [P47] — a decode step processes one position, so no continuation-frame spec
+    """seed 000:332 SPEC.md:234 [P47] — a decode step processes one position, so no continuation-frame spec
     is ragged where it taps; which steps a row keeps (the cut over the stack) is still uneven."""
     for where in (Where(frame="generated", all=True), Where(frame="generated", index=-1),
                   Where(frame="generated", index=-1, scope=Anchor(variable="said"))):
@@ -428,7 +428,7 @@ GENERATED = [
 
 def test_continuation_is_cut_at_the_first_stop_token(llama):
     """seed 000:269 — a row is cut at its first stop token, which it keeps; one that never
-    stopped keeps the bound. SPEC.md:186 [P37]"""
+    stopped keeps the bound. SPEC.md:192 [P37]"""
     frame = locate.frame_of_continuation(llama, GENERATED, llama.eos_token_id)
     assert frame.kind == "generated"
     assert frame.starts == (0, 0) and frame.ends == (4, 6)
@@ -436,7 +436,7 @@ def test_continuation_is_cut_at_the_first_stop_token(llama):
 
 def test_eos_segment_is_the_stop_token(llama):
     """seed 000:269,322 — eos is the segment the continuation invents: the stop token.
-    SPEC.md:186 [P37]"""
+    SPEC.md:192 [P37]"""
     frame = locate.frame_of_continuation(llama, GENERATED, llama.eos_token_id)
     windows, reasons = locate.locate(frame, Where(frame="generated", index=-1, scope=Anchor(segment="eos")))
     assert windows[0] == (3,) and reasons[0] == ""
@@ -444,7 +444,7 @@ def test_eos_segment_is_the_stop_token(llama):
 
 
 def test_row_that_never_stopped_has_no_eos(llama):
-    """seed 000:269,322 — no stop token, no eos segment: alignment_missing. SPEC.md:186 [P37]"""
+    """seed 000:269,322 — no stop token, no eos segment: alignment_missing. SPEC.md:192 [P37]"""
     frame = locate.frame_of_continuation(llama, GENERATED, [llama.eos_token_id])
     windows, reasons = locate.locate(frame, Where(frame="generated", index=-1, scope=Anchor(segment="eos")))
     assert windows[1] == () and reasons[1] == "alignment_missing"
@@ -452,14 +452,14 @@ def test_row_that_never_stopped_has_no_eos(llama):
 
 def test_generated_negative_index_counts_from_the_rows_own_end(llama):
     """seed 000:269 — how far a row meant to generate is a result: -1 is its own last step.
-    SPEC.md:195 [P40]"""
+    SPEC.md:201 [P40]"""
     frame = locate.frame_of_continuation(llama, torch.tensor(GENERATED), llama.eos_token_id)
     assert locate.locate(frame, Where(frame="generated", index=-1)) == (((3,), (5,)), ("", ""))
 
 
 def test_continuation_map_comes_from_the_ids(llama):
     """seed 000:271 — the continuation's character map is built from its ids by decoding.
-    SPEC.md:189 [P38]"""
+    SPEC.md:195 [P38]"""
     frame = locate.frame_of_continuation(llama, GENERATED, llama.eos_token_id)
     assert frame.offsets[1] == locate.char_map(llama, GENERATED[1])
     assert frame.texts[1] == llama.decode(GENERATED[1])
@@ -523,3 +523,17 @@ def test_the_prefix_is_not_addressable(weekdays, llama):
     assert locate.locate(frame, bos) == (((), ()), ("alignment_missing", "alignment_missing"))
     assert locate.locate(frame, Where(index=0, scope=Anchor(variable="e")), ("<s>", "<s>"))[1] == (
         "alignment_missing", "alignment_missing")
+
+
+def test_tokens_is_the_character_map_slice_not_the_window_decoded_alone(llama):
+    """SPEC.md:177 [P34] seed 000:141 — on 'If today is Thursday, tomorrow is' the window of `Th urs day` is
+    ' Thursday', `day` alone is 'day', the last token is ' is', while its id decoded alone is 'is'."""
+    _ids, _mask, frame = locate.frame_of_texts(llama, ["If today is Thursday, tomorrow is"])
+    start = frame.starts[0]
+    pieces = llama.convert_ids_to_tokens(list(_ids[0][start:frame.ends[0]]))
+    assert pieces == ["▁If", "▁today", "▁is", "▁Th", "urs", "day", ",", "▁tom", "orrow", "▁is"]
+    th, day, last = start + 3, start + 5, frame.ends[0] - 1
+    assert locate.tokens_of(frame, [th, th + 1, day], 0) == "' Thursday'"
+    assert locate.tokens_of(frame, [day], 0) == "'day'"
+    assert locate.tokens_of(frame, [last], 0) == "' is'" and repr(llama.decode([_ids[0][last]])) == "'is'"
+    assert locate.tokens_of(frame, [], 0) == ""

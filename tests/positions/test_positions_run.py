@@ -147,7 +147,7 @@ def test_a_bare_turn_name_spoken_twice_and_a_cut_past_the_turn_are_reported_not_
 
 
 def test_a_read_whose_anchor_is_missing_is_an_excluded_measurement(llama, tmp_path):
-    """SPEC.md:156 [P27] SPEC.md:179 [P35] seed 000:199, seed 000:265 — the row stays in the table with
+    """SPEC.md:156 [P27] SPEC.md:185 [P35] seed 000:199, seed 000:265 — the row stays in the table with
     value null, eligible false, positions [], reason alignment_missing; the other rows score."""
     rows = copy.deepcopy(TRAIN)
     rows[1]["entity"] = "Tuesday"  # not in 'If today is Friday, tomorrow is'
@@ -307,7 +307,7 @@ def test_a_variable_that_is_neither_is_refused_before_any_model_work(llama, tmp_
 
 
 def test_a_ragged_write_whose_operand_differs_on_some_row_is_refused(llama):
-    """SPEC.md:239 [P51] (seed-tables A6, A11) — the whole entity is 3 tokens on a Thursday
+    """SPEC.md:245 [P51] (seed-tables A6, A11) — the whole entity is 3 tokens on a Thursday
     row and 1 on the others, so swapping whole entities between rows 0 and 2 is refused naming them."""
     whole = {"all": True, "scope": {"variable": "entity"}}
     refusal = _refusal(_variant(ENTITY_PATCH, v_cf=whole, patch=whole), llama)
@@ -320,7 +320,7 @@ def test_a_ragged_write_whose_operand_differs_on_some_row_is_refused(llama):
 
 @pytest.mark.parametrize("read_pos, write_pos", [(ENTITY, -1), (-1, ENTITY)])
 def test_an_anchored_window_and_a_bare_one_of_equal_widths_interchange(llama, read_pos, write_pos):
-    """SPEC.md:233 [P48] SPEC.md:239 [P51] — an anchored read is flat and a bare write rectangular (or the
+    """SPEC.md:239 [P48] SPEC.md:245 [P51] — an anchored read is flat and a bare write rectangular (or the
     reverse); with one position on every row the value lands as if both were bare. The entity's last
     token is at 6 = {"index": -5} on every row of this batch, so the two runs must agree exactly."""
     bare = {"index": -5}
@@ -332,7 +332,7 @@ def test_an_anchored_window_and_a_bare_one_of_equal_widths_interchange(llama, re
 
 
 def test_a_bare_write_fed_by_an_anchored_read_that_skipped_a_row_is_refused(llama, tmp_path):
-    """SPEC.md:239 [P51] SPEC.md:156 [P27] — the read may skip counterfactual row 1, but then the write has
+    """SPEC.md:245 [P51] SPEC.md:156 [P27] — the read may skip counterfactual row 1, but then the write has
     no value to land there; refused at run naming the row, not as a shape the engine cannot land."""
     rows = copy.deepcopy(TRAIN)
     rows[1]["counterfactual_inputs_variables"][0]["entity"] = "Tuesday"
@@ -367,7 +367,7 @@ def test_left_padding_same_last_index_each_rows_own_first_token(llama):
 
 
 def test_cli_tokens_shows_a_documents_rows_with_indices():
-    """SPEC.md:431 [R19] seed 000:175-195 (document-format §16) — `tokens --document DOC` prints each role's rows of the
+    """SPEC.md:437 [R19] seed 000:175-195 (document-format §16) — `tokens --document DOC` prints each role's rows of the
     first step as index:'piece', indices into the padded batch."""
     done = inprocess.cli("tokens", "--document", "documents/entity_patch.json")
     assert done.returncode == 0, done.stderr
@@ -380,7 +380,7 @@ def test_cli_tokens_shows_a_documents_rows_with_indices():
 
 
 def test_a_run_tokenizer_that_disagrees_with_the_plans_is_refused(llama):
-    """SPEC.md:241 [P52] row 0 decoded by the run's tokenizer and by the plan's must agree, compared as
+    """SPEC.md:247 [P52] row 0 decoded by the run's tokenizer and by the plan's must agree, compared as
     decoded strings (seed 000:334-336)."""
     from causalab_ref.fixtures import builder
     plan = compiler.compile_document(copy.deepcopy(PATCHING), llama, DATA)
