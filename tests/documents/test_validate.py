@@ -618,14 +618,14 @@ def test_whole_model_component_with_layers_is_refused():
 
 
 def test_unknown_component_is_left_to_compile():
-    """SPEC.md:299 [L17] A component the table does not know is refused at compile, not at validation."""
+    """SPEC.md:304 [L17] A component the table does not know is refused at compile, not at validation."""
     raw = doc()
     raw["sites"]["target"]["component"] = "block_ouput"
     assert dict(validate.document(raw).sites)["target"].component == "block_ouput"
 
 
 def test_heads_and_units_together_are_refused():
-    """SPEC.md:292 [L14] `heads` and `units` together are refused with B11's text; seed 004:159."""
+    """SPEC.md:297 [L14] `heads` and `units` together are refused with B11's text; seed 004:159."""
     raw = doc()
     raw["sites"]["target"] = {"component": "attention_z", "layers": [0], "heads": [0], "units": [1]}
     r = refused(raw)
@@ -634,7 +634,7 @@ def test_heads_and_units_together_are_refused():
 
 
 def test_heads_at_block_output_is_refused():
-    """SPEC.md:292 [L14] `heads` only at a per-head tensor, B11's text with the sorted per-head names."""
+    """SPEC.md:297 [L14] `heads` only at a per-head tensor, B11's text with the sorted per-head names."""
     raw = doc()
     raw["sites"]["target"]["heads"] = [0]
     r = refused(raw)
@@ -652,7 +652,7 @@ def test_heads_at_a_per_head_tensor_is_accepted():
 
 
 def test_empty_repeated_or_negative_heads_are_refused():
-    """SPEC.md:292 [L14] An empty, repeated or negative `heads` list is refused with B11's text."""
+    """SPEC.md:297 [L14] An empty, repeated or negative `heads` list is refused with B11's text."""
     for heads, path in (([], "sites.target.heads"), ([1, 1], "sites.target.heads"),
                         ([0, -1], "sites.target.heads.1")):
         raw = doc()
@@ -662,7 +662,7 @@ def test_empty_repeated_or_negative_heads_are_refused():
 
 
 def test_empty_or_repeated_units_are_refused():
-    """SPEC.md:292 [L14] An empty or repeated `units` list is refused with B11's units text."""
+    """SPEC.md:297 [L14] An empty or repeated `units` list is refused with B11's units text."""
     for units in ([], [2, 2]):
         raw = doc()
         raw["sites"]["target"]["units"] = units

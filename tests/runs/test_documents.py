@@ -29,7 +29,7 @@ def llama_eager():
 
 
 def test_explain_head_patching_prints_the_seeds_plan_lines(llama):
-    """SPEC.md:395 [R5] explain prints each point, forward and tap; features=[h]/4 is head h of four and
+    """SPEC.md:400 [R5] explain prints each point, forward and tap; features=[h]/4 is head h of four and
     lm_head carries no layer (seed 004:9-29)."""
     text = compiler.compile_document(_doc("head_patching"), llama, DATA).text()
     lines = text.splitlines()
@@ -47,7 +47,7 @@ def test_explain_head_patching_prints_the_seeds_plan_lines(llama):
 
 
 def test_a_swept_run_writes_one_directory_per_point(llama, tmp_path):
-    """SPEC.md:398 [R6] a swept run writes each point's document.json and saves under its label
+    """SPEC.md:403 [R6] a swept run writes each point's document.json and saves under its label
     (seed 004:386-395)."""
     plan = compiler.compile_document(_doc("head_patching"), llama, DATA)
     written = run.execute(plan, llama, tmp_path / "heads")
@@ -62,7 +62,7 @@ def test_a_swept_run_writes_one_directory_per_point(llama, tmp_path):
 
 
 def test_one_head_swap_leaves_the_other_heads(llama):
-    """SPEC.md:289 [L13] a scatter writes the named head back and leaves the others: patching head 0 of
+    """SPEC.md:294 [L13] a scatter writes the named head back and leaves the others: patching head 0 of
     attention_premix changes only its 4 features of the 16."""
     doc = sweeps.points(_doc("head_patching"))[0][1]
     doc = copy.deepcopy(doc)
