@@ -18,6 +18,7 @@ import json
 import re
 from typing import Any, NoReturn
 
+from . import sweeps
 from .reader import type_name
 from ..shapes import Refusal
 
@@ -145,6 +146,12 @@ def _pos(raw: Any, path: str) -> Any:
         return raw
     if isinstance(raw, dict) and list(raw) == ["index"]:
         return raw
+    if sweeps.is_wrapper(raw):  # a swept position: each point's value is a protocol position (PR18)
+        values = raw["sweep"]
+        if isinstance(values, list):
+            for k, value in enumerate(values):
+                _pos(value, f"{path}.sweep.{k}")
+        return raw  # a range's values are integers; sweeps.py lowers and checks the wrapper itself
     _fail(path, "a protocol position is an integer or {\"index\": i}; spans, lasts, scopes and the generated "
                 "frame are plan-shaped positions")
 

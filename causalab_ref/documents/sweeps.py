@@ -23,13 +23,14 @@ def _fail(path: str, message: str) -> NoReturn:
     raise Refusal(message, path=path, stage="validation")
 
 
-def _is_wrapper(raw: Any) -> bool:
+def is_wrapper(raw: Any) -> bool:
+    """A `{"sweep": ..., "as"?: ...}` wrapper (D17)."""
     return isinstance(raw, dict) and "sweep" in raw and set(raw) <= {"sweep", "as"}
 
 
 def find_wrappers(raw: Any, path: tuple) -> list:
     found = []
-    if _is_wrapper(raw):
+    if is_wrapper(raw):
         return [(path, raw)]
     if isinstance(raw, dict):
         for key, value in raw.items():

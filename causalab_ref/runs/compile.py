@@ -53,7 +53,8 @@ def _batch(tok, rows: list[dict], field: str, path: str):
 
 
 def _forward_order(intervention, needed: list[tuple[str, str]], path: str) -> list[tuple[str, str]]:
-    """Forwards in dependency order: a model's writes need the forwards their operands are read in."""
+    """Forwards in dependency order (a model's writes need the forwards their operands are read in), ties
+    broken by (model, input) (SPEC.md R23)."""
     reads, writes, models = dict(intervention.reads), dict(intervention.writes), dict(intervention.models)
 
     def deps(pair):
@@ -68,23 +69,22 @@ def _forward_order(intervention, needed: list[tuple[str, str]], path: str) -> li
                 out.append((r.model, r.input))
         return out
 
-    order, seen, active = [], set(), set()
-
-    def visit(pair):
-        if pair in seen:
-            return
-        if pair in active:
-            raise Refusal(f"model '{pair[0]}' needs a value read in its own forward (a cycle of operands)",
+    pending: dict[tuple[str, str], set] = {}
+    stack = list(needed)
+    while stack:  # every forward the needed ones depend on, at any distance
+        pair = stack.pop()
+        if pair not in pending:
+            pending[pair] = set(deps(pair))
+            stack += pending[pair]
+    order: list[tuple[str, str]] = []
+    while pending:  # topological, ties sorted by (model, input): the original's explain order (LR§9.3, R23)
+        ready = sorted(pair for pair, needs in pending.items() if needs <= set(order))
+        if not ready:
+            cycle = sorted(pending)[0]
+            raise Refusal(f"model '{cycle[0]}' needs a value read in its own forward (a cycle of operands)",
                           path=path, stage="compile")
-        active.add(pair)
-        for d in deps(pair):
-            visit(d)
-        active.discard(pair)
-        seen.add(pair)
-        order.append(pair)
-
-    for pair in needed:
-        visit(pair)
+        order.append(ready[0])
+        del pending[ready[0]]
     return order
 
 

@@ -102,8 +102,9 @@ class ObservePlan:
         saves = [path for _, path in self.saves]
         shown = [f"{n}={o.read}" if o.reduce == "none" else f"{n}=mean({o.read})" if o.reduce == "mean"
                  else f"{n}=pca(k={o.k}, {o.read})" for n, o in self.outputs]
-        tail = f"  outputs={shown}" if shown else ""
-        out = [f"{indent}{self.name}: Observe  metrics={metrics}  saves={saves}{tail}"]
+        outs = f"  outputs={shown}" if shown else ""  # metrics, then outputs, then saves; none empty (R23)
+        kept = f"  saves={saves}" if saves else ""
+        out = [f"{indent}{self.name}: Observe  metrics={metrics}{outs}{kept}"]
         for forward in self.forwards:
             out.append(f"{indent}    {forward.line()}")
             out += [f"{indent}      {tap.line()}" for tap in forward.taps]

@@ -27,3 +27,37 @@ def test_a_qualified_saves_table_names_the_metric_by_its_declared_name(tmp_path)
     for name in ("patched.json", "plain.json"):
         rows = json.loads((tmp_path / "out" / name).read_text(encoding="utf-8"))
         assert len(rows) == 4 and {r["metric"] for r in rows} == {"logit_diff"}
+
+
+def test_explain_prints_outputs_before_saves_and_no_empty_saves(capsys):
+    """SPEC.md:411 [R23] mean_ablation's harvest publishes `mean` and saves mean.safetensors: metrics, then
+    outputs, then saves; steering's harvest saves nothing and prints no `saves=[]`."""
+    assert cli.main(["explain", str(ROOT / "documents" / "mean_ablation.json"), "--data-root", str(DATA)]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("harvest:"))
+    assert line.strip() == ("harvest: Observe  metrics=[]  outputs=['mean=mean(acts)']  saves=['mean.safetensors']")
+    assert cli.main(["explain", str(ROOT / "documents" / "steering.json"), "--data-root", str(DATA)]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("harvest:"))
+    assert line.strip() == "harvest: Observe  metrics=[]  outputs=['direction=mean(resid)']"
+
+
+def test_forwards_with_no_dependency_between_them_run_sorted_by_model_and_input():
+    """SPEC.md:411 [R23] LR§9.3 — three forwards on base, `steered_renormed` and `steered` both reading after
+    `original`: the order is original, steered, steered_renormed whatever order the reads are declared in."""
+    from causalab_ref.runs import compile as compiler
+    from causalab_ref.shapes import IntervenedModel, Read, Write
+
+    reads = (("late", Read(site="s", pos=None, model="steered_renormed", input="base")),
+             ("mid", Read(site="s", pos=None, model="steered", input="base")),
+             ("first", Read(site="s", pos=None, model="original", input="base")))
+
+    class Iv:
+        pass
+
+    iv = Iv()
+    iv.reads = reads
+    iv.writes = (("w", Write(site="s", pos=None, mechanism="swap", operand="first")),)
+    iv.models = (("steered", IntervenedModel(input="base", writes=("w",))),
+                 ("steered_renormed", IntervenedModel(input="base", writes=("w",))))
+    needed = [(r.model, r.input) for _n, r in reads]
+    assert compiler._forward_order(iv, needed, "interventions.x") == [
+        ("original", "base"), ("steered", "base"), ("steered_renormed", "base")]
