@@ -15,7 +15,7 @@ import pathlib
 import pytest
 
 from causalab_ref.runs import compile as compiler
-from causalab_ref.documents import reader, sweeps, validate
+from causalab_ref.documents import places, reader, sweeps, validate
 from causalab_ref.runs import run
 from causalab_ref.shapes import Document, Refusal, Where
 
@@ -42,7 +42,7 @@ def refused(raw, call=validate.document) -> Refusal:
 
 
 def refused_where(raw, path: str = "p") -> Refusal:
-    return refused(raw, lambda r: validate.where(r, path))
+    return refused(raw, lambda r: places.where(r, path))
 
 
 # ================================================================ documents
@@ -364,8 +364,8 @@ def test_unknown_mechanism_is_refused():
 
 def test_bare_integer_is_index():
     """SPEC.md:87 [P3] The one sugar: a bare integer i is {"index": i}; seed 000:56."""
-    assert validate.where(-1, "p") == Where(index=-1) == validate.where({"index": -1}, "p")
-    assert validate.where(3, "p") == Where(index=3)
+    assert places.where(-1, "p") == Where(index=-1) == places.where({"index": -1}, "p")
+    assert places.where(3, "p") == Where(index=3)
     read = dict(validate.document(doc()).interventions[0][1].reads)["v_cf"]
     assert read.pos == Where(index=-1) and read.pos.cut == "index" and read.pos.frame == "prompt"
 
@@ -408,25 +408,25 @@ def test_backwards_span_is_refused():
 
 def test_mixed_sign_span_is_accepted_with_no_width():
     """SPEC.md:97 [P7] A span may mix signs; its width waits for a row (A10); seed 000:58."""
-    pos = validate.where({"span": [2, -1]}, "p")
+    pos = places.where({"span": [2, -1]}, "p")
     assert pos.span == (2, -1)
     assert pos.width is None and pos.ragged
 
 
 def test_width_of_each_cut():
     """SPEC.md:226 [P46] width: 1 for index, n for last n, b-a for a same-signed span, none for all (A10)."""
-    assert validate.where(-1, "p").width == 1
-    assert validate.where({"last": 3}, "p").width == 3
-    assert validate.where({"span": [1, 4]}, "p").width == 3
-    assert validate.where({"span": [-3, -1]}, "p").width == 2
-    assert validate.where({"all": True}, "p").width is None
+    assert places.where(-1, "p").width == 1
+    assert places.where({"last": 3}, "p").width == 3
+    assert places.where({"span": [1, 4]}, "p").width == 3
+    assert places.where({"span": [-3, -1]}, "p").width == 2
+    assert places.where({"all": True}, "p").width is None
 
 
 def test_scope_makes_a_width_one_cut_ragged():
     """SPEC.md:228 [P47] Ragged when the width is none or there is a scope; seed 000:328."""
-    pos = validate.where({"index": -1, "scope": {"variable": "entity"}}, "p")
+    pos = places.where({"index": -1, "scope": {"variable": "entity"}}, "p")
     assert pos.width == 1 and pos.ragged
-    assert not validate.where(-1, "p").ragged
+    assert not places.where(-1, "p").ragged
 
 
 def test_eos_in_the_prompt_frame_is_refused():
@@ -441,7 +441,7 @@ def test_chat_segment_in_the_generated_frame_is_refused():
     r = refused_where({"frame": "generated", "index": -1, "scope": {"segment": "user"}}, "p")
     assert r.path == "p.scope.segment"
     assert r.message.startswith("segment 'user' is a run of the prompt frame")
-    ok = validate.where({"frame": "generated", "index": -1, "scope": {"segment": "eos"}}, "p")
+    ok = places.where({"frame": "generated", "index": -1, "scope": {"segment": "eos"}}, "p")
     assert ok.scope.segment == "eos" and ok.frame == "generated"
 
 
@@ -454,14 +454,14 @@ def test_anchor_with_neither_is_refused():
 
 def test_segment_and_variable_compose():
     """SPEC.md:114 [P13] `{"segment": …, "variable": …}` is one anchor; seed 000:94."""
-    pos = validate.where({"index": -1, "scope": {"segment": "user[1]", "variable": "entity"}}, "p")
+    pos = places.where({"index": -1, "scope": {"segment": "user[1]", "variable": "entity"}}, "p")
     assert (pos.scope.segment, pos.scope.variable) == ("user[1]", "entity")
     assert pos.spelling() == "{index:-1 scope:{segment:user[1] variable:entity}}"
 
 
 def test_frame_must_be_prompt_or_generated():
     """SPEC.md:80 [P1] `frame` is prompt (default) or generated; anything else is refused at p.frame."""
-    assert validate.where({"index": 0}, "p").frame == "prompt"
+    assert places.where({"index": 0}, "p").frame == "prompt"
     assert refused_where({"index": 0, "frame": "continuation"}, "p").path == "p.frame"
 
 
