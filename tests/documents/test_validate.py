@@ -17,7 +17,7 @@ import pytest
 from causalab_ref.runs import compile as compiler
 from causalab_ref.documents import places, reader, sweeps, validate
 from causalab_ref.runs import run
-from causalab_ref.shapes import Document, Refusal, Where
+from causalab_ref.shapes import Anchor, Document, Read, Refusal, Site, Where
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 _SHIPPED = json.loads((REPO / "documents" / "patching.json").read_text(encoding="utf-8"))
@@ -31,6 +31,11 @@ def doc() -> dict:
 
 def iv(raw: dict) -> dict:
     return raw["interventions"]["patching"]
+
+
+def _patching(document: Document):
+    """The validated counterpart of `iv`: the shipped intervention as it is in the Document."""
+    return dict(document.interventions)["patching"]
 
 
 def refused(raw, call=validate.document) -> Refusal:
@@ -492,7 +497,11 @@ def test_metric_over_a_ragged_width_one_read_is_accepted():
     """SPEC.md:235 [P49] Ragged is fine under a metric when the width is 1; seed 000:330."""
     raw = doc()
     iv(raw)["reads"]["logits"]["pos"] = {"index": -1, "scope": {"variable": "entity"}}
-    validate.document(raw)
+    patching = _patching(validate.document(raw))
+    logits = dict(patching.reads)["logits"]
+    assert logits.pos == Where(index=-1, scope=Anchor(variable="entity"))
+    assert logits.pos.ragged and logits.pos.width == 1
+    assert [(m, metric.of) for m, metric in patching.metrics] == [("iia", "logits"), ("logit_diff", "logits")]
 
 
 def test_write_operand_width_mismatch_is_refused():
@@ -510,7 +519,11 @@ def test_ragged_write_width_is_left_to_the_run():
     raw = doc()
     iv(raw)["writes"]["patch"]["pos"] = {"all": True, "scope": {"variable": "entity"}}
     iv(raw)["reads"]["v_cf"]["pos"] = {"all": True, "scope": {"variable": "entity"}}
-    validate.document(raw)
+    patching = _patching(validate.document(raw))
+    patch, v_cf = dict(patching.writes)["patch"], dict(patching.reads)["v_cf"]
+    assert patch.operand == "v_cf"
+    assert patch.pos == v_cf.pos == Where(all=True, scope=Anchor(variable="entity"))
+    assert patch.pos.width is None and v_cf.pos.width is None
 
 
 # ================================================================ the generated frame (A9)
@@ -573,10 +586,14 @@ def test_generated_step_past_the_bound_is_refused():
 
 def test_generated_write_at_a_step_or_all_is_accepted():
     """SPEC.md:202 [P42] `{"index": k}` with 0 <= k < decode, or `{"all": true}`, are what a write there may say."""
-    validate.document(_generated(3, write_pos={"frame": "generated", "index": 2}))
-    validate.document(_generated(3, write_pos={"frame": "generated", "all": True}))
-    validate.document(_generated(3, read_pos={"frame": "generated", "index": -1,
-                                              "scope": {"variable": "said"}}))
+    at_step = _patching(validate.document(_generated(3, write_pos={"frame": "generated", "index": 2})))
+    assert at_step.decode == 3
+    assert dict(at_step.writes)["patch"].pos == Where(index=2, frame="generated")
+    every = _patching(validate.document(_generated(3, write_pos={"frame": "generated", "all": True})))
+    assert dict(every.writes)["patch"].pos == Where(all=True, frame="generated")
+    read = _patching(validate.document(_generated(3, read_pos={"frame": "generated", "index": -1,
+                                                               "scope": {"variable": "said"}})))
+    assert dict(read.reads)["v_cf"].pos == Where(index=-1, scope=Anchor(variable="said"), frame="generated")
 
 
 def test_negative_decode_is_refused():
@@ -685,7 +702,9 @@ def test_read_at_input_ids_is_accepted():
     raw = doc()
     raw["sites"]["ids"] = {"component": "input_ids"}
     iv(raw)["reads"]["ids"] = {"site": "ids", "pos": -1, "input": "base"}
-    validate.document(raw)
+    parsed = validate.document(raw)
+    assert dict(parsed.sites)["ids"] == Site(component="input_ids")
+    assert dict(_patching(parsed).reads)["ids"] == Read(site="ids", pos=Where(index=-1), input="base")
 
 
 def test_view_logits_off_the_residual_stream_is_refused():
@@ -704,7 +723,10 @@ def test_view_logits_on_the_residual_stream_is_accepted():
     raw = doc()
     iv(raw)["reads"]["logits"]["site"] = "target"
     iv(raw)["reads"]["logits"]["view"] = "logits"
-    validate.document(raw)
+    parsed = validate.document(raw)
+    logits = dict(_patching(parsed).reads)["logits"]
+    assert (logits.site, logits.view, logits.featurizer) == ("target", "logits", "identity")
+    assert dict(parsed.sites)["target"].component == "block_output"
 
 
 def test_logits_view_is_not_an_operand():
@@ -731,8 +753,7 @@ def test_heads_sweep_points_are_labelled_by_element():
     pts = sweeps.points(raw)
     assert [label for label, _ in pts] == ["heads=0", "heads=1"]
     assert [p["sites"]["target"]["heads"] for _, p in pts] == [[0], [1]]
-    for _, point in pts:
-        validate.document(point)
+    assert [dict(validate.document(p).sites)["target"].heads for _, p in pts] == [(0,), (1,)]
     assert raw["sites"]["target"]["heads"] == {"sweep": [[0], [1]]}  # the input is not mutated
 
 
@@ -778,9 +799,10 @@ def test_same_axis_as_moves_together():
     iv(raw)["writes"]["patch"]["pos"] = {"sweep": [-1, -2], "as": "pos"}
     pts = sweeps.points(raw)
     assert [label for label, _ in pts] == ["pos=-1", "pos=-2"]
-    for _, p in pts:
+    for (_, p), index in zip(pts, (-1, -2)):
         assert iv(p)["reads"]["v_cf"]["pos"] == iv(p)["writes"]["patch"]["pos"]
-        validate.document(p)
+        patching = _patching(validate.document(p))
+        assert dict(patching.reads)["v_cf"].pos == dict(patching.writes)["patch"].pos == Where(index=index)
 
 
 def test_same_axis_of_unequal_lengths_is_refused():
