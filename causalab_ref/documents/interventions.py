@@ -8,8 +8,10 @@ each once, a renormalize last at its site (D13, M7); a metric one position per r
 'identity' (D14). What the parts are checked against travels in one `Within`.
 
     from causalab_ref.documents import interventions, places
-    sites = {"target": places.site({"component": "block_output", "layers": [0]}, "sites.target")}
-    interventions.intervention(raw, "interventions.patching", sites, ("base", "counterfactual"), {})
+    sites = {"target": places.site({"component": "block_output", "layers": [0]}, "sites.target"),
+             "head": places.site({"component": "lm_head"}, "sites.head")}
+    interventions.intervention(raw["interventions"]["patching"], "interventions.patching", sites,
+                               ("base", "counterfactual"), declared={})
 """
 from __future__ import annotations
 

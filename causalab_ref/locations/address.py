@@ -186,6 +186,7 @@ POST_NORM_REASON = ("component '{name}': layer {layer} is a post-norm block, whe
 LINEAR_REASON = ("component '{name}': layer {layer} is a linear-attention layer ({mixer}); "
                  "attentions/attention_probabilities are only defined on softmax-attention layers")
 
+
 def describe() -> dict[str, dict[str, Any]]:
     """The component table as plain data, in the table's order (for the `vocab` verb)."""
     out = {}
