@@ -7,11 +7,17 @@ metadata always give the same bytes (stock `save_file` orders `__metadata__` at 
 process). `read` returns (tensors, metadata) or refuses a file that is not one. `stamp` is
 the metadata a weights step writes; `check` holds a loaded bundle against the document
 that loads it: tensor names, stamp key by key, shapes, in that order.
+
+    expected = bundles.stamp(doc.model, "target", site, address, bundles.Holds("subspace", 4, 16), digest)
+    tensors, metadata = bundles.read(path, "featurizers.rot.file_path", "rot")
+    k = bundles.check(bundles.Declared("rot", "subspace", 4, str(path), 16, expected), tensors, metadata,
+                      "featurizers.rot.file_path")
 """
 from __future__ import annotations
 
 import json
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -68,8 +74,18 @@ def read(path: Path, where: str, name: str) -> tuple[dict[str, torch.Tensor], di
     return tensors, metadata
 
 
-def stamp(model, site_name: str, site, address, kind: str, k: Optional[int], d: Optional[int], digest: str,
-          parametrization: str = "cayley") -> dict[str, str]:
+@dataclass(frozen=True)
+class Holds:
+    """What a bundle's tensors are: a featurizer's kind (or an output's, `output/mean`), its rank k and
+    its site's width d (None where there is none), and its parametrization (a subspace's; "" for an output)."""
+
+    kind: str
+    k: Optional[int]
+    d: Optional[int]
+    parametrization: str = "cayley"
+
+
+def stamp(model, site_name: str, site, address, holds: Holds, digest: str) -> dict[str, str]:
     """The identity a weights step writes into a bundle: which model, place, kind and shape it is of."""
     return {
         "produced_by": digest,
@@ -81,10 +97,10 @@ def stamp(model, site_name: str, site, address, kind: str, k: Optional[int], d: 
         "layer": str(address.layer),
         "heads": json.dumps(list(site.heads)) if site.heads is not None else "null",
         "units": json.dumps(list(site.units)) if site.units is not None else "null",
-        "kind": kind,
-        "k": str(k),
-        "d": str(d),
-        "parametrization": parametrization,
+        "kind": holds.kind,
+        "k": str(holds.k),
+        "d": str(holds.d),
+        "parametrization": holds.parametrization,
         "featurizer_dtype": "fp32",
         "engine": ENGINE,
     }
@@ -100,28 +116,43 @@ def _names(name: str, file: str, kind: str, keys, where: str) -> None:
                   f"{list(row.required)}{tail}", path=where, stage="compile")
 
 
-def _stamp(name: str, file: str, kind: str, metadata: dict, expected: dict, doc_k, where: str) -> None:
+@dataclass(frozen=True)
+class Declared:
+    """A loaded featurizer as its document declares it, which the bundle it loads must be: its name, kind
+    and rank k (None: the bundle's own), the file it loads, its site's width d, and the stamp a weights
+    step would write for it (`stamp`)."""
+
+    name: str
+    kind: str
+    k: Optional[int]
+    file: str
+    d: int
+    stamp: dict[str, str]
+
+
+def _stamp(declared: Declared, metadata: dict, where: str) -> None:
     """Only keys the bundle carries are compared, never site, engine or produced_by; parametrization
     only for a subspace; k only when the document gives one."""
     skip = {"site", "engine", "produced_by"}
-    if kind != "subspace":
+    if declared.kind != "subspace":
         skip.add("parametrization")
-    if doc_k is None:
+    if declared.k is None:
         skip.add("k")
+    expected = declared.stamp
     wrong = [f"{key}: bundle says '{metadata[key]}', document says '{expected[key]}'"
              for key in sorted(metadata) if key in expected and key not in skip and metadata[key] != expected[key]]
     if wrong:
-        raise Refusal(f"featurizer '{name}': '{file}' is not this featurizer — {'; '.join(wrong)}", path=where,
-                      stage="compile")
+        raise Refusal(f"featurizer '{declared.name}': '{declared.file}' is not this featurizer — {'; '.join(wrong)}",
+                      path=where, stage="compile")
 
 
-def check(name: str, file: str, kind: str, tensors: dict, metadata: dict, expected: dict, doc_k: Optional[int],
-          d: int, where: str) -> int:
+def check(declared: Declared, tensors: dict, metadata: dict, where: str) -> int:
     """Refuse a bundle that is not this document's featurizer; returns its k (a gate's is d)."""
+    name, file, kind, d = declared.name, declared.file, declared.kind, declared.d
     _names(name, file, kind, tensors, where)
-    _stamp(name, file, kind, metadata, expected, doc_k, where)
+    _stamp(declared, metadata, where)
     first = tensors[kinds.KINDS[kind].required[0]]
-    k = d if kind == "gate" else (doc_k if doc_k is not None else int(first.shape[-1]))
+    k = d if kind == "gate" else (declared.k if declared.k is not None else int(first.shape[-1]))
     shapes = kinds.expected_shapes(kind, d, k)
     for key in sorted(tensors):
         have = tuple(tensors[key].shape)

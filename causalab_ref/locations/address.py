@@ -18,8 +18,10 @@ module is not there is refused with a reason and never resolved to a neighbourin
 tensor.  The four interior rows carry the `.source` operation found by the needle
 "attention_interface(".
 
-Every refusal is a `shapes.Refusal(..., stage="compile")`.  Nothing here touches a
-tensor; reaching an Address inside a trace is access.py's, slicing one is select.py's.
+The rules a site is held to (`check_layering`, `check_per_head`, `refuse_no_width`) are
+functions here, one per rule, which validation calls too; every other refusal is a
+`shapes.Refusal(..., stage="compile")`.  Nothing here touches a tensor; reaching an Address
+inside a trace is access.py's, slicing one is select.py's.
 """
 from __future__ import annotations
 
@@ -184,9 +186,6 @@ POST_NORM_REASON = ("component '{name}': layer {layer} is a post-norm block, whe
 LINEAR_REASON = ("component '{name}': layer {layer} is a linear-attention layer ({mixer}); "
                  "attentions/attention_probabilities are only defined on softmax-attention layers")
 
-NO_WIDTH = ("the width of '{name}' is not a fact about the model: it depends on the batch "
-            "(the attention pattern's key axis) or is not a tensor's")
-
 
 def describe() -> dict[str, dict[str, Any]]:
     """The component table as plain data, in the table's order (for the `vocab` verb)."""
@@ -203,6 +202,37 @@ def reach(component: str) -> str:
     """How a trace reaches `component`'s tensor; a name outside the table (an `extra`) is a boundary."""
     row = TABLE.get(component)
     return row.reach if row is not None else "boundary"
+
+
+# ---------------------------------------------------------------- the rules a site is held to
+#
+# Each rule is one function, judged at validation for the table's names (documents/places.py) and again
+# at compile, where a name added with `extra`, the real head count and the width are known (`locate`
+# here, runs/compile.py); the caller says which stage it is.
+
+
+def check_layering(component: str, layered: bool, layer: Optional[int], path: str, stage: str) -> None:
+    """A per-layer place is addressed at one layer, a whole-model place at none (SPEC.md L4, L7); `path` is
+    the site's, and a layer given where none is taken is refused at its `layers`."""
+    if layered and layer is None:
+        raise Refusal(f"'{component}' is addressed at one layer: say which with \"layers\": [i]", path=path,
+                      stage=stage)
+    if not layered and layer is not None:
+        raise Refusal(f"'{component}' is one per model and takes no layers", path=f"{path}.layers", stage=stage)
+
+
+def check_per_head(component: str, per_head: bool, heads: Optional[tuple], path: str, stage: str) -> None:
+    """`heads` slices a per-head tensor only (SPEC.md L14; seed-tables B11); `path` is the site's."""
+    if heads is not None and not per_head:
+        raise Refusal(f"'{component}' is not a per-head tensor; `heads` applies at {list(PER_HEAD)}",
+                      path=f"{path}.heads", stage=stage)
+
+
+def refuse_no_width(component: str, path: str) -> NoReturn:
+    """A place whose width depends on the batch (the pattern's key axis) or that is not a tensor's has no
+    width, so none for `units` to slice or a featurizer to be fitted to (SPEC.md L23, FZ23; B11)."""
+    raise Refusal(f"the width of '{component}' is not a fact about the model: it depends on the batch "
+                  "(the attention pattern's key axis) or is not a tensor's", path=path, stage="compile")
 
 
 # ---------------------------------------------------------------- model facts
@@ -373,10 +403,7 @@ def _num_layers(model) -> int:
 
 def _check_layer(model, name: str, layered: bool, layer: Optional[int], site: str) -> None:
     """A per-layer place needs a layer inside the stack; a whole-model place takes none."""
-    if layered and layer is None:
-        _refuse(f"'{name}' is addressed at one layer: say which with \"layers\": [i]", site)
-    if not layered and layer is not None:
-        _refuse(f"'{name}' is one per model and takes no layers", site)
+    check_layering(name, layered, layer, f"sites.{site}", "compile")
     n_layers = _num_layers(model)
     if layer is not None and not 0 <= layer < n_layers:
         _refuse(f"site '{site}': layer {layer} is outside the model's {n_layers} layers", site)
@@ -519,7 +546,7 @@ def locate(model, name: str, layer: Optional[int] = None, site: str = "target",
 def width(address: Address, path: str = "") -> int:
     """The feature width at an address, or the refusal a featurizer there gets."""
     if address.width is None:
-        raise Refusal(NO_WIDTH.format(name=address.component), path=path, stage="compile")
+        refuse_no_width(address.component, path)
     return address.width
 
 

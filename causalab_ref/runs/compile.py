@@ -17,6 +17,8 @@ from ..featurizers import bundles, fit
 from . import data, memory, share
 from ..positions import locate
 from ..documents import metrics, reader, validate
+from ..documents.steps import produced_names
+from ..locations.address import check_per_head, refuse_no_width
 from ..writes import outputs
 from .plan import FeaturizerPlan, FitPlan, Forward, MetricPlan, ObservePlan, Plan, Tap, WeightsPlan
 from ..shapes import Address, Document, Observe, Ref, Refusal, Where
@@ -118,19 +120,14 @@ def _stack(tap: Tap, decode: int, rows: int, path: str) -> Tap:
 def _check_selection(address: Address, site, name: str) -> None:
     """Heads and units against the real counts at this address (SPEC.md §3 Locations (L15))."""
     path = f"sites.{name}"
-    if site.heads is not None and address.heads is None:
-        from ..locations.address import PER_HEAD
-        raise Refusal(f"'{address.component}' is not a per-head tensor; `heads` applies at {list(PER_HEAD)}",
-                      path=f"{path}.heads", stage="compile")
+    check_per_head(address.component, address.heads is not None, site.heads, path, "compile")
     for h in site.heads or ():
         if h >= address.heads:
             raise Refusal(f"site '{name}': head {h} of a {address.heads}-head tensor", path=f"{path}.heads",
                           stage="compile")
     if site.units is not None:
         if address.width is None:
-            raise Refusal(f"the width of '{address.component}' is not a fact about the model: it depends on the "
-                          "batch (the attention pattern's key axis) or is not a tensor's", path=f"{path}.units",
-                          stage="compile")
+            refuse_no_width(address.component, f"{path}.units")
         for u in site.units:
             if u >= address.width:
                 raise Refusal(f"site '{name}': unit {u} of a {address.width}-wide tensor", path=f"{path}.units",
@@ -255,8 +252,10 @@ def _check_refs(step_name: str, forwards: list, sources: dict, rows: int, path: 
             if tap.kind != "write" or not isinstance(tap.operand, Ref):
                 continue
             want = 1 if tap.pos.frame == "generated" else (None if tap.pos.ragged else tap.pos.width)
-            outputs.check_ref(step_name, tap.name, tap.operand.name, sources[tap.operand.name], rows, want,
-                              _feature_width(tap), f"{path}.writes.{tap.name}.operand")
+            landing = outputs.Landing(step=step_name, write=tap.name, rows=rows, per_row=want,
+                                      width=_feature_width(tap))
+            outputs.check_ref(landing, tap.operand.name, sources[tap.operand.name],
+                              f"{path}.writes.{tap.name}.operand")
 
 
 def _stamps(doc: Document, kept: tuple, forwards: list, digest: str) -> tuple:
@@ -268,8 +267,8 @@ def _stamps(doc: Document, kept: tuple, forwards: list, digest: str) -> tuple:
     for name, output in kept:
         tap = taps[output.read]
         kind = "pca" if output.reduce == "pca" else f"output/{output.reduce}"
-        stamp = bundles.stamp(doc.model, tap.site, sites[tap.site], tap.address, kind, output.k, _tap_width(tap),
-                              digest, parametrization="")
+        holds = bundles.Holds(kind, output.k, _tap_width(tap), parametrization="")
+        stamp = bundles.stamp(doc.model, tap.site, sites[tap.site], tap.address, holds, digest)
         out.append((name, tuple(sorted(stamp.items()))))
     return tuple(out)
 
@@ -372,7 +371,7 @@ def compile_point(point: validate.Point, engine, data_root: Path, cache: Optiona
 def _saves_of(step: Observe, i_name: str, interventions: dict) -> tuple:
     """The saves of one intervention's child step: what it produces (metrics, outputs, generated ids; M19),
     bare or as `<intervention>/<name>`."""
-    mine = validate.produced_names((i_name,), interventions, step.outputs)
+    mine = produced_names((i_name,), interventions, step.outputs)
     return tuple((s.value.split("/", 1)[1] if s.value.startswith(f"{i_name}/") else s.value, s.file_path)
                  for s in step.saves
                  if s.value in mine or (s.value.startswith(f"{i_name}/") and s.value.split("/", 1)[1] in mine))
@@ -507,25 +506,22 @@ def _site_width(address: Address, site) -> Optional[int]:
     return address.width
 
 
-NO_WIDTH = ("the width of '{component}' is not a fact about the model: it depends on the batch (the attention "
-            "pattern's key axis) or is not a tensor's")
-
-
 def _featurizer_plan(ctx: Context, name: str, spec, site_name: str, digest: str) -> FeaturizerPlan:
     doc, path = ctx.doc, f"featurizers.{name}"
     site, address = dict(doc.sites)[site_name], ctx.addresses[site_name]
     d = _site_width(address, site)
     if d is None:
-        raise Refusal(NO_WIDTH.format(component=site.component), path=path, stage="compile")
+        refuse_no_width(site.component, path)
     if spec.k is not None and spec.kind in ("subspace", "pca") and spec.k > d:
         raise Refusal(f"featurizer '{name}': k={spec.k} is not a subspace of the {d}-wide site '{site_name}'",
                       path=f"{path}.k", stage="compile")
     trainers = [s for _n, s in doc.steps if s.kind == "fit" and name in s.params]
-    stamp = bundles.stamp(doc.model, site_name, site, address, spec.kind, spec.k, d, digest)
+    stamp = bundles.stamp(doc.model, site_name, site, address, bundles.Holds(spec.kind, spec.k, d), digest)
     k, seed, bundle = (d if spec.kind == "gate" else spec.k), None, None
     if spec.file_path is not None:
         tensors, metadata = bundles.read(Path(spec.file_path), f"{path}.file_path", name)
-        k = bundles.check(name, spec.file_path, spec.kind, tensors, metadata, stamp, spec.k, d, f"{path}.file_path")
+        declared = bundles.Declared(name, spec.kind, spec.k, spec.file_path, d, stamp)
+        k = bundles.check(declared, tensors, metadata, f"{path}.file_path")
         bundle = bundles.encode(tensors)
     elif spec.kind == "subspace":
         seed = spec.seed if spec.seed is not None else (trainers[0].seed if trainers else 0)

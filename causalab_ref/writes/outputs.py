@@ -2,9 +2,10 @@
 
 Four moments, one module (SPEC.md §8.2): `declare` reads a step's `outputs` at validation;
 `check_refs` holds the document's steps against each other (earlier step only, one publisher
-per name, no read's name); `source`/`check_ref` are the compile checks of a consuming write
-(rows, pca, windows, width); `publish` reduces a step's reads after its pass and `window`
-cuts an unreduced output to the rows of one `--batch-size` window.
+per name, no read's name); `check_ref` is the compile check of a consuming write (its
+`Landing`) against its output's `Source` (rows, pca, windows, width); `publish` reduces a
+step's reads after its pass and `window` cuts an unreduced output to the rows of one
+`--batch-size` window.
 """
 from __future__ import annotations
 
@@ -104,9 +105,21 @@ def check_pca(step: str, name: str, source: Source, path: str) -> None:
                     "positions per row", "compile")
 
 
-def check_ref(step: str, write: str, name: str, source: Source, rows: int, want: Optional[int],
-              width: Optional[int], path: str) -> None:
+@dataclass(frozen=True)
+class Landing:
+    """What compile knows of a write whose operand is a ref: its step and name, the rows the step runs
+    over, the positions per row it covers (None: ragged) and the features per position it lands."""
+
+    step: str
+    write: str
+    rows: int
+    per_row: Optional[int]
+    width: Optional[int]
+
+
+def check_ref(landing: Landing, name: str, source: Source, path: str) -> None:
     """A write's ref against its source, in the reference's order: rows, pca, windows; then widths."""
+    step, write, rows, want, width = landing.step, landing.write, landing.rows, landing.per_row, landing.width
     reduce = source.output.reduce
     if reduce in ("none", "pca") and source.rows != rows:
         _fail(path, f"step '{step}': write '{write}' swaps in '{name}', which has {source.rows} rows, over {rows} "

@@ -15,9 +15,9 @@ import pathlib
 import pytest
 
 from causalab_ref.runs import compile as compiler
-from causalab_ref.documents import reader, sweeps, validate
+from causalab_ref.documents import places, reader, sweeps, validate
 from causalab_ref.runs import run
-from causalab_ref.shapes import Document, Refusal, Where
+from causalab_ref.shapes import Anchor, Document, Read, Refusal, Site, Where
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 _SHIPPED = json.loads((REPO / "documents" / "patching.json").read_text(encoding="utf-8"))
@@ -33,6 +33,11 @@ def iv(raw: dict) -> dict:
     return raw["interventions"]["patching"]
 
 
+def _patching(document: Document):
+    """The validated counterpart of `iv`: the shipped intervention as it is in the Document."""
+    return dict(document.interventions)["patching"]
+
+
 def refused(raw, call=validate.document) -> Refusal:
     """The Refusal `call(raw)` raises; it must be decided at validation."""
     with pytest.raises(Refusal) as caught:
@@ -42,7 +47,7 @@ def refused(raw, call=validate.document) -> Refusal:
 
 
 def refused_where(raw, path: str = "p") -> Refusal:
-    return refused(raw, lambda r: validate.where(r, path))
+    return refused(raw, lambda r: places.where(r, path))
 
 
 # ================================================================ documents
@@ -364,8 +369,8 @@ def test_unknown_mechanism_is_refused():
 
 def test_bare_integer_is_index():
     """SPEC.md:0 [P3] The one sugar: a bare integer i is {"index": i}; seed 000:56."""
-    assert validate.where(-1, "p") == Where(index=-1) == validate.where({"index": -1}, "p")
-    assert validate.where(3, "p") == Where(index=3)
+    assert places.where(-1, "p") == Where(index=-1) == places.where({"index": -1}, "p")
+    assert places.where(3, "p") == Where(index=3)
     read = dict(validate.document(doc()).interventions[0][1].reads)["v_cf"]
     assert read.pos == Where(index=-1) and read.pos.cut == "index" and read.pos.frame == "prompt"
 
@@ -408,25 +413,25 @@ def test_backwards_span_is_refused():
 
 def test_mixed_sign_span_is_accepted_with_no_width():
     """SPEC.md:0 [P7] A span may mix signs; its width waits for a row (A10); seed 000:58."""
-    pos = validate.where({"span": [2, -1]}, "p")
+    pos = places.where({"span": [2, -1]}, "p")
     assert pos.span == (2, -1)
     assert pos.width is None and pos.ragged
 
 
 def test_width_of_each_cut():
     """SPEC.md:0 [P46] width: 1 for index, n for last n, b-a for a same-signed span, none for all (A10)."""
-    assert validate.where(-1, "p").width == 1
-    assert validate.where({"last": 3}, "p").width == 3
-    assert validate.where({"span": [1, 4]}, "p").width == 3
-    assert validate.where({"span": [-3, -1]}, "p").width == 2
-    assert validate.where({"all": True}, "p").width is None
+    assert places.where(-1, "p").width == 1
+    assert places.where({"last": 3}, "p").width == 3
+    assert places.where({"span": [1, 4]}, "p").width == 3
+    assert places.where({"span": [-3, -1]}, "p").width == 2
+    assert places.where({"all": True}, "p").width is None
 
 
 def test_scope_makes_a_width_one_cut_ragged():
     """SPEC.md:0 [P47] Ragged when the width is none or there is a scope; seed 000:328."""
-    pos = validate.where({"index": -1, "scope": {"variable": "entity"}}, "p")
+    pos = places.where({"index": -1, "scope": {"variable": "entity"}}, "p")
     assert pos.width == 1 and pos.ragged
-    assert not validate.where(-1, "p").ragged
+    assert not places.where(-1, "p").ragged
 
 
 def test_eos_in_the_prompt_frame_is_refused():
@@ -441,7 +446,7 @@ def test_chat_segment_in_the_generated_frame_is_refused():
     r = refused_where({"frame": "generated", "index": -1, "scope": {"segment": "user"}}, "p")
     assert r.path == "p.scope.segment"
     assert r.message.startswith("segment 'user' is a run of the prompt frame")
-    ok = validate.where({"frame": "generated", "index": -1, "scope": {"segment": "eos"}}, "p")
+    ok = places.where({"frame": "generated", "index": -1, "scope": {"segment": "eos"}}, "p")
     assert ok.scope.segment == "eos" and ok.frame == "generated"
 
 
@@ -454,14 +459,14 @@ def test_anchor_with_neither_is_refused():
 
 def test_segment_and_variable_compose():
     """SPEC.md:0 [P13] `{"segment": …, "variable": …}` is one anchor; seed 000:94."""
-    pos = validate.where({"index": -1, "scope": {"segment": "user[1]", "variable": "entity"}}, "p")
+    pos = places.where({"index": -1, "scope": {"segment": "user[1]", "variable": "entity"}}, "p")
     assert (pos.scope.segment, pos.scope.variable) == ("user[1]", "entity")
     assert pos.spelling() == "{index:-1 scope:{segment:user[1] variable:entity}}"
 
 
 def test_frame_must_be_prompt_or_generated():
     """SPEC.md:0 [P1] `frame` is prompt (default) or generated; anything else is refused at p.frame."""
-    assert validate.where({"index": 0}, "p").frame == "prompt"
+    assert places.where({"index": 0}, "p").frame == "prompt"
     assert refused_where({"index": 0, "frame": "continuation"}, "p").path == "p.frame"
 
 
@@ -492,7 +497,11 @@ def test_metric_over_a_ragged_width_one_read_is_accepted():
     """SPEC.md:0 [P49] Ragged is fine under a metric when the width is 1; seed 000:330."""
     raw = doc()
     iv(raw)["reads"]["logits"]["pos"] = {"index": -1, "scope": {"variable": "entity"}}
-    validate.document(raw)
+    patching = _patching(validate.document(raw))
+    logits = dict(patching.reads)["logits"]
+    assert logits.pos == Where(index=-1, scope=Anchor(variable="entity"))
+    assert logits.pos.ragged and logits.pos.width == 1
+    assert [(m, metric.of) for m, metric in patching.metrics] == [("iia", "logits"), ("logit_diff", "logits")]
 
 
 def test_write_operand_width_mismatch_is_refused():
@@ -510,7 +519,11 @@ def test_ragged_write_width_is_left_to_the_run():
     raw = doc()
     iv(raw)["writes"]["patch"]["pos"] = {"all": True, "scope": {"variable": "entity"}}
     iv(raw)["reads"]["v_cf"]["pos"] = {"all": True, "scope": {"variable": "entity"}}
-    validate.document(raw)
+    patching = _patching(validate.document(raw))
+    patch, v_cf = dict(patching.writes)["patch"], dict(patching.reads)["v_cf"]
+    assert patch.operand == "v_cf"
+    assert patch.pos == v_cf.pos == Where(all=True, scope=Anchor(variable="entity"))
+    assert patch.pos.width is None and v_cf.pos.width is None
 
 
 # ================================================================ the generated frame (A9)
@@ -573,10 +586,14 @@ def test_generated_step_past_the_bound_is_refused():
 
 def test_generated_write_at_a_step_or_all_is_accepted():
     """SPEC.md:0 [P42] `{"index": k}` with 0 <= k < decode, or `{"all": true}`, are what a write there may say."""
-    validate.document(_generated(3, write_pos={"frame": "generated", "index": 2}))
-    validate.document(_generated(3, write_pos={"frame": "generated", "all": True}))
-    validate.document(_generated(3, read_pos={"frame": "generated", "index": -1,
-                                              "scope": {"variable": "said"}}))
+    at_step = _patching(validate.document(_generated(3, write_pos={"frame": "generated", "index": 2})))
+    assert at_step.decode == 3
+    assert dict(at_step.writes)["patch"].pos == Where(index=2, frame="generated")
+    every = _patching(validate.document(_generated(3, write_pos={"frame": "generated", "all": True})))
+    assert dict(every.writes)["patch"].pos == Where(all=True, frame="generated")
+    read = _patching(validate.document(_generated(3, read_pos={"frame": "generated", "index": -1,
+                                                               "scope": {"variable": "said"}})))
+    assert dict(read.reads)["v_cf"].pos == Where(index=-1, scope=Anchor(variable="said"), frame="generated")
 
 
 def test_negative_decode_is_refused():
@@ -685,7 +702,9 @@ def test_read_at_input_ids_is_accepted():
     raw = doc()
     raw["sites"]["ids"] = {"component": "input_ids"}
     iv(raw)["reads"]["ids"] = {"site": "ids", "pos": -1, "input": "base"}
-    validate.document(raw)
+    parsed = validate.document(raw)
+    assert dict(parsed.sites)["ids"] == Site(component="input_ids")
+    assert dict(_patching(parsed).reads)["ids"] == Read(site="ids", pos=Where(index=-1), input="base")
 
 
 def test_view_logits_off_the_residual_stream_is_refused():
@@ -704,7 +723,10 @@ def test_view_logits_on_the_residual_stream_is_accepted():
     raw = doc()
     iv(raw)["reads"]["logits"]["site"] = "target"
     iv(raw)["reads"]["logits"]["view"] = "logits"
-    validate.document(raw)
+    parsed = validate.document(raw)
+    logits = dict(_patching(parsed).reads)["logits"]
+    assert (logits.site, logits.view, logits.featurizer) == ("target", "logits", "identity")
+    assert dict(parsed.sites)["target"].component == "block_output"
 
 
 def test_logits_view_is_not_an_operand():
@@ -731,8 +753,7 @@ def test_heads_sweep_points_are_labelled_by_element():
     pts = sweeps.points(raw)
     assert [label for label, _ in pts] == ["heads=0", "heads=1"]
     assert [p["sites"]["target"]["heads"] for _, p in pts] == [[0], [1]]
-    for _, point in pts:
-        validate.document(point)
+    assert [dict(validate.document(p).sites)["target"].heads for _, p in pts] == [(0,), (1,)]
     assert raw["sites"]["target"]["heads"] == {"sweep": [[0], [1]]}  # the input is not mutated
 
 
@@ -778,9 +799,10 @@ def test_same_axis_as_moves_together():
     iv(raw)["writes"]["patch"]["pos"] = {"sweep": [-1, -2], "as": "pos"}
     pts = sweeps.points(raw)
     assert [label for label, _ in pts] == ["pos=-1", "pos=-2"]
-    for _, p in pts:
+    for (_, p), index in zip(pts, (-1, -2)):
         assert iv(p)["reads"]["v_cf"]["pos"] == iv(p)["writes"]["patch"]["pos"]
-        validate.document(p)
+        patching = _patching(validate.document(p))
+        assert dict(patching.reads)["v_cf"].pos == dict(patching.writes)["patch"].pos == Where(index=index)
 
 
 def test_same_axis_of_unequal_lengths_is_refused():

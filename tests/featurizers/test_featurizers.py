@@ -185,17 +185,17 @@ def test_bundle_refusals_in_order(tmp_path):
         bundles.read(tmp_path / "nope.safetensors", where, "rot")
     w = {"weight": torch.zeros(D, 8)}
     with pytest.raises(Refusal) as names:
-        bundles.check("dictionary", "f", "sae", w, {}, {}, None, D, where)
+        bundles.check(bundles.Declared("dictionary", "sae", None, "f", D, {}), w, {}, where)
     assert names.value.message == ("featurizer 'dictionary': 'f' holds ['weight']; a sae bundle holds ['W_enc'] "
                                    "and optionally ['W_dec', 'b_enc', 'b_dec']")
     expected = {"layer": "1", "k": "4", "site": "other", "produced_by": "x", "kind": "subspace"}
     with pytest.raises(Refusal) as stamp:
-        bundles.check("rot", "f", "subspace", w, {"layer": "0", "k": "8", "site": "target", "produced_by": "y",
-                                                  "kind": "subspace"}, expected, 4, D, where)
+        bundles.check(bundles.Declared("rot", "subspace", 4, "f", D, expected), w,
+                      {"layer": "0", "k": "8", "site": "target", "produced_by": "y", "kind": "subspace"}, where)
     assert stamp.value.message == ("featurizer 'rot': 'f' is not this featurizer — k: bundle says '8', document "
                                    "says '4'; layer: bundle says '0', document says '1'")
     with pytest.raises(Refusal) as shape:
-        bundles.check("rot", "f", "subspace", w, {}, {}, 4, D, where)
+        bundles.check(bundles.Declared("rot", "subspace", 4, "f", D, {}), w, {}, where)
     assert shape.value.message == ("featurizer 'rot': 'f' has weight (16, 8), not the (16, 4) this document and "
                                    "its 16-wide site declare")
-    assert bundles.check("rot", "f", "subspace", w, {"k": "8"}, {"k": "4"}, None, D, where) == 8
+    assert bundles.check(bundles.Declared("rot", "subspace", None, "f", D, {"k": "4"}), w, {"k": "8"}, where) == 8

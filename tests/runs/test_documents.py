@@ -90,11 +90,28 @@ def test_a_pattern_swap_between_different_layouts_is_refused_at_compile(llama_ea
 
 
 def test_the_pattern_document_runs_on_aligned_rows(llama_eager, tmp_path):
-    """SPEC.md:0 [L11] under eager attention the pattern exists; on weekdays_aligned the swap runs."""
+    """SPEC.md:0 [L11] under eager attention the pattern exists; on weekdays_aligned the swap runs: head 0's
+    pattern row at the last query takes the counterfactual's values, and every other head and every other
+    query position of every row is bit-identical to the base run's."""
     plan = compiler.compile_document(_doc("attention_pattern_patching"), llama_eager, DATA)
     results = run.run_step(llama_eager, plan.leaves()[0].steps[0])
     assert results["values"]["v_cf"].shape == (6, 1, 9)
     assert len(results["scores"]["iia"]) == 6
+    doc = copy.deepcopy(sweeps.points(_doc("attention_pattern_patching"))[0][1])  # the point heads=[0]
+    iv = doc["interventions"]["patching"]
+    doc["sites"]["whole"] = {"component": "attention_probs", "layers": [0]}  # all 4 heads, (query, head x key)
+    iv["reads"]["after"] = {"site": "whole", "pos": {"last": 8}, "model": "patched", "input": "base"}
+    iv["reads"]["before"] = {"site": "whole", "pos": {"last": 8}, "model": "original", "input": "base"}
+    iv["reads"]["cf"] = {"site": "whole", "pos": -1, "model": "original", "input": "counterfactual"}
+    values = run.run_step(llama_eager, compiler.compile_document(doc, llama_eager, DATA).steps[0])["values"]
+    after, before, v_cf = values["after"], values["before"], values["v_cf"][:, 0]
+    keys = v_cf.shape[-1]
+    assert after.shape == before.shape == (6, 8, 4 * keys)
+    assert torch.equal(values["cf"][:, 0, :keys], v_cf)  # head 0 is the first `keys` features of the site
+    assert not torch.equal(before[:, -1, :keys], v_cf)  # the base's own pattern differs: the swap is visible
+    assert torch.equal(after[:, -1, :keys], v_cf)
+    assert torch.equal(after[:, -1, keys:], before[:, -1, keys:])
+    assert torch.equal(after[:, :-1], before[:, :-1])
 
 
 def test_the_pattern_under_sdpa_is_refused_saying_what_to_write(llama):

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from importlib import metadata
 from pathlib import Path
 
 import pytest
+import torch
 
 import inprocess
 
@@ -98,14 +101,20 @@ def test_staging_of_a_live_run_is_left_alone(llama, tmp_path):
 
 def test_run_json_records_device_dtype_and_wall_time(llama, tmp_path):
     """SPEC.md:0 [R9] run.json: versions, the fixture digest, device, dtype and wall_seconds."""
-    run.execute(compiler.compile_document(PATCHING, llama, DATA), llama, tmp_path / "out", progress=False)
+    plan = compiler.compile_document(PATCHING, llama, DATA)
+    started = time.perf_counter()
+    run.execute(plan, llama, tmp_path / "out", progress=False)
+    elapsed = time.perf_counter() - started
     record = json.loads((tmp_path / "out" / "run.json").read_text(encoding="utf-8"))
     assert record["device"] == "cpu"
-    assert record["dtype"] == "torch.float32"
-    assert isinstance(record["wall_seconds"], float) and record["wall_seconds"] >= 0
+    assert record["dtype"] == str(torch.float32)  # the document's fp32, as torch names the weights' dtype
+    wall = record["wall_seconds"]  # rounded to 1 ms, as `elapsed` is rounded below (rounding keeps the order)
+    assert isinstance(wall, float) and math.isfinite(wall)
+    assert 0 < wall <= round(elapsed, 3)  # the run's own time, inside the time this test measured around it
     assert record["fixture_recipe"] == builder.recipe_digest("fixture:tiny-llama")
     assert record["model"]["revision"] == "seeded"
-    assert set(record["versions"]) == {"torch", "transformers", "nnsight", "nnterp"}
+    assert record["versions"] == {name: metadata.version(name) for name in ("torch", "transformers", "nnsight",
+                                                                            "nnterp")}
 
 
 # ================================================================ confinement

@@ -1,0 +1,94 @@
+"""Fields: the checks of raw JSON values that every part of a document is read with.
+
+An object's keys against those allowed and required there (`record`), an object of named
+entries (`mapping`), a string, an integer, one of a few choices, a list of distinct indices,
+a finite number, a positive integer. Each returns the value it checked, or refuses at the
+dotted path it is given (stage "validation"), so a part is read and checked in one line:
+
+    from causalab_ref.documents.fields import choice, record
+    spec = record(raw, "model", ("key", "dtype"), ("key",))
+    dtype = choice(spec.get("dtype", "fp32"), "model.dtype", ("fp32", "bf16"))
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .names import one_segment
+from .reader import type_name
+from ..shapes import Refusal
+
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _fail(path: str, message: str):
+    raise Refusal(message, path=path, stage="validation")
+
+
+def record(raw: Any, path: str, allowed: tuple, required: tuple = ()) -> dict:
+    """An object whose every key is one of `allowed` and which has each of `required`."""
+    if not isinstance(raw, dict):
+        _fail(path, f"expected an object, got {type_name(raw)}")
+    for key in raw:
+        if key not in allowed:
+            where = f"{path}.{key}" if path else str(key)
+            _fail(where, f"unknown key '{key}'; allowed here: {sorted(allowed)}")
+    for key in required:
+        if key not in raw:
+            where = f"{path}.{key}" if path else key
+            _fail(where, "required field is missing")
+    return raw
+
+
+def mapping(raw: Any, path: str, declares: bool = True) -> dict:
+    """An object of named entries; when it declares names, each is one path segment (names.one_segment)."""
+    if not isinstance(raw, dict):
+        _fail(path, f"expected an object of named entries, got {type_name(raw)}")
+    for name in raw if declares else ():
+        one_segment(name, f"{path}.{name}")
+    return raw
+
+
+def string(raw: Any, path: str) -> str:
+    if not isinstance(raw, str):
+        _fail(path, f"expected a string, got {type_name(raw)}")
+    return raw
+
+
+def integer(raw: Any, path: str) -> int:
+    if isinstance(raw, bool) or not isinstance(raw, int):
+        _fail(path, f"expected an integer, got {type_name(raw)}")
+    return raw
+
+
+def choice(raw: Any, path: str, choices: tuple) -> str:
+    string(raw, path)
+    if raw not in choices:
+        _fail(path, f"'{raw}' is not one of {list(choices)}")
+    return raw
+
+
+def indices(raw: Any, path: str, what: str) -> tuple[int, ...]:
+    """A site's `heads` or `units` (`what`): a non-empty list of distinct non-negative integers."""
+    message = f"{what} is a non-empty list of distinct {'head' if what == 'heads' else 'feature'} indices"
+    if not isinstance(raw, list) or not raw:
+        _fail(path, message)
+    for k, item in enumerate(raw):
+        if isinstance(item, bool) or not isinstance(item, int) or item < 0:
+            _fail(f"{path}.{k}", message)
+    if len(set(raw)) != len(raw):
+        _fail(path, message)
+    return tuple(raw)
+
+
+def number(raw: Any, path: str) -> float:
+    """A finite number a float32 can hold, as a float."""
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not abs(raw) <= FLOAT32_MAX:
+        _fail(path, f"expected a finite number, got {type_name(raw)}")
+    return float(raw)
+
+
+def positive(raw: Any, path: str, what: str) -> int:
+    value = integer(raw, path)
+    if value <= 0:
+        _fail(path, f"{what} {value} is not a positive number")
+    return value

@@ -1,0 +1,184 @@
+"""Fits: the fit and weights steps (SPEC.md §9), and the order a document's steps use featurizers in.
+
+A fit trains declared featurizers (`params`) through one intervention: its objective's terms
+are that intervention's metrics or the mask of a gate it trains, an anneal a temperature of
+such a gate, its early stop a metric; it has an optimizer, epochs, pairs, an eval pass over
+other rows and the curves it may save. A weights step publishes fitted featurizers' tensors.
+`check_order` holds the whole document: no step uses a featurizer before the fit that trains it.
+
+    from causalab_ref.documents import fits
+    fit = fits.fit_step(raw["steps"]["train"], "steps.train", interventions, roles, declared)
+    fits.check_order(steps, interventions, declared)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..featurizers import kinds as featurizer_table
+from . import steps as step_parts
+from .fields import choice, integer, mapping, number, positive, record, string
+from ..shapes import Fit, Refusal, Weights
+
+FIT_KEYS = ("kind", "rows", "interventions", "intervention", "params", "objective", "anneal", "epochs", "pairs",
+            "seed", "optimizer", "early_stop", "eval", "saves")
+CURVES = ["train/eval", "train/loss"]
+
+
+def _fail(path: str, message: str):
+    raise Refusal(message, path=path, stage="validation")
+
+
+# ---------------------------------------------------------------- a fit's terms
+
+
+@dataclass(frozen=True)
+class Terms:
+    """What a fit's loss and schedule name: the featurizers it trains, its objective's (weight, term)
+    pairs, its anneals (gate, start, end) and its early stop (metric, mode, patience)."""
+
+    params: tuple[str, ...]
+    objective: tuple[tuple[float, str], ...]
+    anneal: tuple[tuple[str, float, float], ...]
+    early_stop: tuple[str, str, int]
+
+
+def _optimizer(raw: Any, path: str) -> tuple[float, float]:
+    record(raw, path, ("name", "lr", "weight_decay"), ("name", "lr"))
+    choice(raw["name"], f"{path}.name", ("adamw",))
+    return number(raw["lr"], f"{path}.lr"), number(raw.get("weight_decay", 0.0), f"{path}.weight_decay")
+
+
+def _early_stop(raw: Any, path: str) -> tuple[str, str, int]:
+    record(raw, path, ("metric", "mode", "patience"), ("metric", "patience"))
+    return (string(raw["metric"], f"{path}.metric"), choice(raw.get("mode", "max"), f"{path}.mode", ("max", "min")),
+            positive(raw["patience"], f"{path}.patience", "patience"))
+
+
+def _objective(raw: Any, path: str) -> tuple[tuple[float, str], ...]:
+    if not isinstance(raw, list) or not raw:
+        _fail(path, "an objective is a non-empty list of [weight, term] pairs")
+    out = []
+    for k, pair in enumerate(raw):
+        if not isinstance(pair, list) or len(pair) != 2:
+            _fail(f"{path}.{k}", "an objective term is [weight, term]: a number and a metric or '<gate>.mask'")
+        out.append((number(pair[0], f"{path}.{k}.0"), string(pair[1], f"{path}.{k}.1")))
+    return tuple(out)
+
+
+def _anneal(raw: Any, path: str) -> tuple[tuple[str, float, float], ...]:
+    out = []
+    for gate, value in mapping(raw, path).items():
+        record(value, f"{path}.{gate}", ("start", "end"), ("start", "end"))
+        ends = [number(value[e], f"{path}.{gate}.{e}") for e in ("start", "end")]
+        if min(ends) <= 0:
+            _fail(f"{path}.{gate}", "an anneal's start and end are temperatures above 0")
+        out.append((gate, ends[0], ends[1]))
+    return tuple(out)
+
+
+def _trained(params: Any, path: str, step: str, declared: dict) -> tuple[str, ...]:
+    if not isinstance(params, list) or not params:
+        _fail(path, "params lists the featurizers this fit trains")
+    names = tuple(string(p, f"{path}.{k}") for k, p in enumerate(params))
+    missing = sorted(set(names) - set(declared))
+    if missing:
+        _fail(path, f"step '{step}': trains {missing}, which is not a declared featurizer")
+    for name in names:
+        if not featurizer_table.KINDS[declared[name].kind].trainable:
+            _fail(path, f"step '{step}': trains '{name}', a {declared[name].kind}, which is fixed by definition — "
+                        "a pca basis can be fine-tuned as a subspace loaded from it")
+    return names
+
+
+def _check_terms(terms: Terms, metrics: list, declared: dict, step: str, path: str) -> None:
+    """An anneal is a trained gate's; early stop watches a metric; an objective term is a metric or a trained
+    gate's mask."""
+    gates = sorted(p for p in terms.params if declared[p].kind == "gate")
+    extra = sorted(g for g, _s, _e in terms.anneal if g not in gates)
+    if extra:
+        _fail(f"{path}.anneal", f"step '{step}': anneals {extra}; only a gate this fit trains has a temperature "
+                                f"(those are {gates})")
+    if terms.early_stop[0] not in metrics:
+        _fail(f"{path}.early_stop.metric", f"step '{step}': early_stop watches '{terms.early_stop[0]}', not a metric")
+    allowed = sorted(metrics + [f"{g}.mask" for g in gates])
+    for k, (_w, term) in enumerate(terms.objective):
+        if term not in allowed:
+            _fail(f"{path}.objective.{k}", f"step '{step}': objective names '{term}', which is neither a metric "
+                                           f"nor the mask of a gate this fit trains (one of {allowed})")
+
+
+# ---------------------------------------------------------------- fit and weights steps
+
+
+def fit_step(raw: dict, path: str, interventions: dict, roles: tuple, declared: dict) -> Fit:
+    """A fit step (F§10.4; language-reference §6.1, §6.7)."""
+    record(raw, path, FIT_KEYS, ("kind", "rows", "params", "objective", "epochs", "pairs", "optimizer",
+                                 "early_stop", "eval"))
+    step = path.split(".", 1)[1]
+    rows = step_parts.rows(raw["rows"], f"{path}.rows", f"step '{step}'", roles)
+    names = step_parts.named(raw, path, step, interventions)
+    if len(names) != 1:
+        _fail(f"{path}.interventions", f"step '{step}': a fit trains through one intervention, not {list(names)}")
+    params = _trained(raw["params"], f"{path}.params", step, declared)
+    objective, anneal = _objective(raw["objective"], f"{path}.objective"), _anneal(raw.get("anneal", {}),
+                                                                                   f"{path}.anneal")
+    lr, decay = _optimizer(raw["optimizer"], f"{path}.optimizer")
+    terms = Terms(params=params, objective=objective, anneal=anneal,
+                  early_stop=_early_stop(raw["early_stop"], f"{path}.early_stop"))
+    metrics = sorted(m for m, _ in interventions[names[0]].metrics)
+    _check_terms(terms, metrics, declared, step, path)
+    ev = record(raw["eval"], f"{path}.eval", ("rows", "saves"), ("rows",))
+    eval_rows = step_parts.rows(ev["rows"], f"{path}.eval.rows", f"step '{step}'.eval", roles)
+    eval_saves = step_parts.saves(ev.get("saves", []), f"{path}.eval.saves", f"step '{step}'.eval", metrics,
+                                  what="that pass")
+    saves = step_parts.saves(raw.get("saves", []), f"{path}.saves", f"step '{step}'", CURVES, tensors=tuple(CURVES))
+    return Fit(rows=rows, interventions=names, params=terms.params, objective=terms.objective,
+               epochs=positive(raw["epochs"], f"{path}.epochs", "epochs"),
+               pairs=positive(raw["pairs"], f"{path}.pairs", "pairs"), lr=lr, early_stop=terms.early_stop,
+               eval_rows=eval_rows, eval_saves=eval_saves, saves=saves, anneal=terms.anneal,
+               seed=integer(raw.get("seed", 0), f"{path}.seed"), weight_decay=decay)
+
+
+def weights_step(raw: dict, path: str, declared: dict) -> Weights:
+    """A weights step: publish featurizers' tensors; each save a stamped .safetensors bundle."""
+    record(raw, path, ("kind", "names", "saves"), ("kind", "names"))
+    step = path.split(".", 1)[1]
+    if not isinstance(raw["names"], list) or not raw["names"]:
+        _fail(f"{path}.names", "names lists the featurizers this step publishes")
+    names = tuple(string(n, f"{path}.names.{k}") for k, n in enumerate(raw["names"]))
+    missing = sorted(set(names) - set(declared))
+    if missing:
+        _fail(f"{path}.names", f"step '{step}': names {missing}, which is not a declared featurizer")
+    for name in names:
+        kind = declared[name].kind
+        if not featurizer_table.KINDS[kind].publishable:
+            _fail(f"{path}.names", f"step '{step}': '{name}' is a loaded {kind}; its tensors are the file it came "
+                                   "from, and there is no fitted weight to publish")
+    saves = step_parts.saves(raw.get("saves", []), f"{path}.saves", f"step '{step}'", sorted(names), tensors=names)
+    return Weights(names=names, saves=saves)
+
+
+# ---------------------------------------------------------------- the order of the steps
+
+
+def uses(step, interventions: dict) -> set[str]:
+    """The featurizers a step uses: those its intervention's reads and writes name, or a weights step's names."""
+    if step.kind == "weights":
+        return set(step.names)
+    out = set()
+    for name in step.interventions:
+        intervention = interventions[name]
+        out |= {op.featurizer for _n, op in intervention.reads + intervention.writes}
+    return out - {"identity"}
+
+
+def check_order(steps, interventions: dict, declared: dict) -> None:
+    """No step uses a featurizer before the fit that trains it (language-reference §6.7)."""
+    for i, (name, step) in enumerate(steps):
+        for used in sorted(uses(step, interventions)):
+            later = next((n for n, s in steps[i + 1:] if s.kind == "fit" and used in s.params), None)
+            if later is not None:
+                _fail(f"steps.{name}", f"step '{name}' uses featurizer '{used}' before step '{later}' trains it, "
+                                       "so it would run on the untrained parameter. Move it after the fit — or, for "
+                                       "a deliberate untrained baseline, declare a second featurizer that no fit names")
