@@ -62,7 +62,7 @@ import torch  # noqa: E402
 
 from causalab_ref.runs import compile as compiler  # noqa: E402
 from causalab_ref.engines import checkpoint, loading  # noqa: E402
-from causalab_ref.fixtures import builder  # noqa: E402
+from causalab_ref.fixtures import builder, recipes  # noqa: E402
 from causalab_ref.positions import locate  # noqa: E402
 from causalab_ref.runs import run  # noqa: E402
 from causalab_ref.shapes import Model  # noqa: E402
@@ -82,9 +82,9 @@ QUICK = {"rows": 8, "repeats": 2, "b": (16, 128), "e": (16, 120), "e_repeats": 1
 
 def register(name: str, seed: int, note: str, **config) -> str:
     """A seeded Llama built exactly as the fixtures are (recipe, seeded init, the same tokenizer)."""
-    builder.RECIPES[name] = {"config": dict(builder.LLAMA_CONFIG, **config), "seed": seed, "tokenizer": "llama2",
-                               "stands_in_for": f"(bench only) {note}"}
-    return builder.FIXTURE_PREFIX + name
+    recipes.RECIPES[name] = {"config": dict(recipes.LLAMA_CONFIG, **config), "seed": seed, "tokenizer": "llama2",
+                             "stands_in_for": f"(bench only) {note}"}
+    return recipes.FIXTURE_PREFIX + name
 
 
 def load(key: str):

@@ -11,7 +11,7 @@ import json
 import pathlib
 from typing import Optional
 
-from causalab_ref.fixtures.builder import BPE_DIR, BPE_TOKENIZER_CONFIG, DATA_DIR, EOT
+from causalab_ref.fixtures.recipes import BPE_DIR, BPE_TOKENIZER_CONFIG, DATA_DIR, EOT
 
 BPE_CORPUS = DATA_DIR / "bpe_corpus.txt"
 BPE_VOCAB_SIZE = 1000

@@ -36,20 +36,22 @@ def quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
-def where(spec: Model) -> tuple[str, Optional[str]]:
-    """Where a model block's checkpoint is: (a local directory, the fixture's recipe digest or None).
+def where(spec: Model, weights: bool = True) -> tuple[str, dict[str, Any]]:
+    """Where a model block's checkpoint is: (a local directory, what run.json records of where it came from).
 
-    A folder key (a path key, or a key `$CONFORM_CHECKPOINTS` maps; exported.py) is that folder; a
-    `fixture:` key is built, verified or rebuilt here; a hub key is found in the local hub cache first
-    and fetched only when it is not there (SPEC.md S21). Every loader then reads a local directory."""
+    A folder key (a path key, or a key `$CONFORM_CHECKPOINTS` maps; exported.py) is that folder, recorded,
+    when its weights are loaded, by its files' sha256 and its recipe only when they are the manifest's (S29);
+    a `fixture:` key is built, verified or rebuilt here and recorded by its recipe digest; a hub key is found
+    in the local hub cache first and fetched only when it is not there (SPEC.md S21). Every loader then reads
+    a local directory."""
     folder = exported.folder_for(spec.key)
     if folder is not None:
-        return str(folder), exported.recipe_of(folder)
+        return str(folder), exported.provenance(folder) if weights else {}
     if builder.is_fixture(spec.key):
-        return str(builder.checkpoint_dir(spec.key)), builder.recipe_digest(spec.key)
+        return str(builder.checkpoint_dir(spec.key)), {"fixture_recipe": builder.recipe_digest(spec.key)}
     if Path(spec.key).is_dir():
-        return spec.key, None
-    return hub_snapshot(spec), None
+        return spec.key, exported.provenance(Path(spec.key)) if weights else {}
+    return hub_snapshot(spec), {}
 
 
 #: the files a hub checkpoint is fetched with: configs, tokenizer files, safetensors weights; never code
@@ -309,7 +311,7 @@ def transformers_model(path: str, attn_implementation: str, dtype: str, device_m
 
 
 def load(spec: Model, weights: bool = True, hooked: bool = False, device_map: str = "cpu"):
-    """A model block's checkpoint: (StandardizedTransformer, transformers model or None, recipe).
+    """A model block's checkpoint: (StandardizedTransformer, transformers model or None, provenance: `where`).
 
     `hooked` (the hooks engine): the StandardizedTransformer is a weightless shell for addresses,
     and with `weights` a transformers model of the same directory is loaded beside it, with the
@@ -318,7 +320,7 @@ def load(spec: Model, weights: bool = True, hooked: bool = False, device_map: st
     from ..locations.address import runs_attention
 
     quiet_transformers()
-    path, recipe = where(spec)
+    path, recipe = where(spec, weights)
     own_code(path, spec)
     with mapped(spec), tensors_checked(spec):
         model = standardized(path, attn_implementation=spec.attn_implementation,

@@ -78,7 +78,7 @@ class Engine:
     record_name = "Engine"
     standard: Any = None  # the nnterp StandardizedTransformer addresses are resolved on (engine.py, hooks.py)
 
-    def __init__(self, spec: Model, tokenizer, recipe: Optional[str], extra=None, device_map: str = "cpu"):
+    def __init__(self, spec: Model, tokenizer, recipe: dict[str, Any], extra=None, device_map: str = "cpu"):
         self.spec = spec
         self.recipe = recipe
         self.device_map = device_map
@@ -198,8 +198,7 @@ class Engine:
                       "attn_implementation": spec.attn_implementation},
             "device_map": self.device_map,
         }
-        if self.recipe is not None:
-            record["fixture_recipe"] = self.recipe
+        record.update(self.recipe)  # fixture_recipe, model_files: checkpoint.where's provenance
         weight = self.head_weight()
         if weight is not None and weight.device.type != "meta":
             record["served_dtype"] = str(weight.dtype)

@@ -136,7 +136,7 @@ class HooksEngine(Engine):
     name = "hooks"
     record_name = "HooksEngine"
 
-    def __init__(self, spec: Model, shell, hf_model, recipe: Optional[str], device_map: str = "cpu"):
+    def __init__(self, spec: Model, shell, hf_model, recipe: dict, device_map: str = "cpu"):
         super().__init__(spec, shell.tokenizer, recipe, device_map=device_map)
         self.shell = self.standard = shell
         self.hf_model = hf_model

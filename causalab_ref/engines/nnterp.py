@@ -7,8 +7,6 @@ address in rank order, writes landing before reads at one address. SPEC.md §4 R
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from . import access
@@ -23,7 +21,7 @@ class NNterpEngine(Engine):
     name = "nnterp"
     record_name = "NNterpEngine"
 
-    def __init__(self, spec: Model, model, recipe: Optional[str], extra=None, device_map: str = "cpu"):
+    def __init__(self, spec: Model, model, recipe: dict, extra=None, device_map: str = "cpu"):
         super().__init__(spec, model.tokenizer, recipe, extra=extra, device_map=device_map)
         self.model = self.standard = model
 

@@ -7,6 +7,7 @@ cannot be made), a checkpoint naming its own code, weights that do not match, a 
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 import shutil
@@ -24,7 +25,7 @@ import inprocess
 
 from causalab_ref.engines import checkpoint, loading
 from causalab_ref import cli
-from causalab_ref.fixtures import builder
+from causalab_ref.fixtures import builder, exported, recipes
 from causalab_ref.runs import results, run
 from causalab_ref.runs import compile as compiler
 from causalab_ref.shapes import Model, Refusal
@@ -585,3 +586,181 @@ def test_a_damaged_fixture_in_a_read_only_cache_is_one_line(tmp_path, monkeypatc
         assert "Read-only file system" in message and "$CAUSALAB_REF_CACHE" in message
     finally:
         mount.close()
+
+
+# ================================================================ the fixture cache and exported folders
+
+#: the seed's Llama-2 ids of "If today is Thursday, tomorrow is" (SPEC X4)
+LLAMA_IDS = [1, 960, 9826, 338, 498, 1295, 3250, 29892, 6454, 22396, 338]
+
+
+def _entries(root: Path) -> dict:
+    """Every entry under `root`, links not followed: a file's bytes, a link's target, a folder's mark."""
+    out = {}
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = Path(folder) / name
+            rel = path.relative_to(root).as_posix()
+            out[rel] = (("link", os.readlink(path)) if path.is_symlink() else
+                        ("dir",) if path.is_dir() else ("file", path.read_bytes()))
+    return out
+
+
+def test_a_file_dropped_into_a_verified_fixture_folder_is_removed_not_read(tmp_path, monkeypatch):
+    """SPEC.md:0 [S25] a tokenizer.json dropped beside the Llama-2 tokenizer.model of a verified tiny-llama
+    cache folder (and a link to a file outside) would be read in its place: a plain load of a copy of the
+    folder gives other ids. The next load removes both, the link's target untouched, and gives the seed's
+    Llama-2 ids again."""
+    from transformers import AutoTokenizer
+    monkeypatch.setenv(builder.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(builder, "_TOKENIZERS", {})
+    folder = builder.checkpoint_dir("fixture:tiny-llama")
+    before = _tree(folder)
+    assert builder.tokenizer("fixture:tiny-llama")("If today is Thursday, tomorrow is").input_ids == LLAMA_IDS
+    shutil.copyfile(recipes.BPE_DIR / "tokenizer.json", folder / "tokenizer.json")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("kept", encoding="utf-8")
+    (folder / "planted-link").symlink_to(victim)
+    poisoned = shutil.copytree(folder, tmp_path / "poisoned", symlinks=True)
+    assert AutoTokenizer.from_pretrained(str(poisoned))("If today is Thursday, tomorrow is").input_ids != LLAMA_IDS
+    monkeypatch.setattr(builder, "_TOKENIZERS", {})  # the next process's load
+    assert builder.tokenizer("fixture:tiny-llama")("If today is Thursday, tomorrow is").input_ids == LLAMA_IDS
+    assert _tree(folder) == before and sorted(p.name for p in folder.iterdir()) == sorted(before)
+    assert victim.read_text(encoding="utf-8") == "kept"
+
+
+def test_run_json_names_the_recipe_only_for_files_checked_against_it(tmp_path):
+    """SPEC.md:0 [S29] a run on an exported tiny-llama folder records the recipe while its files are the
+    manifest's; after one weight value changes (same shapes) it records no recipe, and its model_files are
+    the sha256 of the folder's files as they are now."""
+    exported.export(tmp_path / "fx", keys=["fixture:tiny-llama"])
+    folder = tmp_path / "fx" / "tiny-llama"
+    doc = tmp_path / "doc.json"
+    doc.write_text(json.dumps(dict(PATCHING, model=dict(PATCHING["model"], key=str(folder)))), encoding="utf-8")
+
+    def record(out: str) -> dict:
+        assert cli.main(["run", str(doc), "--data-root", str(DATA), "--out", str(tmp_path / out), "--quiet"]) == 0
+        return json.loads((tmp_path / out / "run.json").read_text(encoding="utf-8"))
+
+    assert record("intact")["fixture_recipe"] == builder.recipe_digest("fixture:tiny-llama")
+
+    def one_value(tensors):
+        tensors["model.norm.weight"][0] += 1.0
+
+    _weights(folder, one_value)
+    changed = record("changed")
+    assert "fixture_recipe" not in changed
+    assert changed["model_files"] == {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+                                      for p in sorted(folder.iterdir())}
+    manifest = json.loads((tmp_path / "fx" / "manifest.json").read_text(encoding="utf-8"))
+    assert changed["model_files"]["model.safetensors"] != manifest["fixtures"]["fixture:tiny-llama"]["files"][
+        "model.safetensors"]
+
+
+def test_a_cache_root_that_cannot_be_created_is_one_line_naming_the_variable(tmp_path, monkeypatch, capsys):
+    """SPEC.md:0 [S27] $CAUSALAB_REF_CACHE=/proc/x: `fixtures export` is one refusal naming the fixture's folder,
+    the cause and $CAUSALAB_REF_CACHE, not an internal error."""
+    monkeypatch.setenv(builder.CACHE_ENV, "/proc/x")
+    assert cli.main(["fixtures", "export", str(tmp_path / "fx"), "--key", "fixture:tiny-gpt2"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("compile: model.key: fixture 'tiny-gpt2': its cache folder "
+                                                   "/proc/x/tiny-gpt2-"), lines
+    assert "(No such file or directory: /proc/x)" in lines[0] and "set $CAUSALAB_REF_CACHE to a folder" in lines[0]
+
+
+def _plants(dest: Path) -> dict:
+    """{attack: (how to plant it where an export of tiny-gpt2 into `dest` goes, the start of the refusal)}."""
+    elsewhere, target = dest.parent / "elsewhere", dest / "tiny-gpt2"
+    elsewhere.mkdir()
+    (elsewhere / "mine.txt").write_text("mine", encoding="utf-8")
+    return {
+        "DIR is a file": (lambda: dest.write_text("mine"), f"{dest} is a file, not a folder"),
+        "DIR is a link": (lambda: dest.symlink_to(elsewhere), f"{dest} is a link"),
+        "a file of the fixture's name": (lambda: (dest.mkdir(), target.write_text("mine")),
+                                         f"{target} is a file where the fixture's folder goes"),
+        "a link of the fixture's name": (lambda: (dest.mkdir(), target.symlink_to(elsewhere)),
+                                         f"{target} is a link where the fixture's folder goes"),
+        "a user's folder of the fixture's name": (lambda: (dest.mkdir(), target.mkdir(),
+                                                           (target / "config.json").write_text("{}")),
+                                                  f"{target} is a folder no export wrote"),
+        "an exported folder with a file added": (lambda: (exported.export(dest, keys=["fixture:tiny-gpt2"]),
+                                                          (target / "notes.txt").write_text("mine")),
+                                                 f"{target} holds what no export wrote (notes.txt)"),
+        "a manifest no export wrote": (lambda: (dest.mkdir(), (dest / "manifest.json").write_text('{"mine": 1}')),
+                                       f"{dest / 'manifest.json'} is not a manifest an export wrote"),
+    }
+
+
+@pytest.mark.parametrize("plant", ["DIR is a file", "DIR is a link", "a file of the fixture's name",
+                                   "a link of the fixture's name", "a user's folder of the fixture's name",
+                                   "an exported folder with a file added", "a manifest no export wrote"])
+def test_an_export_onto_what_it_did_not_write_is_one_line_and_changes_nothing(tmp_path, capsys, plant):
+    """SPEC.md:0 [S28] DIR a file or a link, a file or a link or a user's folder of a fixture's name, a file
+    added to an exported folder, a manifest.json no export wrote: one refusal at DIR naming it, exit 2, and
+    every byte, link and folder under the test's folder as it was."""
+    dest = tmp_path / "w" / "fx"
+    dest.parent.mkdir()
+    plant_it, start = _plants(dest)[plant]
+    plant_it()
+    capsys.readouterr()
+    before = _entries(tmp_path / "w")
+    assert cli.main(["fixtures", "export", str(dest), "--key", "fixture:tiny-gpt2"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"run: DIR: {start}"), lines
+    assert _entries(tmp_path / "w") == before
+
+
+_STALLED_EXPORT = """
+import shutil, sys, time
+from pathlib import Path
+from causalab_ref.fixtures import exported
+real = shutil.copyfile
+def stalled(src, dst, *args, **kwargs):
+    real(src, dst, *args, **kwargs)
+    if str(dst).startswith(sys.argv[1]):
+        print("staged", flush=True)
+        time.sleep(600)
+shutil.copyfile = stalled
+exported.export(Path(sys.argv[1]), keys=["fixture:tiny-gpt2"])
+"""
+
+
+def test_a_killed_exports_staging_folder_does_not_survive_the_next_export(tmp_path):
+    """SPEC.md:0 [S26] an export killed (SIGKILL) while it copies leaves `.tiny-gpt2.partial-pid<P>-<8>` in
+    DIR; the next export removes it and writes the folder. A staging name of a live process, a link of a
+    dead one's name and a name with another suffix stay."""
+    dest = tmp_path / "fx"
+    dest.mkdir()
+    builder.checkpoint_dir("fixture:tiny-gpt2")  # built before, so the child only copies
+    proc = subprocess.Popen([sys.executable, "-c", _STALLED_EXPORT, str(dest)], cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "staged", proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
+    left = [p.name for p in dest.iterdir()]
+    assert len(left) == 1 and left[0].startswith(f".tiny-gpt2.partial-pid{proc.pid}-"), left
+    kept = [dest / f".tiny-gpt2.partial-pid{os.getpid()}-abcd1234", dest / f".tiny-gpt2.partial-pid{proc.pid}-x"]
+    for folder in kept:
+        folder.mkdir()
+    (dest / f".tiny-gpt2.partial-pid{proc.pid}-abcd_123").symlink_to(kept[0])
+    exported.export(dest, keys=["fixture:tiny-gpt2"])
+    assert not (dest / left[0]).exists()
+    assert all(folder.is_dir() for folder in kept) and (dest / f".tiny-gpt2.partial-pid{proc.pid}-abcd_123").is_symlink()
+    assert "fixture:tiny-gpt2" in exported.verified(dest)
+
+
+def test_a_killed_builds_staging_folder_is_removed_by_the_next_build(tmp_path, monkeypatch):
+    """SPEC.md:0 [S26] a staging folder of a process that is gone, beside a fixture's cache folder, is removed
+    when the fixture is next built."""
+    monkeypatch.setenv(builder.CACHE_ENV, str(tmp_path / "cache"))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    name = f"tiny-gpt2-{builder.recipe_digest('fixture:tiny-gpt2')[:12]}"
+    stale = tmp_path / "cache" / f".{name}.partial-pid{gone.pid}-abcd1234"
+    stale.mkdir(parents=True)
+    (stale / "model.safetensors").write_bytes(b"half")
+    assert builder.checkpoint_dir("fixture:tiny-gpt2") == tmp_path / "cache" / name
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [name]
+
