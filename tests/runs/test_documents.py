@@ -71,7 +71,7 @@ def test_one_head_swap_leaves_the_other_heads(llama):
     iv["reads"]["after"] = {"site": "whole", "pos": -1, "model": "patched", "input": "base"}
     iv["reads"]["before"] = {"site": "whole", "pos": -1, "model": "original", "input": "base"}
     plan = compiler.compile_document(doc, llama, DATA)
-    values = run.run_step(llama, plan.steps[0])["values"]
+    values = run.run_step(llama, plan.steps[0]).values
     after, before, v_cf = values["after"][:, 0], values["before"][:, 0], values["v_cf"][:, 0]
     assert torch.equal(after[:, :4], v_cf)
     assert torch.equal(after[:, 4:], before[:, 4:])
@@ -93,8 +93,8 @@ def test_the_pattern_document_runs_on_aligned_rows(llama_eager, tmp_path):
     """SPEC.md:275 [L11] under eager attention the pattern exists; on weekdays_aligned the swap runs."""
     plan = compiler.compile_document(_doc("attention_pattern_patching"), llama_eager, DATA)
     results = run.run_step(llama_eager, plan.leaves()[0].steps[0])
-    assert results["values"]["v_cf"].shape == (6, 1, 9)
-    assert len(results["scores"]["iia"]) == 6
+    assert results.values["v_cf"].shape == (6, 1, 9)
+    assert len(results.scores["iia"]) == 6
 
 
 def test_the_pattern_under_sdpa_is_refused_saying_what_to_write(llama):
@@ -115,5 +115,5 @@ def test_logit_lens_at_the_last_layer_equals_the_head(llama):
     doc = copy.deepcopy(doc)
     doc["sites"]["head"] = {"component": "lm_head"}
     doc["interventions"]["lens"]["reads"]["head"] = {"site": "head", "pos": -1, "input": "base"}
-    values = run.run_step(llama, compiler.compile_document(doc, llama, DATA).steps[0])["values"]
+    values = run.run_step(llama, compiler.compile_document(doc, llama, DATA).steps[0]).values
     assert torch.allclose(values["lens"], values["head"], atol=1e-5)
