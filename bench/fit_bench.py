@@ -38,7 +38,7 @@ def main() -> None:
     started = time.perf_counter()
     result = run.fit_step(llama, step, live)
     seconds = time.perf_counter() - started
-    loss = result["curves"]["train/loss"]
+    loss = result.curves["train/loss"]
     print(f"fit: 64 pairs x 5 epochs ({loss.shape[0]} updates of 16 pairs) in {seconds:.2f} s; "
           f"loss {float(loss[0]):.4f} -> {float(loss[-1]):.4f}")
 

@@ -207,9 +207,9 @@ def bench_a(key: str, rows: int, repeats: int, tmp: pathlib.Path) -> None:
 
     # The hand-written trace does the same reads and writes and computes the same metrics: same logits, same values.
     (mine, scores), got = hand(), run_step()
-    theirs = got["values"]["logits"][:, 0, :]
+    theirs = got.values["logits"][:, 0, :]
     assert torch.allclose(mine, theirs, atol=1e-5), float((mine - theirs).abs().max())
-    same_scores(scores, step, got["scores"])
+    same_scores(scores, step, got.scores)
     t = side_by_side({"run": execute, "run_step": run_step, "hand": hand, "bare": bare}, repeats)
     ratio = t["run"] / t["hand"]
     what = f"{eng.num_layers} layers, hidden {model.config.hidden_size}"
@@ -461,9 +461,9 @@ def bench_g(rows: int, repeats: int, tmp: pathlib.Path) -> None:
     theirs = [run.run_step(eng, leaf.steps[0], memo=memo) for leaf in leaves]
     forwards = len(calls)
     for h, ((mine, scores), got) in enumerate(zip(hand(), theirs)):
-        logits = got["values"]["logits"][:, 0, :]
+        logits = got.values["logits"][:, 0, :]
         assert torch.allclose(mine, logits, atol=1e-5), (h, float((mine - logits).abs().max()))
-        same_scores(scores, leaves[h].steps[0], got["scores"])
+        same_scores(scores, leaves[h].steps[0], got.scores)
     t = side_by_side({"run": execute, "hand": hand}, repeats)
     ratio = t["run"] / t["hand"]
     print(f"(g) {heads}-head sweep at attention_premix[0], {key} (2 layers, hidden 256), {rows} rows x "
@@ -531,8 +531,8 @@ def bench_h(rows: int, steps: int, repeats: int, tmp: pathlib.Path) -> None:
 
     mine, ids, p_first = hand()
     done = run.run_step(eng, step)
-    got = done["values"]
-    assert torch.allclose(p_first, torch.tensor(done["scores"]["p_first"]), atol=1e-6)
+    got = done.values
+    assert torch.allclose(p_first, torch.tensor(done.scores["p_first"]), atol=1e-6)
     assert torch.equal(ids, got["steered.generated"])
     flat = mine.flatten(0, 1)  # the run's read is ragged: (rows x steps, vocabulary), row by row
     assert torch.allclose(flat, got["every"], atol=1e-5), float((flat - got["every"]).abs().max())

@@ -20,7 +20,7 @@ from ..documents import metrics, reader, validate
 from ..documents.steps import produced_names
 from ..locations.address import check_per_head, refuse_no_width
 from ..writes import outputs
-from .plan import FeaturizerPlan, FitPlan, Forward, MetricPlan, ObservePlan, Plan, Tap, WeightsPlan
+from .plan import FeaturizerPlan, FitPlan, Forward, MetricPlan, ObservePlan, Plan, Tap, WeightsPlan, narrowed_width
 from ..shapes import Address, Document, Observe, Ref, Refusal, Where
 
 # ---------------------------------------------------------------- pieces
@@ -102,7 +102,7 @@ def _stack(tap: Tap, decode: int, rows: int, path: str) -> Tap:
     """Mark a continuation read as stacked, refusing one that would buffer more than 256 MiB."""
     if tap.kind != "read" or not stacked(tap.pos):
         return tap
-    width = _tap_width(tap)
+    width = tap.width
     if width is None:
         raise Refusal(f"read '{tap.name}' cuts the continuation at {tap.pos.spelling()}, which stacks every decode "
                       f"step, and '{tap.address.component}' has no fixed width to stack; read it at a decode step "
@@ -174,17 +174,9 @@ def _check_decode_fits(engine, length: int, decode: int, path: str) -> None:
                       f"decode at most {max(limit - length, 0)} tokens", path=f"{path}.decode", stage="compile")
 
 
-def _tap_width(tap: Tap) -> Optional[int]:
-    """Features per position a tap touches: the address's width, narrowed by heads or units."""
-    width = tap.address.width
-    if width is None or tap.groups is None or tap.take is None:
-        return width
-    return width // tap.groups * len(tap.take)
-
-
 def _feature_width(tap: Tap) -> Optional[int]:
     """Features per position in the tap's feature space (a featurizer's k, or the site's width)."""
-    return tap.space if tap.featurizer != "identity" else _tap_width(tap)
+    return tap.space if tap.featurizer != "identity" else tap.width
 
 
 def _check_operand_widths(forwards: list, path: str) -> None:
@@ -267,7 +259,7 @@ def _stamps(doc: Document, kept: tuple, forwards: list, digest: str) -> tuple:
     for name, output in kept:
         tap = taps[output.read]
         kind = "pca" if output.reduce == "pca" else f"output/{output.reduce}"
-        holds = bundles.Holds(kind, output.k, _tap_width(tap), parametrization="")
+        holds = bundles.Holds(kind, output.k, tap.width, parametrization="")
         stamp = bundles.stamp(doc.model, tap.site, sites[tap.site], tap.address, holds, digest)
         out.append((name, tuple(sorted(stamp.items()))))
     return tuple(out)
@@ -329,6 +321,14 @@ class Context:
         return out
 
 
+@dataclass(frozen=True)
+class StepRows:
+    """One step's rows of each role (Context.rows) and their left-padded batches (Context.batches)."""
+
+    by_role: dict
+    batches: dict
+
+
 def compile_point(point: validate.Point, engine, data_root: Path, cache: Optional[dict] = None,
                   budget: int = memory.DEFAULT_BUDGET) -> Plan:
     """One validated point's plan. `cache` keeps rows and tokenized batches across the points of a
@@ -354,12 +354,12 @@ def compile_point(point: validate.Point, engine, data_root: Path, cache: Optiona
                                      saves=tuple((s.value, s.file_path) for s in step.saves)))
         else:
             rows_by_role = ctx.rows(step.rows, f"steps.{step_name}.rows")
-            batches = ctx.batches(rows_by_role, tuple(step.rows), f"steps.{step_name}.rows")
+            rows = StepRows(rows_by_role, ctx.batches(rows_by_role, tuple(step.rows), f"steps.{step_name}.rows"))
             published: dict = {}
             for i_name in step.interventions:
                 name = step_name if len(step.interventions) == 1 else f"{step_name}/{i_name}"
-                steps.append(observe_plan(ctx, name, i_name, rows_by_role, batches,
-                                          _saves_of(step, i_name, dict(doc.interventions)), (step_name, step)))
+                steps.append(observe_plan(ctx, name, i_name, rows, _saves_of(step, i_name, dict(doc.interventions)),
+                                          (step_name, step)))
                 published.update(dict(steps[-1].sources))
             ctx.bound(steps[first:], step_name)
             if len(step.interventions) == 1:  # a step listing several publishes to itself only (M13)
@@ -377,10 +377,9 @@ def _saves_of(step: Observe, i_name: str, interventions: dict) -> tuple:
                  if s.value in mine or (s.value.startswith(f"{i_name}/") and s.value.split("/", 1)[1] in mine))
 
 
-def _forwards(ctx: Context, intervention, rows_by_role: dict, batches: dict, ipath: str) -> list:
+def _forwards(ctx: Context, intervention, rows: StepRows, ipath: str) -> list:
     """The forwards one intervention needs over these rows, in dependency order, taps in forward order."""
-    doc, tok = ctx.doc, ctx.engine.tokenizer
-    sites, roles = dict(doc.sites), dict(doc.roles)
+    tok, roles = ctx.engine.tokenizer, dict(ctx.doc.roles)
     writes, models = dict(intervention.writes), dict(intervention.models)
     needed = []
     for _r, read in intervention.reads:
@@ -391,11 +390,10 @@ def _forwards(ctx: Context, intervention, rows_by_role: dict, batches: dict, ipa
         ops = [("read", r, read) for r, read in intervention.reads if (read.model, read.input) == (model_name, role)]
         if model_name != "original":
             ops += [("write", w, writes[w]) for w in models[model_name].writes]
-        taps = [_tap(kind, n, op, sites, ctx.addresses, rows_by_role[role], roles[role].field,
-                     f"{ipath}.{kind}s.{n}", ctx.featurizers) for kind, n, op in ops]
-        taps = [_stack(t, intervention.decode, len(rows_by_role[role]), ipath) for t in taps]
+        taps = [_tap(ctx, entry, rows.by_role[role], roles[role].field, ipath) for entry in ops]
+        taps = [_stack(t, intervention.decode, len(rows.by_role[role]), ipath) for t in taps]
         taps.sort(key=_tap_sort_key)
-        ids, mask, segments, sample = batches[role]
+        ids, mask, segments, sample = rows.batches[role]
         _check_decode_fits(ctx.engine, len(ids[0]), intervention.decode, ipath)
         forwards.append(Forward(model=model_name, input=role, ids=ids, mask=mask, taps=tuple(taps),
                                 segments=segments, sample=sample, decode=intervention.decode,
@@ -438,16 +436,16 @@ def _answer_ids(tok, rows: list, eligible: tuple, column: str, path: str) -> tup
     return tuple(out)
 
 
-def observe_plan(ctx: Context, name: str, i_name: str, rows_by_role: dict, batches: dict,
-                 saves: tuple, step: Optional[tuple[str, Observe]] = None) -> ObservePlan:
+def observe_plan(ctx: Context, name: str, i_name: str, rows: StepRows, saves: tuple,
+                 step: Optional[tuple[str, Observe]] = None) -> ObservePlan:
     """One pass of one intervention over these rows; `step` (name, Observe) brings the step's outputs, and
     each write with a ref is checked against what earlier steps published (SPEC.md §8.2)."""
     intervention = dict(ctx.doc.interventions)[i_name]
     ipath = f"interventions.{i_name}"
     reads = dict(intervention.reads)
-    base_role = "base" if "base" in rows_by_role else ctx.doc.roles[0][0]
-    base_rows = rows_by_role[base_role]
-    forwards = _forwards(ctx, intervention, rows_by_role, batches, ipath)
+    base_role = "base" if "base" in rows.by_role else ctx.doc.roles[0][0]
+    base_rows = rows.by_role[base_role]
+    forwards = _forwards(ctx, intervention, rows, ipath)
     _check_pattern_layouts(forwards, reads, ipath)
     _check_operand_widths(forwards, ipath)
     step_name, observe = step if step is not None else (name, None)
@@ -462,19 +460,18 @@ def observe_plan(ctx: Context, name: str, i_name: str, rows_by_role: dict, batch
                        stamps=_stamps(ctx.doc, kept, forwards, ctx.digest) if kept else ())
 
 
-def _tap(kind, name, op, sites, addresses, rows, field, path, featurizers: dict) -> Tap:
-    site = sites[op.site]
-    address = addresses[op.site]
-    groups = take = None
-    if site.heads is not None:
-        groups, take = address.heads, site.heads
-    elif site.units is not None:
-        groups, take = address.width, site.units
+def _tap(ctx: Context, entry: tuple[str, str, Any], rows: list, field: str, ipath: str) -> Tap:
+    """One read or write of an intervention (`entry`: kind, name, the declared op) over one role's rows."""
+    kind, name, op = entry
+    path = f"{ipath}.{kind}s.{name}"
+    site, address = dict(ctx.doc.sites)[op.site], ctx.addresses[op.site]
+    groups, take = _groups(address, site)
     anchors = None
     if op.pos.scope is not None and op.pos.scope.variable is not None:
         anchors = tuple(data.anchor_text(row, field, op.pos.scope.variable, f"{path}.pos.scope.variable", k)
                         for k, row in enumerate(rows))
-    space = featurizers[op.featurizer].k if op.featurizer != "identity" else _site_width(address, site)
+    width = narrowed_width(address.width, groups, take)
+    space = ctx.featurizers[op.featurizer].k if op.featurizer != "identity" else width
     common = dict(name=name, site=op.site, address=address, pos=op.pos, groups=groups, take=take, anchors=anchors,
                   featurizer=op.featurizer, space=space)
     if kind == "write":
@@ -495,21 +492,19 @@ def _check_features(features, space: Optional[int], name: str, path: str) -> Non
                       f"they are distinct indices below {space}", path=f"{path}.features", stage="compile")
 
 
-def _site_width(address: Address, site) -> Optional[int]:
-    """Features per position at a site: the address's width, narrowed by heads or units (None: no width)."""
-    if address.width is None:
-        return None
-    if site.heads is not None and address.heads:
-        return address.width // address.heads * len(site.heads)
+def _groups(address: Address, site) -> tuple[Optional[int], Optional[tuple[int, ...]]]:
+    """How a site's heads or units select its features: (groups the feature axis is viewed as, those kept)."""
+    if site.heads is not None:
+        return address.heads, site.heads
     if site.units is not None:
-        return len(site.units)
-    return address.width
+        return address.width, site.units
+    return None, None
 
 
 def _featurizer_plan(ctx: Context, name: str, spec, site_name: str, digest: str) -> FeaturizerPlan:
     doc, path = ctx.doc, f"featurizers.{name}"
     site, address = dict(doc.sites)[site_name], ctx.addresses[site_name]
-    d = _site_width(address, site)
+    d = narrowed_width(address.width, *_groups(address, site))
     if d is None:
         refuse_no_width(site.component, path)
     if spec.k is not None and spec.kind in ("subspace", "pca") and spec.k > d:
@@ -562,10 +557,10 @@ def fit_plan(ctx: Context, step_name: str, step) -> FitPlan:
         for u, index in enumerate(epoch):
             rows = {role: [r[i] for i in index] for role, r in train.items()}
             batches = ctx.batches(rows, (tuple(step.rows), index), f"{path}.rows")
-            plans.append(observe_plan(ctx, f"epochs[{e}][{u}]", i_name, rows, batches, ()))
+            plans.append(observe_plan(ctx, f"epochs[{e}][{u}]", i_name, StepRows(rows, batches), ()))
         updates.append(tuple(plans))
-    evaluation = observe_plan(ctx, "evaluation", i_name, held, ctx.batches(held, tuple(step.eval_rows),
-                                                                          f"{path}.eval.rows"),
+    held_rows = StepRows(held, ctx.batches(held, tuple(step.eval_rows), f"{path}.eval.rows"))
+    evaluation = observe_plan(ctx, "evaluation", i_name, held_rows,
                               tuple((s.value, s.file_path) for s in step.eval_saves))
     return FitPlan(name=step_name, intervention=i_name, params=step.params, objective=step.objective, lr=step.lr,
                    weight_decay=step.weight_decay, anneal=step.anneal, early_stop=step.early_stop,

@@ -67,10 +67,10 @@ def _width(engine, tap: Tap, length: int) -> int:
     keys where the site has no fixed width, else the site's width narrowed by heads or units."""
     if tap.view == "logits":
         return _config(engine, "vocab_size")
-    width = tap.address.width
+    width = tap.width  # None exactly when the address has no width
     if width is None:
         return _config(engine, "num_attention_heads", "n_head", default=1) * length
-    return width if tap.groups is None or tap.take is None else width // tap.groups * len(tap.take)
+    return width
 
 
 def forward_cost(engine, forward: Forward) -> tuple[int, int, str]:

@@ -14,6 +14,14 @@ from ..positions import locate
 from ..shapes import Address, Output, Ref, Where, features_label
 
 
+def narrowed_width(width: Optional[int], groups: Optional[int], take: Optional[tuple[int, ...]]) -> Optional[int]:
+    """Features per position: an address's width narrowed by heads or units, the features viewed as
+    (groups, width // groups) and `take` of the groups kept (None: the address has no width)."""
+    if width is None or not groups or take is None:
+        return width
+    return width // groups * len(take)
+
+
 def operand_json(operand: Any) -> Any:
     """A write's operand as explain --json prints it: a read name, a number, {"ref": name}, or null."""
     return {"ref": operand.name} if isinstance(operand, Ref) else operand
@@ -37,6 +45,11 @@ class Tap:
     featurizer: str = "identity"
     features: Optional[tuple[int, ...]] = None  # coordinates of the feature space a write touches
     space: Optional[int] = None  # width of the feature space (the featurizer's k, or the site's width)
+
+    @property
+    def width(self) -> Optional[int]:
+        """Features per position the tap touches at its address (narrowed by heads or units)."""
+        return narrowed_width(self.address.width, self.groups, self.take)
 
     def line(self) -> str:
         where = f"at {self.address.label()} pos={self.pos.spelling()}"
@@ -153,6 +166,11 @@ class FitPlan:
     evaluation: ObservePlan
     saves: tuple[tuple[str, str], ...]
     kind: str = "fit"
+
+    @property
+    def eval_saves(self) -> tuple[tuple[str, str], ...]:
+        """The eval pass's saves, as a document's fit names them (`validate.all_saves` reads both)."""
+        return self.evaluation.saves
 
     def lines(self, indent: str) -> list[str]:
         metric, _mode, patience = self.early_stop

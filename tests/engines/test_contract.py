@@ -66,7 +66,7 @@ def test_compile_and_run_need_nothing_but_the_contract(llama):
     plan = compiler.compile_document(PATCHING, only, DATA)
     assert plan == compiler.compile_document(PATCHING, llama, DATA)
     got, want = run.run_step(only, plan.steps[0]), run.run_step(llama, plan.steps[0])
-    assert got["scores"] == want["scores"]
+    assert got.scores == want.scores
     assert only.width("block_output", 0) == llama.locate("block_output", 0).width == 16
 
 

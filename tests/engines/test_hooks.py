@@ -269,7 +269,7 @@ def test_a_rows_metric_is_the_same_alone_padded_and_under_batch_size_one(engines
         (tmp_path / "t").mkdir(exist_ok=True)
         (tmp_path / "t" / "rows.json").write_text(json.dumps([{"input": r, "answer": " is"} for r in rows]))
         plan = compiler.compile_document(_observe_document(family), nn, tmp_path)
-        values.append(run.run_step(nn, plan.steps[0], batch_size)["scores"]["ce"][0])
+        values.append(run.run_step(nn, plan.steps[0], batch_size).scores["ce"][0])
     assert values[0] is not None
     assert values[1] == pytest.approx(values[0], abs=1e-5) and values[2] == pytest.approx(values[0], abs=1e-5)
 

@@ -65,12 +65,12 @@ def test_said_rows_report_the_step_and_token_others_alignment_missing(llama, tmp
             "Friday", "Saturday"]
     root = _rows_with_said(tmp_path, said)
     step, results, plan = _run(llama, GENERATED, root)
-    where = results["positions"]["at_said"]
+    where = results.positions["at_said"]
     assert where["rows"] == ((2,), (4,), (), ())
     assert where["reason"] == ("", "", "alignment_missing", "alignment_missing")
     assert where["tokens"][:2] == (repr(tok.decode([int(generated[0, 2])])),
                                    repr(tok.decode([int(generated[1, 4])])))
-    assert results["eligible"]["p_answer"] == (True, True, False, False)
+    assert results.eligible["p_answer"] == (True, True, False, False)
     table = run.metric_table(step, results, "p_answer", plan.digest)
     assert [r["eligible"] for r in table] == [True, True, False, False]
     assert table[2]["value"] is None and table[2]["positions"] == [] and table[2]["reason"] == "alignment_missing"
@@ -80,8 +80,8 @@ def test_no_row_stops_so_eos_is_alignment_missing_everywhere(llama):
     """SPEC.md:0 [P37] EOS is held off, so no row stops and the eos segment is missing on every row
     (seed 000:322)."""
     _step, results, _plan = _run(llama, GENERATED)
-    assert results["positions"]["at_stop"]["reason"] == ("alignment_missing",) * 4
-    assert results["positions"]["at_stop"]["rows"] == ((), (), (), ())
+    assert results.positions["at_stop"]["reason"] == ("alignment_missing",) * 4
+    assert results.positions["at_stop"]["rows"] == ((), (), (), ())
 
 
 def test_decode_runs_to_its_bound_greedily(llama):
@@ -89,7 +89,7 @@ def test_decode_runs_to_its_bound_greedily(llama):
     transformers' own greedy generate with min == max new tokens."""
     _step, results, _plan = _run(llama, GENERATED)
     want, _ = _greedy(llama, 6)
-    assert torch.equal(results["values"]["original.generated"], want)
+    assert torch.equal(results.values["original.generated"], want)
 
 
 def test_a_decode_past_the_models_positions_is_refused_at_compile(llama):
@@ -128,10 +128,10 @@ def test_a_step_read_is_the_logits_that_produced_that_token(llama, tmp_path):
     step, results, _plan = _run(llama, GENERATED, root)
     rows = json.loads((root / "weekdays" / "said.json").read_text())
     for r in range(2):
-        assert results["positions"]["at_said"]["rows"][r] == (3,)
+        assert results.positions["at_said"]["rows"][r] == (3,)
         token = tok.encode(" " + rows[r]["cf_answer"].lstrip(), add_special_tokens=False)[0]
         want = float(torch.softmax(scores[r, 3].float(), -1)[token])
-        assert results["scores"]["p_answer"][r] == pytest.approx(want, rel=1e-5)
+        assert results.scores["p_answer"][r] == pytest.approx(want, rel=1e-5)
 
 
 def test_a_fixed_step_read_fires_at_that_step(llama):
@@ -142,10 +142,10 @@ def test_a_fixed_step_read_fires_at_that_step(llama):
                                                                                     "index": 2}, "input": "base"}
     _step, results, _plan = _run(llama, doc)
     generated, scores = _greedy(llama, 6)
-    assert torch.allclose(results["values"]["step2"][:, 0], scores[:, 2], atol=1e-4)
-    assert results["positions"]["step2"]["rows"] == ((2,),) * 4
+    assert torch.allclose(results.values["step2"][:, 0], scores[:, 2], atol=1e-4)
+    assert results.positions["step2"]["rows"] == ((2,),) * 4
     tok = llama.tokenizer
-    assert results["positions"]["step2"]["tokens"][0] == repr(tok.decode([int(generated[0, 2])]))
+    assert results.positions["step2"]["tokens"][0] == repr(tok.decode([int(generated[0, 2])]))
 
 
 def test_a_write_at_step_k_changes_the_continuation_from_k_on(llama):
@@ -160,8 +160,8 @@ def test_a_write_at_step_k_changes_the_continuation_from_k_on(llama):
     intervention["reads"]["after"] = {"site": "head", "pos": {"frame": "generated", "index": 3},
                                       "model": "pushed", "input": "base"}
     _step, results, _plan = _run(llama, doc)
-    plain = results["values"]["original.generated"]
-    pushed = results["values"]["pushed.generated"]
+    plain = results.values["original.generated"]
+    pushed = results.values["pushed.generated"]
     assert torch.equal(pushed[:, :2], plain[:, :2])
     assert not torch.equal(pushed[:, 2:], plain[:, 2:])
 
@@ -211,7 +211,7 @@ def test_prompt_taps_in_a_decode_act_at_step_zero(llama):
     doc["interventions"]["generation"]["reads"]["prompt_last"] = {"site": "head", "pos": -1, "input": "base"}
     _step, with_decode, _plan = _run(llama, doc)
     _g, scores = _greedy(llama, 6)
-    assert torch.allclose(with_decode["values"]["prompt_last"][:, 0], scores[:, 0], atol=1e-4)
+    assert torch.allclose(with_decode.values["prompt_last"][:, 0], scores[:, 0], atol=1e-4)
 
 
 def test_an_earlier_prompt_position_of_the_head_during_a_decode_is_refused(llama):
@@ -239,10 +239,10 @@ def test_other_continuation_cuts_stack_every_step_and_cut_per_row(llama):
     assert "read  'tail' at lm_head pos={generated last:2} via 'identity'  (stacked over 6 decode steps, cut " \
            "against the continuation)" in plan.text()
     _generated, scores = _greedy(llama, 6)
-    where = results["positions"]
+    where = results.positions
     assert where["tail"]["rows"] == ((4, 5),) * 4 and where["final"]["rows"] == ((5,),) * 4
     assert where["every"]["rows"] == (tuple(range(6)),) * 4
-    values = results["values"]
+    values = results.values
     assert values["tail"].shape == (4, 2, scores.shape[-1])
     assert torch.allclose(values["tail"], scores[:, 4:6], atol=1e-4)
     assert torch.allclose(values["final"][:, 0], scores[:, 5], atol=1e-4)
@@ -277,12 +277,12 @@ def test_every_stop_id_is_held_off_so_a_forced_stop_token_is_never_generated(lla
     generated id is a stop id, the eos read is alignment_missing on every row, and -1 is the last step."""
     assert llama.stop_ids() == (1, 2)
     _step, results, _plan = _run(llama, _forced_stop_document())
-    generated = results["values"]["forced.generated"]
+    generated = results.values["forced.generated"]
     assert generated.shape == (4, 4)
     assert not any(int(i) in (1, 2) for i in generated.flatten())
-    assert results["positions"]["at_stop"]["reason"] == ("alignment_missing",) * 4
-    assert results["positions"]["last"]["rows"] == ((3,),) * 4
-    assert results["positions"]["late"]["reason"] == ("",) * 4
+    assert results.positions["at_stop"]["reason"] == ("alignment_missing",) * 4
+    assert results.positions["last"]["rows"] == ((3,),) * 4
+    assert results.positions["late"]["reason"] == ("",) * 4
 
 
 class _StopsAtStepOne(Delegate):
@@ -301,7 +301,7 @@ def test_a_row_that_stops_is_cut_there_and_a_later_write_says_past_stop(llama):
     is step 1 and its -1 is step 1, and the write at step 3 reports the step it fired at with reason
     `past_stop` and no token; the row that did not stop is unchanged. Nothing crashes."""
     _step, results, _plan = _run(_StopsAtStepOne(llama), _forced_stop_document())
-    where = results["positions"]
+    where = results.positions
     assert where["at_stop"]["rows"][:2] == ((1,), ()) and where["at_stop"]["reason"][:2] == ("", "alignment_missing")
     assert where["last"]["rows"][:2] == ((1,), (3,))
     assert where["late"]["rows"][:2] == ((3,), (3,))

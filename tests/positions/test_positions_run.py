@@ -77,7 +77,7 @@ def test_entity_patch_reproduces_the_seeds_provenance(llama):
     """SPEC.md:0 [P32] seed 000:240-244 — where.py on entity_patch.json: the same spec on both roles,
     each row's own entity; the write lands on 'day' where the read took ' Saturday' whole, both at 6."""
     results = _results(ENTITY_PATCH, llama)
-    where = results["positions"]
+    where = results.positions
     assert list(where) == ["v_cf", "patch", "logits"]
     assert where["v_cf"]["rows"] == ((6,), (6,), (6,), (6,))
     assert where["v_cf"]["tokens"] == ("' Saturday'", "' Sunday'", "'day'", "' Friday'")
@@ -86,7 +86,7 @@ def test_entity_patch_reproduces_the_seeds_provenance(llama):
     assert where["logits"]["rows"] == ((10,), (10,), (10,), (10,))
     assert where["logits"]["tokens"] == ("' is'",) * 4
     assert all(record["reason"] == ("", "", "", "") for record in where.values())
-    assert results["eligible"] == {"iia": (True,) * 4, "logit_diff": (True,) * 4}
+    assert results.eligible == {"iia": (True,) * 4, "logit_diff": (True,) * 4}
 
 
 def test_entity_patch_tables_carry_the_metric_reads_window(llama, tmp_path):
@@ -118,13 +118,13 @@ def test_chat_turn_positions_are_the_questions_and_the_templates(llama):
     """SPEC.md:0 [P11] SPEC.md:0 [P5] seed 000:89-92 — the last token of user[1] is the question's ' is' at 32 on every
     row; -1 of the whole prompt is the template's closing ']' at 36. The write lands at user[1] too."""
     results = _results(CHAT_TURN, llama)
-    where = results["positions"]
+    where = results.positions
     for name in ("blank", "at_question"):
         assert where[name]["rows"] == ((32,),) * 4
         assert where[name]["tokens"] == ("' is'",) * 4
     assert where["logits"]["rows"] == ((36,),) * 4
     assert where["logits"]["tokens"] == ("']'",) * 4
-    assert all(all(v is not None for v in values) for values in results["scores"].values())
+    assert all(all(v is not None for v in values) for values in results.scores.values())
 
 
 def test_a_bare_turn_name_spoken_twice_and_a_cut_past_the_turn_are_reported_not_refused(llama):
@@ -137,7 +137,7 @@ def test_a_bare_turn_name_spoken_twice_and_a_cut_past_the_turn_are_reported_not_
                         "input": "base"}
     reads["past_turn"] = {"site": "head", "pos": {"index": 5, "scope": {"segment": "assistant"}},
                           "model": "original", "input": "base"}
-    where = _results(raw, llama)["positions"]
+    where = _results(raw, llama).positions
     assert where["at_user"]["reason"] == ("alignment_ambiguous",) * 4
     assert where["past_turn"]["reason"] == ("out_of_range",) * 4
     assert where["at_user"]["rows"] == where["past_turn"]["rows"] == ((),) * 4
@@ -153,9 +153,9 @@ def test_a_read_whose_anchor_is_missing_is_an_excluded_measurement(llama, tmp_pa
     rows[1]["entity"] = "Tuesday"  # not in 'If today is Friday, tomorrow is'
     raw, root = _on_rows(_variant(PATCHING, logits=ENTITY), tmp_path, rows)
     results = _results(raw, llama, root)
-    assert results["positions"]["logits"]["reason"] == ("", "alignment_missing", "", "")
-    assert results["positions"]["logits"]["rows"][1] == ()
-    assert results["eligible"]["iia"] == (True, False, True, True)
+    assert results.positions["logits"]["reason"] == ("", "alignment_missing", "", "")
+    assert results.positions["logits"]["rows"][1] == ()
+    assert results.eligible["iia"] == (True, False, True, True)
     plan = compiler.compile_document(raw, llama, root)
     run.execute(plan, llama, tmp_path / "out")
     table = json.loads((tmp_path / "out" / "iia.json").read_text())
@@ -223,8 +223,8 @@ def test_the_column_half_excludes_a_blank_answer_and_keeps_its_positions(llama, 
     rows[2]["cf_answer"] = " "
     raw, root = _on_rows(ENTITY_PATCH, tmp_path, rows)
     results = _results(raw, llama, root)
-    assert results["eligible"] == {"iia": (True, True, False, True), "logit_diff": (True, True, False, True)}
-    assert [v is None for v in results["scores"]["logit_diff"]] == [False, False, True, False]
+    assert results.eligible == {"iia": (True, True, False, True), "logit_diff": (True, True, False, True)}
+    assert [v is None for v in results.scores["logit_diff"]] == [False, False, True, False]
     plan = compiler.compile_document(raw, llama, root)
     run.execute(plan, llama, tmp_path / "out")
     row = json.loads((tmp_path / "out" / "logit_diff.json").read_text())[2]
@@ -236,22 +236,22 @@ def test_the_column_half_excludes_a_blank_answer_and_keeps_its_positions(llama, 
 
 
 def test_a_pass_of_bare_integers_reports_nothing(llama, tmp_path):
-    """SPEC.md:0 [P32] SPEC.md:0 [P33] seed 000:214 — no character map, no results["positions"], and
+    """SPEC.md:0 [P32] SPEC.md:0 [P33] seed 000:214 — no character map, no results.positions, and
     table rows with positions null, reason "" and tokens ""; eligibility is still reported."""
     step = _step(PATCHING, llama)
     assert not step.dynamic
     results = run.run_step(llama, step)
-    assert results["positions"] == {}
-    assert results["eligible"] == {"iia": (True,) * 4, "logit_diff": (True,) * 4}
+    assert results.positions == {}
+    assert results.eligible == {"iia": (True,) * 4, "logit_diff": (True,) * 4}
     table = run.metric_table(step, results, "iia", "digest")
     assert all((r["positions"], r["reason"], r["tokens"]) == (None, "", "") for r in table)
 
 
 def test_the_where_py_record_is_plain_tuples_per_op(llama):
-    """SPEC.md:0 [P32] seed 000:222-238 — results["positions"][op] has rows, tokens and reason, one entry
+    """SPEC.md:0 [P32] seed 000:222-238 — results.positions[op] has rows, tokens and reason, one entry
     per row, plain integers and strings."""
     results = _results(ENTITY_PATCH, llama)
-    for name, record in results["positions"].items():
+    for name, record in results.positions.items():
         assert set(record) == {"rows", "tokens", "reason"}, name
         assert all(isinstance(part, tuple) and len(part) == 4 for part in record.values())
         assert all(isinstance(i, int) for window in record["rows"] for i in window)
@@ -267,8 +267,8 @@ def test_a_last_cut_makes_a_pass_report_its_positions(llama):
     step = compiler.compile_document(doc, llama, DATA).steps[0]
     assert step.dynamic
     results = run.run_step(llama, step)
-    assert results["positions"]["patch"]["rows"] == ((10,),) * 4
-    assert results["positions"]["patch"]["tokens"] == ("' is'",) * 4
+    assert results.positions["patch"]["rows"] == ((10,),) * 4
+    assert results.positions["patch"]["tokens"] == ("' is'",) * 4
 
 
 # ---------------------------------------------------------------- anchors
@@ -327,8 +327,8 @@ def test_an_anchored_window_and_a_bare_one_of_equal_widths_interchange(llama, re
     anchored = _results(_variant(ENTITY_PATCH, v_cf=read_pos, patch=write_pos), llama)
     plain = _results(_variant(ENTITY_PATCH, v_cf=bare if read_pos == ENTITY else -1,
                               patch=bare if write_pos == ENTITY else -1), llama)
-    assert anchored["positions"]["v_cf" if read_pos == ENTITY else "patch"]["rows"] == ((6,),) * 4
-    assert anchored["scores"]["logit_diff"] == plain["scores"]["logit_diff"]
+    assert anchored.positions["v_cf" if read_pos == ENTITY else "patch"]["rows"] == ((6,),) * 4
+    assert anchored.scores["logit_diff"] == plain.scores["logit_diff"]
 
 
 def test_a_bare_write_fed_by_an_anchored_read_that_skipped_a_row_is_refused(llama, tmp_path):
@@ -357,10 +357,10 @@ def test_left_padding_same_last_index_each_rows_own_first_token(llama):
     lengths = {sum(m) for m in base.mask}
     assert len(lengths) > 1  # the rows really are of different lengths
     results = run.run_step(llama, step)
-    first = results["positions"]["first"]
+    first = results.positions["first"]
     assert first["rows"] == tuple((m.index(1) + 1,) for m in base.mask) == ((1,), (3,), (3,), (3,))
     assert first["tokens"] == ("'If'",) * 4
-    assert results["positions"]["logits"]["rows"] == ((10,),) * 4
+    assert results.positions["logits"]["rows"] == ((10,),) * 4
 
 
 # ---------------------------------------------------------------- the command line

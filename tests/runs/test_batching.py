@@ -28,12 +28,12 @@ def test_batched_results_equal_one_pass(llama, size):
     step = _step(llama, ENTITY)
     whole = run.run_step(llama, step)
     split = run.run_step(llama, step, batch_size=size)
-    assert split["positions"] == whole["positions"]
-    assert split["eligible"] == whole["eligible"]
-    for name in whole["values"]:
-        assert torch.allclose(split["values"][name], whole["values"][name], atol=1e-6)
-    assert split["scores"]["iia"] == whole["scores"]["iia"]
-    assert split["scores"]["logit_diff"] == pytest.approx(whole["scores"]["logit_diff"], abs=1e-6)
+    assert split.positions == whole.positions
+    assert split.eligible == whole.eligible
+    for name in whole.values:
+        assert torch.allclose(split.values[name], whole.values[name], atol=1e-6)
+    assert split.scores["iia"] == whole.scores["iia"]
+    assert split.scores["logit_diff"] == pytest.approx(whole.scores["logit_diff"], abs=1e-6)
 
 
 def test_batched_decode_equals_one_pass(llama):
@@ -41,8 +41,8 @@ def test_batched_decode_equals_one_pass(llama):
     step = _step(llama, GENERATED)
     whole = run.run_step(llama, step)
     split = run.run_step(llama, step, batch_size=3)
-    assert split["positions"] == whole["positions"]
-    assert torch.equal(split["values"]["original.generated"], whole["values"]["original.generated"])
+    assert split.positions == whole.positions
+    assert torch.equal(split.values["original.generated"], whole.values["original.generated"])
 
 
 def test_batched_refusals_name_the_documents_rows(llama, tmp_path):

@@ -71,7 +71,7 @@ def test_one_head_swap_leaves_the_other_heads(llama):
     iv["reads"]["after"] = {"site": "whole", "pos": -1, "model": "patched", "input": "base"}
     iv["reads"]["before"] = {"site": "whole", "pos": -1, "model": "original", "input": "base"}
     plan = compiler.compile_document(doc, llama, DATA)
-    values = run.run_step(llama, plan.steps[0])["values"]
+    values = run.run_step(llama, plan.steps[0]).values
     after, before, v_cf = values["after"][:, 0], values["before"][:, 0], values["v_cf"][:, 0]
     assert torch.equal(after[:, :4], v_cf)
     assert torch.equal(after[:, 4:], before[:, 4:])
@@ -95,15 +95,15 @@ def test_the_pattern_document_runs_on_aligned_rows(llama_eager, tmp_path):
     query position of every row is bit-identical to the base run's."""
     plan = compiler.compile_document(_doc("attention_pattern_patching"), llama_eager, DATA)
     results = run.run_step(llama_eager, plan.leaves()[0].steps[0])
-    assert results["values"]["v_cf"].shape == (6, 1, 9)
-    assert len(results["scores"]["iia"]) == 6
+    assert results.values["v_cf"].shape == (6, 1, 9)
+    assert len(results.scores["iia"]) == 6
     doc = copy.deepcopy(sweeps.points(_doc("attention_pattern_patching"))[0][1])  # the point heads=[0]
     iv = doc["interventions"]["patching"]
     doc["sites"]["whole"] = {"component": "attention_probs", "layers": [0]}  # all 4 heads, (query, head x key)
     iv["reads"]["after"] = {"site": "whole", "pos": {"last": 8}, "model": "patched", "input": "base"}
     iv["reads"]["before"] = {"site": "whole", "pos": {"last": 8}, "model": "original", "input": "base"}
     iv["reads"]["cf"] = {"site": "whole", "pos": -1, "model": "original", "input": "counterfactual"}
-    values = run.run_step(llama_eager, compiler.compile_document(doc, llama_eager, DATA).steps[0])["values"]
+    values = run.run_step(llama_eager, compiler.compile_document(doc, llama_eager, DATA).steps[0]).values
     after, before, v_cf = values["after"], values["before"], values["v_cf"][:, 0]
     keys = v_cf.shape[-1]
     assert after.shape == before.shape == (6, 8, 4 * keys)
@@ -132,5 +132,5 @@ def test_logit_lens_at_the_last_layer_equals_the_head(llama):
     doc = copy.deepcopy(doc)
     doc["sites"]["head"] = {"component": "lm_head"}
     doc["interventions"]["lens"]["reads"]["head"] = {"site": "head", "pos": -1, "input": "base"}
-    values = run.run_step(llama, compiler.compile_document(doc, llama, DATA).steps[0])["values"]
+    values = run.run_step(llama, compiler.compile_document(doc, llama, DATA).steps[0]).values
     assert torch.allclose(values["lens"], values["head"], atol=1e-5)

@@ -76,11 +76,12 @@ def test_head_bound_gives_the_values_of_the_whole_head(eng, monkeypatch):
     doc = _head_doc()
     bound = _values(eng, doc)
     monkeypatch.setattr(eng, "forward_inputs", lambda batch: (eng.inputs(batch.ids, batch.mask), batch.actions))
-    whole = _head_shapes(eng, lambda: bound.update(whole=_values(eng, doc)))
+    unbound: dict = {}
+    whole = _head_shapes(eng, lambda: unbound.update(whole=_values(eng, doc)))
     assert whole[-1][1] == 11  # without the bound the head computes every position
     for name in ("logits", "two", "out"):
-        assert torch.equal(bound["values"][name], bound["whole"]["values"][name]), name
-    assert bound["scores"] == bound["whole"]["scores"]
+        assert torch.equal(bound.values[name], unbound["whole"].values[name]), name
+    assert bound.scores == unbound["whole"].scores
 
 
 def test_decode_computes_the_head_at_one_position_per_step(eng):
@@ -120,10 +121,10 @@ def test_rows_are_split_into_passes_under_the_budget(eng, monkeypatch):
     monkeypatch.setattr(eng, "forward", lambda batch: calls.append(len(batch.ids)) or forward(batch))
     split = run.run_step(eng, plan.steps[0], plan.window)
     assert calls == [2, 2, 2, 2]
-    assert split["placed"] == one["placed"] and split["eligible"] == one["eligible"]
-    for name, scores in one["scores"].items():  # a matrix product of fewer rows rounds differently (R11)
-        assert split["scores"][name] == pytest.approx(scores, rel=1e-6, abs=1e-6), name
-    assert torch.allclose(split["values"]["logits"], one["values"]["logits"], rtol=0, atol=1e-5)
+    assert split.placed == one.placed and split.eligible == one.eligible
+    for name, scores in one.scores.items():  # a matrix product of fewer rows rounds differently (R11)
+        assert split.scores[name] == pytest.approx(scores, rel=1e-6, abs=1e-6), name
+    assert torch.allclose(split.values["logits"], one.values["logits"], rtol=0, atol=1e-5)
     calls.clear()
     run.run_step(eng, plan.steps[0], 4)
     assert calls == [4, 4]
@@ -190,5 +191,5 @@ def test_a_read_only_metrics_use_is_kept_as_its_scores(eng):
     not its values: the tables are exactly those of the same windows keeping every value."""
     step = compiler.compile_document(PATCHING, eng, DATA).steps[0]
     lean, kept = run.run_step(eng, step, 2, lean=True), run.run_step(eng, step, 2)
-    assert "logits" in kept["values"] and "logits" not in lean["values"] and "v_cf" in lean["values"]
-    assert lean["scores"] == kept["scores"] and lean["eligible"] == kept["eligible"]
+    assert "logits" in kept.values and "logits" not in lean.values and "v_cf" in lean.values
+    assert lean.scores == kept.scores and lean.eligible == kept.eligible

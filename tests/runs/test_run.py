@@ -19,6 +19,7 @@ from causalab_ref.runs import compile as compiler
 from causalab_ref.fixtures import builder
 from causalab_ref.documents import reader
 from causalab_ref.runs import results, run
+from causalab_ref.shapes import Refusal
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "documents" / "data"
@@ -141,8 +142,8 @@ def test_the_patch_changes_the_base_run(llama):
     unpatched = copy.deepcopy(PATCHING)
     unpatched["interventions"]["patching"]["models"]["patched"]["writes"] = []
     plan = compiler.compile_document(unpatched, llama, DATA)
-    plain = run.run_step(llama, plan.steps[0])["scores"]["logit_diff"]
-    patched = run.run_step(llama, compiler.compile_document(PATCHING, llama, DATA).steps[0])["scores"]["logit_diff"]
+    plain = run.run_step(llama, plan.steps[0]).scores["logit_diff"]
+    patched = run.run_step(llama, compiler.compile_document(PATCHING, llama, DATA).steps[0]).scores["logit_diff"]
     assert all(abs(a - b) > 1e-6 for a, b in zip(plain, patched))
 
 
@@ -173,7 +174,7 @@ def test_existing_out_is_refused_without_replace(llama, written):
     """SPEC.md:0 [R10] an existing --out is refused unless --replace is given."""
     out, _ = written
     plan = compiler.compile_document(PATCHING, llama, DATA)
-    with pytest.raises(run.Refusal, match="already exists"):
+    with pytest.raises(Refusal, match="already exists"):
         run.execute(plan, llama, out)
     run.execute(plan, llama, out, replace=True)
     assert (out / "iia.json").is_file()
@@ -185,7 +186,7 @@ def test_a_refused_run_leaves_no_result_folder(llama, tmp_path):
     doc["interventions"]["patching"]["writes"]["patch"]["pos"] = {"index": 40}
     plan = compiler.compile_document(doc, llama, DATA)
     out = tmp_path / "never"
-    with pytest.raises(run.Refusal, match="has no position on row"):
+    with pytest.raises(Refusal, match="has no position on row"):
         run.execute(plan, llama, out)
     assert list(tmp_path.iterdir()) == []
 
@@ -206,8 +207,8 @@ def test_taps_run_in_rank_order_writes_first(llama):
     taps = [(t.kind, t.name) for t in plan.steps[0].forwards[1].taps]
     assert taps == [("write", "patch"), ("read", "after"), ("read", "logits")]
     results = run.run_step(llama, plan.steps[0])
-    cf = results["values"]["v_cf"]
-    assert torch.equal(results["values"]["after"], cf)
+    cf = results.values["v_cf"]
+    assert torch.equal(results.values["after"], cf)
 
 
 def test_a_metric_over_a_read_that_is_not_the_vocabulary_is_refused_at_compile(llama):
@@ -216,7 +217,7 @@ def test_a_metric_over_a_read_that_is_not_the_vocabulary_is_refused_at_compile(l
     doc = copy.deepcopy(PATCHING)
     doc["interventions"]["patching"]["metrics"]["iia"]["of"] = "v_cf"
     doc["interventions"]["patching"]["reads"]["v_cf"]["model"] = "original"
-    with pytest.raises(run.Refusal) as refusal:
+    with pytest.raises(Refusal) as refusal:
         compiler.compile_document(doc, llama, DATA)
     assert refusal.value.stage == "compile"
     assert refusal.value.path == "interventions.patching.metrics.iia.of"

@@ -52,7 +52,7 @@ def test_a_forward_shared_by_sweep_points_runs_once_with_each_points_values(llam
     for leaf in plan.leaves():
         alone = run.run_step(llama, leaf.steps[0], batch_size)
         for value, file_path in leaf.steps[0].saves:
-            assert got[f"{leaf.label}/{file_path}"] == alone["scores"][value], (leaf.label, value)
+            assert got[f"{leaf.label}/{file_path}"] == alone.scores[value], (leaf.label, value)
 
 
 @pytest.mark.parametrize("batch_size, frames", [(None, 2), (3, 4)])
@@ -74,7 +74,7 @@ def test_sweep_points_on_the_same_rows_build_each_frame_once(llama, monkeypatch,
     for leaf in plan.leaves():
         alone = run.run_step(llama, leaf.steps[0], batch_size)
         for value, file_path in leaf.steps[0].saves:
-            assert got[f"{leaf.label}/{file_path}"] == alone["scores"][value], (leaf.label, value)
+            assert got[f"{leaf.label}/{file_path}"] == alone.scores[value], (leaf.label, value)
 
 
 def test_explain_names_the_steps_that_share_a_forward(llama):
@@ -109,7 +109,7 @@ def test_a_read_that_cannot_be_placed_on_the_shared_rows_runs_its_own_forward(ll
     first, second = (leaf.steps[0] for leaf in plan.leaves())
     assert first.forwards[0].computation and first.forwards[0].computation == second.forwards[0].computation
     memo = share.Memo(plan)
-    assert run.run_step(llama, first, memo=memo)["scores"] == run.run_step(llama, first)["scores"]
+    assert run.run_step(llama, first, memo=memo).scores == run.run_step(llama, first).scores
     with pytest.raises(Refusal) as refusal:
         run.run_step(llama, second, memo=memo)
     assert refusal.value.path == "interventions.lens.reads.lens.pos"

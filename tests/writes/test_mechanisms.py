@@ -155,7 +155,7 @@ def _hand(model, family, tok, name, frame):
 
 def _run(eng, doc):
     plan = compiler.compile_document(doc, eng, DATA)
-    return run.run_step(eng, plan.steps[0])["values"]
+    return run.run_step(eng, plan.steps[0]).values
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -203,8 +203,8 @@ def test_gaussian_noise_does_not_depend_on_the_batch_size(llama):
     the whole pass's draw), where the original redraws per window and repeats window 1's noise."""
     doc = _document("llama", "prompt", ["gaussian"])
     plan = compiler.compile_document(doc, llama, DATA)
-    whole = run.run_step(llama, plan.steps[0])["values"]["after_gaussian"]
-    windowed = run.run_step(llama, plan.steps[0], batch_size=1)["values"]["after_gaussian"]
+    whole = run.run_step(llama, plan.steps[0]).values["after_gaussian"]
+    windowed = run.run_step(llama, plan.steps[0], batch_size=1).values["after_gaussian"]
     torch.testing.assert_close(windowed, whole, atol=1e-6, rtol=0)
     assert not torch.allclose(whole[0], whole[1])
 

@@ -1,0 +1,209 @@
+"""Passes: one observe step run over its rows, window by window, and what it produced (`StepResult`).
+
+A step's rows run in windows of --batch-size (or the memory budget's rows per pass), each window the
+whole pass: its forwards in dependency order at the batch's full padded width, each forward's taps placed
+(placement.py), a decoding forward handed to decode.py, a forward that other steps compute identically
+run once for all of them (share.py). The windows are stitched back in row order, scored (scoring.py) and
+the step's outputs published (writes/outputs.py). SPEC.md §4 Runs, §11 Performance (Q5-Q11):
+
+    result = run_step(engine, plan.steps[0], batch_size=2)
+    result.scores["iia"]          # one float (or None) per row
+    result.values["logits"]       # (rows, 1, V): what the read `logits` read
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Optional
+
+import torch
+
+from ..writes import outputs
+from ..writes.outputs import Published
+from . import share
+from .decode import decode_forward
+from .placement import Pass, Resolved, check_tokenizer, operand_value, place, resolve_taps, selection_of
+from .plan import Forward, ObservePlan
+from .scoring import eligible_rows, refuse_metrics_of_nothing, score
+from ..shapes import Action, Batch, Refusal
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one observe step produced over all its rows, its windows stitched in row order.
+
+    `positions`: tap name -> {"rows", "reason", "tokens"}, one entry per row; empty when nothing in the
+    pass is dynamic (SPEC.md P32-P33). `eligible`: metric name -> each row column-eligible and placed by
+    its read (P30). `values`: read name (and `<model>.generated`) -> what it read; a lean run keeps no
+    value of a read only metrics use (Q10). `scores`: metric name -> each row's value (None: not scored).
+    `placed`: tap name -> its windows, reasons and tokens. `outputs`: output name -> what the step
+    publishes for later steps (SPEC.md §8.2)."""
+
+    positions: dict[str, dict[str, tuple]]
+    eligible: dict[str, tuple[bool, ...]]
+    values: dict[str, torch.Tensor]
+    scores: dict[str, list[Optional[float]]]
+    placed: dict[str, Resolved]
+    outputs: dict[str, Published]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What a step's passes take from the run around them: the sweep point's built featurizers and what its
+    earlier steps published, whether gradients flow (a fit's update), and the progress bar (a tick a window)."""
+
+    live: dict = field(default_factory=dict)
+    published: dict[str, Published] = field(default_factory=dict)
+    grad: bool = False
+    bar: Any = None
+
+
+def run_step(engine, step: ObservePlan, batch_size: Optional[int] = None, memo: Optional[share.Memo] = None,
+             lean: bool = False, setting: Optional[Setting] = None) -> StepResult:
+    """One observe step: forwards, then metrics, then the step's outputs.
+
+    With `batch_size`, the rows are split into windows of that many and each window runs the
+    whole pass (its forwards, in order) at the batch's full padded width, so positions and
+    values are those of one pass; row numbers in refusals are the document's. Each window takes
+    its rows of an unreduced published value and the whole of a reduced one (SPEC.md M17). With
+    `memo`, a forward that other steps compute identically runs once for all of them (share.py).
+    `lean` (the run's own passes) scores a read that only metrics use window by window and keeps its
+    scores, not its values (SPEC.md Q10). `setting` is what the run around the step gives it (none alone).
+    """
+    setting = setting or Setting()
+    path = f"interventions.{step.intervention}"
+    for forward in step.forwards:
+        check_tokenizer(engine.tokenizer, forward, path)
+    rows = len(step.example_ids)
+    size = batch_size or rows
+    scored_only = _scored_only(step) if lean else set()
+    parts: list = []
+    scored: dict[str, list] = {m.name: [] for m in step.metrics if m.of in scored_only}
+    lengths = _noise_lengths(engine, step, path) if size < rows else {}
+    for lo in range(0, rows, size):
+        hi = min(lo + size, rows)
+        refs = {name: outputs.window(value, lo, hi) for name, value in setting.published.items()}
+        leads = {name: (lo, rows) if n is None else (sum(n[:lo]), sum(n)) for name, n in lengths.items()}
+        got, where = run_pass(Pass(engine, window(step, lo, hi), path, lo, live=setting.live, grad=setting.grad,
+                                   memo=memo, refs=refs, leads=leads))
+        for metric in (m for m in step.metrics if m.name in scored):
+            read = where[metric.of]
+            scored[metric.name] += score(metric, got[metric.of], read, eligible_rows(metric, read, lo), lo)
+        parts.append(({k: v for k, v in got.items() if k not in scored_only}, where))
+        if setting.bar is not None:
+            setting.bar.update(1)
+    return _stitched(step, parts, scored)
+
+
+def _stitched(step: ObservePlan, parts: list, scored: dict[str, list]) -> StepResult:
+    """The windows' (values, placed) joined in row order, scored (but for what `scored` holds already), and
+    the step's outputs published."""
+    first_values, first_placed = parts[0]
+    # Each value is (rows, w, F) or flat (total, F) in row order: windows join along the leading axis.
+    values = first_values if len(parts) == 1 else {k: torch.cat([p[0][k] for p in parts], dim=0) for k in first_values}
+    placed = {k: Resolved(*(sum((getattr(p[1][k], f) for p in parts), ()) for f in ("windows", "reasons", "tokens")))
+              for k in first_placed}
+    # A pass of bare integers reports nothing (SPEC.md P32-P33): no "positions" entry at all.
+    positions = ({name: {"rows": r.windows, "reason": r.reasons, "tokens": r.tokens} for name, r in placed.items()}
+                 if step.dynamic else {})
+    eligible = {m.name: eligible_rows(m, placed[m.of]) for m in step.metrics}
+    refuse_metrics_of_nothing(step, eligible, f"interventions.{step.intervention}")
+    tables = {m.name: scored[m.name] if m.name in scored else score(m, values[m.of], placed[m.of], eligible[m.name])
+              for m in step.metrics}
+    made = outputs.publish(step.outputs, values, {k: v.windows for k, v in placed.items()},
+                           f"steps.{step.name.split('/')[0]}")
+    return StepResult(positions=positions, eligible=eligible, values=values, scores=tables, placed=placed,
+                      outputs=made)
+
+
+def _scored_only(step: ObservePlan) -> set[str]:
+    """The reads only metrics use: no output keeps them (SPEC.md Q10)."""
+    return {m.of for m in step.metrics} - {o.read for _name, o in step.outputs}
+
+
+def _noise_lengths(engine, step: ObservePlan, path: str) -> dict[str, Optional[list[int]]]:
+    """Each gaussian write's leading axis over the whole pass, so a window draws its own part of the
+    whole pass's noise (SPEC.md M4): None for a rectangular write (its rows), else each row's positions."""
+    whole = Pass(engine, step, path)
+    out: dict[str, Optional[list[int]]] = {}
+    for forward in step.forwards:
+        taps = [t for t in forward.taps if t.kind == "write" and t.mechanism == "gaussian"]
+        ragged = [t for t in taps if t.pos.ragged and t.pos.frame == "prompt"]
+        resolved = resolve_taps(whole, forward) if ragged else {}
+        for tap in taps:
+            out[tap.name] = [len(w) for w in resolved[tap.name].windows] if tap in ragged else None
+    return out
+
+
+def window(step: ObservePlan, lo: int, hi: int) -> ObservePlan:
+    """Rows lo..hi of a step: every forward's ids, masks, segments and anchors sliced, width kept."""
+    if (lo, hi) == (0, len(step.example_ids)):
+        return step
+    forwards = tuple(replace(f, ids=f.ids[lo:hi], mask=f.mask[lo:hi],
+                             segments=None if f.segments is None else f.segments[lo:hi],
+                             taps=tuple(replace(t, anchors=None if t.anchors is None else t.anchors[lo:hi])
+                                        for t in f.taps))
+                     for f in step.forwards)
+    return replace(step, forwards=forwards, example_ids=step.example_ids[lo:hi])
+
+
+# ---------------------------------------------------------------- one window: the pass loop
+
+
+def run_pass(p: Pass) -> tuple[dict[str, torch.Tensor], dict[str, Resolved]]:
+    """The forwards of one window of rows: (values read, where each tap acted). The value table starts
+    with this window's part of each published value, so a ref is resolved like a read (LR§5.3);
+    `p.leads` places a gaussian write's window in the whole pass's draw."""
+    values: dict[str, torch.Tensor] = dict(p.refs)
+    placed: dict[str, Resolved] = {}
+    for forward in p.step.forwards:
+        resolved = resolve_taps(p, forward)
+        if forward.decode:
+            resolved, read = decode_forward(p, forward, resolved, values, placed)
+        else:
+            read = _forward(p, forward, resolved, values, placed)
+        values.update(read)
+        placed.update({tap.name: resolved[tap.name] for tap in forward.taps})
+    return {k: v for k, v in values.items() if k not in p.refs}, placed
+
+
+def _forward(p: Pass, forward: Forward, resolved: dict[str, Resolved], values: dict[str, torch.Tensor],
+             placed: dict[str, Resolved]) -> dict[str, torch.Tensor]:
+    """A forward that does not decode: every tap over its windows, each write's operand from what this pass
+    read so far; shared with the steps that compute it identically, unless gradients flow."""
+    windows = {k: v.windows for k, v in placed.items()}
+    actions = tuple(Action(tap=tap, selection=selection_of(tap, resolved[tap.name]),
+                           operand=operand_value(p, tap, resolved, values, windows) if tap.kind == "write" else None,
+                           featurizer=p.live.get(tap.featurizer), lead=p.leads.get(tap.name))
+                    for tap in forward.taps)
+    if p.memo is not None and forward.computation and not p.grad:
+        return _shared_forward(p, forward, actions, p.memo)
+    batch = Batch(ids=forward.ids, mask=forward.mask, actions=actions, grad=p.grad)
+    return p.on_engine(lambda: p.engine.forward(batch))
+
+
+def _shared_forward(p: Pass, forward: Forward, actions: tuple, memo: share.Memo) -> dict[str, torch.Tensor]:
+    """A forward other steps compute identically (SPEC.md Q5): the reads an earlier one kept, or one
+    run with every user's reads added, kept for the others. A read of another step that cannot be
+    placed on these rows is left to that step, which then runs the forward itself (Q7)."""
+    lead = memo.leads(forward, p.offset)
+    taken = None if lead else memo.take(forward, p.offset)
+    if taken is not None:
+        return taken
+    frame = p.frames[forward.input]
+    extra, names = [], {}
+    for k, (identity, tap) in enumerate(memo.others(forward, p.offset, p.offset + len(forward.ids)) if lead else ()):
+        named = replace(tap, name=f"shared:{k}")
+        if tap.pos.scope is not None and not frame.offsets:  # this pass built no character map
+            continue
+        try:
+            where = place(frame, [named], False, p.path, p.offset)[named.name]
+        except Refusal:
+            continue
+        extra.append(Action(tap=named, selection=selection_of(named, where)))
+        names[identity] = named.name
+    ordered = tuple(sorted(actions + tuple(extra), key=lambda a: (a.tap.address.rank, a.tap.kind != "write")))
+    got = p.on_engine(lambda: p.engine.forward(Batch(ids=forward.ids, mask=forward.mask, actions=ordered)))
+    if lead:
+        mine = {share.read_identity(a.tap): got[a.name] for a in actions if a.tap.kind == "read"}
+        memo.keep(forward, p.offset, mine | {identity: got[name] for identity, name in names.items()})
+    return {a.name: got[a.name] for a in actions if a.tap.kind == "read"}

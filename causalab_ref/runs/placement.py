@@ -1,0 +1,168 @@
+"""Placement: where one pass's taps act on its rows, what its writes land, and the state the pass carries.
+
+A `Pass` is one window of one observe step's rows with everything its forwards share (the engine, the
+featurizers, the memo, the published values, whether gradients flow). Placing a forward resolves each
+prompt-frame tap's positions against the model's tokenizer (locate.py) and applies the run-time
+refusals of SPEC.md §2.9 Eligibility: a read may skip a row, a write may not, a fixed-width cut that does
+not fit is refused. A write's operand is then a read of this pass (its windows checked row by row), a
+published value, a number, or nothing. The pass loop (passes.py) and the decode (decode.py) call it:
+
+    p = Pass(engine, step, path="interventions.patching")
+    resolved = resolve_taps(p, step.forwards[0])           # {tap name: Resolved}
+    selection = selection_of(tap, resolved[tap.name])      # what the engine is handed
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+from ..positions import locate
+from . import share
+from .plan import Forward, ObservePlan, Tap
+from ..shapes import Ref, Refusal, Selection
+
+FIXED_WIDTH = ("{kind} '{name}' at {spelling} has no position on row(s) {rows}. A position of a fixed width "
+               "names the same number of tokens on every row, so a row it does not fit is refused rather than "
+               "skipped; a position anchored to the row's own text may skip a row, and says why")
+NOTHING_TO_WRITE = ("write '{name}' has nothing to write on row(s) {rows}. A read may skip a row; a write may "
+                    "not — writing nothing somewhere is not an intervention, and the row would score as if one "
+                    "had happened. `alignment_ambiguous` is a value that is in the prompt more than once, and "
+                    "scoping the anchor is what makes it one")
+RAGGED_MISMATCH = ("write '{name}' covers {want} positions per row but its operand '{operand}' was read over "
+                   "{have}; rows {rows} differ. Landing a window of one width in another is a policy this slice "
+                   "does not implement — the protocol's `exact_length_buckets` and `padded_masked` — so it refuses")
+
+
+def refuse(message: str, path: str):
+    raise Refusal(message, path=path, stage="run")
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One window of one observe step's rows, and what every forward of it shares."""
+
+    engine: Any
+    step: ObservePlan  # the window's rows of the step (passes.window)
+    path: str  # `interventions.<name>`: where a refusal points
+    offset: int = 0  # the window's first row in the document's numbering (a --batch-size window)
+    live: dict = field(default_factory=dict)  # featurizer name -> the sweep point's built featurizer
+    grad: bool = False  # a fit's update: keep the graph, share nothing
+    memo: Optional[share.Memo] = None  # forwards other steps compute identically (share.py)
+    refs: dict = field(default_factory=dict)  # this window's part of each published value a ref names
+    leads: dict = field(default_factory=dict)  # each gaussian write's (offset, total) in the whole draw (M4)
+    frames: dict = field(default_factory=dict)  # each role's frame, built once per pass (a cache)
+
+    def on_engine(self, call):
+        """An engine's refusal names a place relative to the intervention (`reads.<r>.pos`); give it the
+        whole document path (`interventions.<i>.reads.<r>.pos`). Site paths are already whole."""
+        try:
+            return call()
+        except Refusal as refusal:
+            if refusal.path and not refusal.path.startswith(("sites.", "interventions.", "model.")):
+                refusal.path = f"{self.path}.{refusal.path}"
+            raise
+
+
+@dataclass
+class Resolved:
+    """One tap's positions on this forward's rows."""
+
+    windows: tuple[tuple[int, ...], ...]
+    reasons: tuple[str, ...]
+    tokens: tuple[str, ...]
+
+
+def place(frame, taps, dynamic: bool, path: str, offset: int = 0) -> dict[str, Resolved]:
+    """Every tap's windows on one frame, with the run-time refusals of SPEC.md §2.9 Eligibility.
+
+    `offset` is the frame's first row in the document's numbering (a --batch-size window)."""
+    out = {}
+    for tap in taps:
+        windows, reasons = locate.locate(frame, tap.pos, tap.anchors)
+        tokens = tuple(locate.tokens_of(frame, w, r) if dynamic else "" for r, w in enumerate(windows))
+        bad = {r + offset: reason for r, reason in enumerate(reasons) if reason}
+        where = f"{path}.{tap.kind}s.{tap.name}.pos"
+        if bad and not tap.pos.uneven:
+            refuse(FIXED_WIDTH.format(kind=tap.kind, name=tap.name, spelling=tap.pos.spelling(), rows=bad), where)
+        if bad and tap.kind == "write":
+            refuse(NOTHING_TO_WRITE.format(name=tap.name, rows=bad), where)
+        out[tap.name] = Resolved(windows=tuple(tuple(w) for w in windows), reasons=tuple(reasons), tokens=tokens)
+    return out
+
+
+def resolve_taps(p: Pass, forward: Forward) -> dict[str, Resolved]:
+    """The prompt-frame taps of one forward, resolved against the model's tokenizer.
+
+    `p.frames` caches each role's frame within a pass: two forwards on one role share their rows,
+    so the character map (the expensive half) is built once; `p.memo` keeps the last few frames
+    of the run for the sweep points on the same rows (SPEC.md Q15)."""
+    step = p.step
+    if forward.input not in p.frames:
+        def build():
+            return locate.frame_of_ids(p.engine.tokenizer, forward.ids, forward.mask, segments=forward.segments,
+                                       char_map=step.dynamic)
+        key = (forward.ids, forward.mask, repr(forward.segments), step.dynamic)
+        p.frames[forward.input] = build() if p.memo is None else p.memo.frame(key, build)
+    frame = p.frames[forward.input]
+    return place(frame, [t for t in forward.taps if t.pos.frame == "prompt"], step.dynamic, p.path, p.offset)
+
+
+def selection_of(tap: Tap, resolved: Resolved) -> Selection:
+    return Selection(windows=resolved.windows, seq_axis=tap.address.seq_axis, ragged=tap.pos.ragged,
+                     groups=tap.groups, take=tap.take)
+
+
+def check_tokenizer(tok, forward: Forward, path: str) -> None:
+    """The run's tokenizer must be the one that encoded the plan: row 0 decoded by both must agree.
+
+    Decoded strings are compared, not re-encodings, because encode(decode(ids)) == ids is not a
+    property tokenizers have (SPEC.md P52)."""
+    here = tok.decode(list(forward.ids[0]), skip_special_tokens=False)
+    if forward.check and here != forward.check:
+        refuse(f"the tokenizer at run time decodes row 0 of forward '{forward.model}' on '{forward.input}' as "
+               f"{here[:80]!r}, and the plan was encoded by one that decodes it as {forward.check[:80]!r}; "
+               "compile and run against the same checkpoint's tokenizer", f"{path}")
+
+
+# ---------------------------------------------------------------- what a write lands
+
+
+def fixed_operand(tap: Tap, values: dict[str, torch.Tensor]) -> Any:
+    """A write's operand that is not a read of this pass: nothing (None), a published value (`values`
+    holds this window's part of it, checked at compile), or a number. Callers test `isinstance(tap.operand,
+    str)` (a read) first."""
+    if isinstance(tap.operand, Ref):
+        return values[tap.operand.name]
+    return None if tap.operand is None else float(tap.operand)
+
+
+def operand_value(p: Pass, tap: Tap, resolved: dict[str, Resolved], values: dict[str, torch.Tensor],
+                  read_windows: dict[str, tuple]):
+    """What a prompt-frame write lands: a read of this intervention (windows checked row by row), or a
+    fixed operand."""
+    if not isinstance(tap.operand, str):
+        return fixed_operand(tap, values)
+    mine = resolved[tap.name].windows
+    theirs = read_windows[tap.operand]
+    # Row by row whichever side is ragged: a bare write fed by an anchored read is refused here
+    # when the read skipped a row, not later as a shape the engine cannot land.
+    want = [len(w) for w in mine]
+    have = [len(w) for w in theirs]
+    rows = [r + p.offset for r, (a, b) in enumerate(zip(want, have)) if a != b]
+    if rows or len(mine) != len(theirs):
+        refuse(RAGGED_MISMATCH.format(name=tap.name, want=want, operand=tap.operand, have=have, rows=rows),
+               f"{p.path}.writes.{tap.name}.pos")
+    return in_layout(values[tap.operand], tap.pos.ragged, len(mine))
+
+
+def in_layout(value: torch.Tensor, ragged: bool, rows: int) -> torch.Tensor:
+    """An operand read in the other layout, per-row widths already equal: a rectangular read
+    (rows, w, F) lands in a ragged write as (total, F), and a flat read in a rectangular write
+    as (rows, w, F). Row order is the same in both, so this is a reshape (SPEC.md P48)."""
+    if ragged and value.dim() == 3:
+        return value.reshape(-1, value.shape[-1])  # (rows, w, F) -> (rows * w, F)
+    if not ragged and value.dim() == 2 and rows and value.shape[0] % rows == 0:
+        return value.reshape(rows, value.shape[0] // rows, value.shape[-1])  # (rows * w, F) -> (rows, w, F)
+    return value

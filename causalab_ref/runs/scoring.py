@@ -1,0 +1,74 @@
+"""Scoring: each metric of a step over the rows both halves admit (SPEC.md P30), per row.
+
+A metric's row is scored when its answer columns are eligible (compile's half) and its read was placed
+there (the run's half); the kind scores those rows together (documents/metrics.py), one row's value its
+own. The pass loop (passes.py) scores a window or a whole step; a fit keeps the graph (`vector`):
+
+    both = eligible_rows(metric, placed[metric.of])
+    table = score(metric, values[metric.of], placed[metric.of], both)    # [float | None per row]
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from ..documents import metrics
+from .placement import Resolved, refuse
+from .plan import MetricPlan, ObservePlan
+
+
+def eligible_rows(metric: MetricPlan, read: Resolved, lo: int = 0) -> tuple[bool, ...]:
+    """A metric's rows lo.. of a window: column-eligible and placed by its read (SPEC.md P30)."""
+    return tuple(col and not reason for col, reason in zip(metric.eligible[lo:lo + len(read.reasons)], read.reasons))
+
+
+def refuse_metrics_of_nothing(step: ObservePlan, eligible: dict, path: str) -> None:
+    """A metric no row of which is both column-eligible and placed by its read has no mean (SPEC.md P30)."""
+    for metric in step.metrics:
+        if not any(eligible[metric.name]):
+            refuse(f"metric '{metric.name}': no row is both column-eligible and placed by its read "
+                   f"'{metric.of}'; a metric of nothing has no mean", f"{path}.metrics.{metric.name}")
+
+
+def _row_index(value: torch.Tensor, resolved: Resolved) -> tuple[torch.Tensor, list[Optional[int]]]:
+    """The scored vectors as one matrix (m, V), and each row's index into it (None: not placed). A read
+    is rectangular (rows, 1, V) or flat (total, V) in resolved-row order."""
+    if value.dim() == 3:
+        return value[:, 0], list(range(value.shape[0]))  # (rows, 1, V) -> (rows, V)
+    out: list[Optional[int]] = []
+    k = 0
+    for window in resolved.windows:
+        out.append(k if window else None)
+        k += len(window)
+    return value, out
+
+
+def _scored(metric: MetricPlan, value: torch.Tensor, resolved: Resolved, both: tuple[bool, ...],
+            lo: int = 0) -> tuple[list[int], torch.Tensor]:
+    """The rows scored (both eligible and placed) and their values, scored together by the kind (one row's
+    value is that row's alone, metrics.py); `lo` is the window's first row in the answers' numbering."""
+    matrix, index = _row_index(value, resolved)
+    rows = [r for r, i in enumerate(index) if both[r] and i is not None]
+    at = [index[r] for r in rows]
+    whole = at == list(range(matrix.shape[0]))  # every row scored: no copy of the logits
+    picked = matrix if whole else matrix.index_select(0, torch.tensor(at, dtype=torch.long))  # (len(rows), V)
+    ids = {column: torch.tensor([ids[lo + r] for r in rows], dtype=torch.long) for column, ids in metric.answers}
+    return rows, metrics.KINDS[metric.kind].score(picked, ids)
+
+
+def score(metric: MetricPlan, value: torch.Tensor, resolved: Resolved, both: tuple[bool, ...],
+          lo: int = 0) -> list[Optional[float]]:
+    """Per-row metric values (None where the row is not scored, or its value is not finite); `value`,
+    `resolved` and `both` are rows lo.. of the step (a window's)."""
+    out: list[Optional[float]] = [None] * len(resolved.windows)
+    rows, values = _scored(metric, value.detach().float(), resolved, both, lo)
+    for r, v in zip(rows, values.tolist()):
+        out[r] = v if math.isfinite(v) else None
+    return out
+
+
+def vector(metric: MetricPlan, value: torch.Tensor, resolved: Resolved, both: tuple[bool, ...]) -> torch.Tensor:
+    """A metric over its scored rows as one float32 vector, keeping the graph (a fit's loss term)."""
+    return _scored(metric, value.float(), resolved, both)[1]
