@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 
 from ..positions import locate
-from .placement import Pass, Resolved, fixed_operand, operand_value, place, refuse, selection_of
+from .placement import Pass, Resolved, fixed_operand, operand_value, place, selection_of
 from .plan import Forward, Tap
-from ..shapes import Action, Batch, Selection
+from ..shapes import Action, Batch, Refusal, Selection
 
 PAST_STOP = "past_stop"  # a continuation write's reason on a row that stopped before some of its steps
 
@@ -94,8 +94,9 @@ def _continuation_operand(p: Pass, tap: Tap, values: dict, placed: dict):
         return fixed_operand(tap, values)
     windows = placed[tap.operand].windows
     if any(len(w) != 1 for w in windows):
-        refuse(f"write '{tap.name}' lands one position per decode step, and its operand '{tap.operand}' was not "
-               f"read over one position on every row ({[len(w) for w in windows]})", f"{p.path}.writes.{tap.name}")
+        raise Refusal(f"write '{tap.name}' lands one position per decode step, and its operand '{tap.operand}' was not "
+                      f"read over one position on every row ({[len(w) for w in windows]})",
+                      path=f"{p.path}.writes.{tap.name}", stage="run")
     value = values[tap.operand]
     return value if value.dim() == 3 else value.unsqueeze(1)  # (rows, F) -> (rows, 1, F)
 

@@ -15,8 +15,9 @@ from typing import Optional
 import torch
 
 from ..documents import metrics
-from .placement import Resolved, refuse
+from .placement import Resolved
 from .plan import MetricPlan, ObservePlan
+from ..shapes import Refusal
 
 
 def eligible_rows(metric: MetricPlan, read: Resolved, lo: int = 0) -> tuple[bool, ...]:
@@ -28,8 +29,9 @@ def refuse_metrics_of_nothing(step: ObservePlan, eligible: dict, path: str) -> N
     """A metric no row of which is both column-eligible and placed by its read has no mean (SPEC.md P30)."""
     for metric in step.metrics:
         if not any(eligible[metric.name]):
-            refuse(f"metric '{metric.name}': no row is both column-eligible and placed by its read "
-                   f"'{metric.of}'; a metric of nothing has no mean", f"{path}.metrics.{metric.name}")
+            raise Refusal(f"metric '{metric.name}': no row is both column-eligible and placed by its read "
+                   f"'{metric.of}'; a metric of nothing has no mean", path=f"{path}.metrics.{metric.name}",
+                          stage="run")
 
 
 def _row_index(value: torch.Tensor, resolved: Resolved) -> tuple[torch.Tensor, list[Optional[int]]]:
