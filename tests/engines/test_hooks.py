@@ -296,7 +296,7 @@ def _decode_actions(eng, ids, decode):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_both_engines_decode_the_same_tokens_and_per_step_values(engines, family):
-    """SPEC.md:1129 [E6] / SPEC.md:212 [P53] — the hooks engine decodes: on a padded batch, with a write at
+    """SPEC.md:1134 [E6] / SPEC.md:212 [P53] — the hooks engine decodes: on a padded batch, with a write at
     step 2, both engines generate the same greedy ids and read the same prompt, per-step and stacked values
     (allclose 1e-6); both hold off the same stop ids, the tokenizer's EOS among them."""
     nn, hk = engines(family)
@@ -333,7 +333,7 @@ def test_interiors_are_refused_by_name_at_compile():
     assert "a write would change nothing downstream" in refused.value.message
     assert "run this document on the nnterp engine" in refused.value.message
     assert address.locate(hk.shell, "attention_probs", 0).component == "attention_probs"
-    described = hk.describe_components()
+    described = cli.describe_components(hk)
     assert described["engine"] == "hooks"
     assert not described["components"]["attention_query[0]"]["resolves"]
     assert described["components"]["block_output[0]"]["module"] == "model.layers.0"
