@@ -235,7 +235,39 @@ def cmd_model(args):
                       device_map=args.device_map)
     if args.lands:
         return _where_each_lands(eng, args.layer)
-    return {**eng.describe_components(), "dtype": args.dtype, "device_map": eng.device_map}
+    return {**describe_components(eng), "dtype": args.dtype, "device_map": eng.device_map}
+
+
+def describe_components(eng) -> dict:
+    """The `model` verb's answer: each component at each layer (the engine's `locate`), its width, its
+    operation and what the engine's `detail` adds, or the reason the place is not there; the text is
+    formatted here from those answers, one line per place under a line about the model."""
+    from .locations import address
+    answers: dict[str, dict] = {}
+    for component, row in address.TABLE.items():
+        for layer in (range(eng.num_layers) if row.layered else [None]):
+            label = component if layer is None else f"{component}[{layer}]"
+            try:
+                a = eng.locate(component, layer)
+            except Refusal as refusal:
+                answers[label] = {"resolves": False, "why": refusal.message}
+                continue
+            answers[label] = {"resolves": True, "width": a.width, "op": a.op, **eng.detail(a)}
+    tok = eng.tokenizer
+    lines = [f"{eng.spec.key} via {eng.name}: {eng.num_layers} layers, padding_side={tok.padding_side}, "
+             f"{eng.attention()} attention", *(_component_line(label, a) for label, a in answers.items())]
+    return {"text": "\n".join(lines), "key": eng.spec.key, "engine": eng.name, "num_layers": eng.num_layers,
+            "padding_side": tok.padding_side, "components": answers}
+
+
+def _component_line(label: str, answer: dict) -> str:
+    """One place's line: `--` and the reason, or `ok`, its width, its operation and its hook (module.side)."""
+    if not answer["resolves"]:
+        return f"  {label:24s} --   {answer['why']}"
+    width = f"width={answer['width']}" if answer["width"] is not None else "no width (no featurizer here)"
+    op = f"  op={answer['op']}" if answer["op"] else ""
+    hook = f"  hook={answer['module'] or '<root>'}.{answer['io']}" if "module" in answer else ""
+    return f"  {label:24s} ok   {width}{op}{hook}"
 
 
 def _where_each_lands(eng, layer: int):

@@ -48,3 +48,12 @@ class Delegate(Engine):
 
     def generation_config(self):
         return self.inner.generation_config()
+
+    def input_device(self):
+        return self.inner.input_device()
+
+    def detail(self, a):
+        return self.inner.detail(a)
+
+    def frozen(self):
+        return self.inner.frozen()

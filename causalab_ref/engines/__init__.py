@@ -2,8 +2,7 @@
 
     contract.py    what compile and run may ask of an engine
     loading.py     a model block made an engine (`load`), for either engine
-    nnterp.py      the nnterp engine: addresses reached inside an nnsight trace (access.py)
-    access.py      nnsight's envoy of each component, read and replaced
+    nnterp.py      the nnterp engine: each address's envoy read and replaced inside an nnsight trace
     hooks.py       the plain torch-hooks engine
     checkpoint.py  a checkpoint loaded safely: no code, offline first, weights that fit the config
 

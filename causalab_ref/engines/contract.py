@@ -1,12 +1,12 @@
 """The engine contract: what compile and run may ask of an engine, and the data that crosses into it.
 
 Compile asks `tokenizer`, `config`, `num_layers`, `locate` and `width`; the run asks
-`forward(batch)` and `generate(batch)` for one forward of the plan, and `run_record`;
-the `model` verb asks `describe_components`. `Engine` implements everything that is
-the same for every engine once — the inputs of a forward, the logits view, the run
-record, the component description, the pad token — and an engine (engine.py's
-nnterp engine, hooks.py's torch-hooks engine) implements only how the tensor at an
-address is reached and replaced, calling the one write seam (seam.py) there.
+`forward(batch)` and `generate(batch)` for one forward of the plan, `frozen()` around a
+fit, and `run_record`; the `model` verb asks `locate` and `detail` and prints the answer
+itself (cli.py). `Engine` is those methods: the ones marked abstract each engine
+implements (nnterp.py's nnterp engine, hooks.py's torch-hooks engine: how the tensor at
+an address is reached and replaced, calling the one write seam, seam.py, there), and the
+few both engines would write identically have their one body here.
 
 A forward crosses into an engine as a `Batch` of `Action`s: each a plan tap with its
 run-time selection, operand and the decode steps it fires at, in rank order.
@@ -14,8 +14,10 @@ SPEC.md §12 How it is built.
 """
 from __future__ import annotations
 
+import contextlib
+from abc import ABC, abstractmethod
 from dataclasses import replace
-from typing import Any, Optional
+from typing import Any, ContextManager, Iterator, Optional
 
 import torch
 
@@ -27,7 +29,7 @@ from ..shapes import Action, Address, Batch, Model, Refusal
 def position_ids(mask: torch.Tensor) -> torch.Tensor:
     """Each row's positions counted from its own first token, cumsum(mask) - 1 with padding at 0 (the rule
     transformers' generate applies), so a row's numbers do not depend on the rows padded beside it (R20)."""
-    return (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    return (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)  # (rows, length)
 
 
 def head_bound(batch: Batch) -> tuple[torch.Tensor, tuple[Action, ...]]:
@@ -40,11 +42,11 @@ def head_bound(batch: Batch) -> tuple[torch.Tensor, tuple[Action, ...]]:
     every other action is unchanged."""
     kept = sorted({p for a in batch.actions if a.address.component in address.HEAD
                    for window in a.selection.windows for p in window})
-    where = {p: k for k, p in enumerate(kept)}
+    where = {p: k for k, p in enumerate(kept)}  # a position of the sequence -> its index in (B, kept, vocab)
     actions = tuple(replace(a, selection=replace(a.selection, windows=tuple(tuple(where[p] for p in window)
                                                                             for window in a.selection.windows)))
                     if a.address.component in address.HEAD else a for a in batch.actions)
-    return torch.tensor(kept, dtype=torch.long), actions
+    return torch.tensor(kept, dtype=torch.long), actions  # (kept,)
 
 
 DEVICE_MAPS = "cpu, cuda, cuda:N or auto"
@@ -68,15 +70,35 @@ def device_map(text: str) -> str:
     return text
 
 
-class Engine:
-    """What every engine shares. A subclass sets `name`, `record_name`, `tokenizer` (through
-    `__init__`) and `standard` (the nnterp model `config`, `num_layers`, `attention` and `locate`
-    are answered from; or it overrides those), and implements `forward`, `generate`,
-    `final_modules`, `head_weight` and `detail`."""
+@contextlib.contextmanager
+def frozen_parameters(module: Optional[torch.nn.Module]) -> Iterator[None]:
+    """Inside the block no parameter of `module` asks for a gradient; on the way out each gets back the flag it
+    had (a fit trains its featurizers, never the model: SPEC.md E8). `None` (a meta load) freezes nothing."""
+    params = list(module.parameters()) if module is not None else []
+    before = [p.requires_grad for p in params]
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p, flag in zip(params, before):
+            p.requires_grad_(flag)
+
+
+class Engine(ABC):
+    """The engine contract. An engine sets `name` and `record_name` and implements the abstract methods:
+    `forward`, `generate`, `frozen`, `final_modules`, `head_weight`, `input_device`, `generation_config` and
+    `detail`.
+
+    The bodies here are the ones both engines share identically: `__init__` (the pad-token fix-up,
+    `locate.with_pad`); compile's questions (`config`, `num_layers`, `locate`, `width`, `attention`), answered
+    from `standard`, the nnterp StandardizedTransformer addresses are resolved on (an engine without one
+    overrides them); the inputs of a forward (`inputs`, `forward_inputs`); the decode's arguments
+    (`stop_ids`, `decoding`); the logits view (`viewed`); and the run record (`run_record`)."""
 
     name = "engine"
     record_name = "Engine"
-    standard: Any = None  # the nnterp StandardizedTransformer addresses are resolved on (engine.py, hooks.py)
+    standard: Any = None  # the nnterp StandardizedTransformer addresses are resolved on (nnterp.py, hooks.py)
 
     def __init__(self, spec: Model, tokenizer, recipe: dict[str, Any], extra=None, device_map: str = "cpu"):
         self.spec = spec
@@ -109,45 +131,50 @@ class Engine:
         """The attention implementation the model runs."""
         return address.runs_attention(self.standard)
 
+    @abstractmethod
+    def detail(self, a: Address) -> dict[str, Any]:
+        """What this engine adds to the `model` verb's answer for a resolved place (fields of the answer)."""
+
     # -------------------------------------------------------------- asked by run
 
+    @abstractmethod
     def forward(self, batch: Batch) -> dict[str, torch.Tensor]:
         """One forward: each read's value (detached, on the CPU, its view applied)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def generate(self, batch: Batch) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """A greedy decode of `batch.decode` tokens: (reads, generated ids (rows, decode))."""
-        raise NotImplementedError
 
+    @abstractmethod
+    def frozen(self) -> ContextManager[None]:
+        """A context in which no weight of the model asks for a gradient, each weight's flag restored on the
+        way out (`frozen_parameters` on the engine's torch module): a fit's passes run inside it (SPEC.md E8)."""
+
+    @abstractmethod
     def final_modules(self) -> tuple[Any, Any]:
         """(final norm, head) as torch modules, for the logits view."""
-        raise NotImplementedError
 
+    @abstractmethod
     def head_weight(self):
         """The head's weight (its dtype is what the run served, its device where the head ran), or None
         without weights."""
-        raise NotImplementedError
 
+    @abstractmethod
     def input_device(self):
         """Where a forward's inputs go: the device of the model's first parameters (the embedding)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def generation_config(self):
         """The checkpoint's transformers generation config (None when it has none)."""
-        raise NotImplementedError
-
-    def detail(self, a: Address) -> tuple[dict, str]:
-        """What `describe_components` adds for a resolved place: (answer fields, line text)."""
-        return {}, ""
 
     # -------------------------------------------------------------- shared
 
     def inputs(self, ids, mask) -> dict[str, torch.Tensor]:
         """A forward's keyword inputs: the left-padded ids, their attention mask and the position ids
         derived from the mask (every forward, the prompt's and a decode's, R20)."""
-        mask_t = torch.tensor(mask, dtype=torch.long)
+        mask_t = torch.tensor(mask, dtype=torch.long)  # (rows, length)
         inputs = {"input_ids": torch.tensor(ids, dtype=torch.long), "attention_mask": mask_t,
-                  "position_ids": position_ids(mask_t)}
+                  "position_ids": position_ids(mask_t)}  # each (rows, length)
         device = self.input_device()
         return {k: v.to(device) for k, v in inputs.items()}
 
@@ -181,6 +208,7 @@ class Engine:
             return value
         norm, head = self.final_modules()
         with torch.no_grad():
+            # (..., hidden) -> (..., vocab)
             logits = head(norm(value.to(device=head.weight.device, dtype=head.weight.dtype)))
             cap = getattr(self.config, "final_logit_softcapping", None)
             if cap:
@@ -204,26 +232,3 @@ class Engine:
             record["served_dtype"] = str(weight.dtype)
             record["device"] = str(weight.device)
         return record
-
-    def describe_components(self) -> dict:
-        """The `model` verb's answer: each component at each layer, its width and what `detail` adds,
-        or the reason the place is not there."""
-        tok = self.tokenizer
-        lines = [f"{self.spec.key} via {self.name}: {self.num_layers} layers, "
-                 f"padding_side={tok.padding_side}, {self.attention()} attention"]
-        answers: dict[str, Any] = {}
-        for component, row in address.TABLE.items():
-            for layer in (range(self.num_layers) if row.layered else [None]):
-                label = component if layer is None else f"{component}[{layer}]"
-                try:
-                    a = self.locate(component, layer)
-                except Refusal as refusal:
-                    answers[label] = {"resolves": False, "why": refusal.message}
-                    lines.append(f"  {label:24s} --   {refusal.message}")
-                    continue
-                fields, text = self.detail(a)
-                answers[label] = {"resolves": True, "width": a.width, "op": a.op, **fields}
-                width = f"width={a.width}" if a.width is not None else "no width (no featurizer here)"
-                lines.append(f"  {label:24s} ok   {width}{text}")
-        return {"text": "\n".join(lines), "key": self.spec.key, "engine": self.name, "num_layers": self.num_layers,
-                "padding_side": tok.padding_side, "components": answers}

@@ -13,16 +13,17 @@ How an address becomes a hook (seed 004:100 "Both engines reach it"):
   `address.locate` on a weightless nnterp `StandardizedTransformer` shell of the same
   checkpoint (SPEC.md L24); the shell is only a module tree;
 * the address's module (nnterp's standardized spelling, relative to the layer or the
-  model root) is walked on the shell, and the envoy's underlying `torch.nn.Module` is
-  found by identity in the shell's own `named_modules()`.  That dotted name is the
-  transformers name (`model.layers.0.self_attn.o_proj`, `transformer.h.0.attn.c_proj`,
-  `transformer.wte`, ...), and the hooked model, loaded from the same directory, has
-  the module under the same name.  No per-family rename table is kept;
+  model root) is walked on the shell (`address.envoy`, the walk `locate` uses), and the
+  envoy's underlying `torch.nn.Module` is found by identity in the shell's own
+  `named_modules()`.  That dotted name is the transformers name
+  (`model.layers.0.self_attn.o_proj`, `transformer.h.0.attn.c_proj`, `transformer.wte`,
+  ...), and the hooked model, loaded from the same directory, has the module under the
+  same name.  No per-family rename table is kept;
 * the input side is the module's first argument (first positional, else the first
   keyword — `self_attn` is called with `hidden_states=`), reached by a forward
   pre-hook; the output side is the module's output, element 0 of a tuple, reached by
   a forward hook.  Which of those a tap takes is the component table's `reach`
-  column, as access.py dispatches on it: a `boundary` row is the module's input or
+  column, as the nnterp engine dispatches on it: a `boundary` row is the module's input or
   output; the `model_logits` row (`logits`) is the root module (empty path) and its
   output's `.logits` field (seed 004:100, SPEC.md L9);
 * taps at one boundary run in the order given (rank order, writes before reads,
@@ -40,14 +41,14 @@ with, so a write there would change nothing downstream (SPEC.md L11; seed 004:12
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import ContextManager, Optional
 
 import torch
 
-from . import access, checkpoint
+from . import checkpoint
 from ..locations import address
 from ..writes import seam
-from .contract import Engine
+from .contract import Engine, frozen_parameters
 from ..shapes import Batch, Model, Refusal
 
 INTERIOR = ("component '{name}' is an interior — one argument of one call inside a module's forward — and a "
@@ -93,6 +94,7 @@ class _Hooked:
         if not acting:
             return None
         if self.length:
+            # the positions the tensor holds at this step (the prompt's or its last ones at step 0, then 1)
             acting = [seam.at_step(a, current.shape[a.address.seq_axis], self.length) for a in acting]
         landed = seam.apply(current, acting, self.step, self.grad)
         self.reads.keep(landed)
@@ -161,15 +163,15 @@ class HooksEngine(Engine):
 
     def module_name(self, addr) -> str:
         """The transformers module name of an address's module ('' is the root)."""
-        env = access.envoy(self.shell, addr)
+        env = address.envoy(self.shell, addr)
         name = self._names.get(id(env._module))
         if name is None:
             raise RuntimeError(f"{addr.label()}: module '{addr.module}' is not in the model's module tree")
         return name
 
-    def detail(self, a) -> tuple[dict, str]:
-        module = self.module_name(a)
-        return {"module": module, "io": a.io}, f"  hook={module or '<root>'}.{a.io}"
+    def detail(self, a) -> dict:
+        """The transformers module a hook goes on, and its side."""
+        return {"module": self.module_name(a), "io": a.io}
 
     def final_modules(self):
         return (self.hf_model.get_submodule(self.module_name(self.locate("ln_final", None))),
@@ -189,6 +191,9 @@ class HooksEngine(Engine):
     def generation_config(self):
         model = self.hf_model if self.hf_model is not None else self.shell._model
         return getattr(model, "generation_config", None)
+
+    def frozen(self) -> ContextManager[None]:
+        return frozen_parameters(self.hf_model)
 
     # -------------------------------------------------------------- run-time: reaching an address
 
@@ -239,4 +244,4 @@ class HooksEngine(Engine):
         finally:
             for handle in handles:
                 handle.remove()
-        return hooked.reads.result(self.viewed), out.detach().cpu()[:, length:]
+        return hooked.reads.result(self.viewed), out.detach().cpu()[:, length:]  # (B, length + decode) -> (B, decode)

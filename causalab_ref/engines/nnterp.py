@@ -1,18 +1,149 @@
-"""Engine: a checkpoint loaded as an nnterp StandardizedTransformer, and one forward of a plan on it.
+"""The nnterp engine: a checkpoint loaded as an nnterp StandardizedTransformer, and one forward of a plan on it.
 
-`NNterpEngine` implements the engine contract (contract.py) by
-reaching each address inside an nnsight trace (access.py) and handing the tensor
-there to the write seam (seam.py); one trace over a left-padded batch issues every
-address in rank order, writes landing before reads at one address. SPEC.md §4 Runs, §12.
+`NNterpEngine` implements the engine contract (contract.py) by reaching each address inside an
+nnsight trace and handing the tensor there to the write seam (seam.py); one trace over a left-padded
+batch issues every address in rank order, writes landing before reads at one address. SPEC.md §4 Runs,
+§12. (Loading one is checkpoint.py's; choosing the engine, loading.py's.)
+
+Reaching an address is two verbs a trace uses: `value(model, address)` (the tensor held there, to read
+or `.save()`) and `assign(model, address, new)` (replace it). Both must be called inside a
+`with model.trace(...)` block, and (nnsight's rule) in forward order (`Address.rank`), reads and writes
+interleaved as the forward meets them.
+
+How each kind of place is reached: the component table's `reach` column, dispatched on by `REACH`
+(SPEC.md §3 Locations; stack-facts "Tracing rules"):
+
+* a module boundary: the envoy's `.input` (first argument) or `.output` (the module found by
+  `address.envoy`, the one module-tree walk); a tuple output is its element 0, and a write puts the
+  new value in that slot;
+* an interior: the attention forward's `.source` operation `address.op` (`attention_interface_0`
+  here): argument 1 is the query, 2 the key, output[0] is z. Writes replace the operation's
+  inputs/output (an in-place write into GPT-2's query fails: it is a view from a split). Under eager
+  attention the operation's own `.source` is touched before its inputs, so a later read of the scores
+  (one level deeper) is still ahead of the forward;
+* attention_scores: the softmax inside the function the call dispatches to, found in the trace (the
+  one nested operation whose name says softmax), its input;
+* attention_probs: nnterp's `attention_probabilities[layer]`;
+* logits: the model output's `.logits`.
 """
 from __future__ import annotations
 
+from typing import ContextManager
+
 import torch
 
-from . import access
+from ..locations.address import TABLE, envoy, reach, runs_attention
+from ..shapes import Address, Batch, Model, Refusal
 from ..writes import seam
-from .contract import Engine
-from ..shapes import Batch, Model
+from .contract import Engine, frozen_parameters
+
+# ---------------------------------------------------------------- reaching an address
+
+
+def _eager(model) -> bool:
+    return runs_attention(model) == "eager"
+
+
+def _op(model, address: Address, touch: bool = True):
+    """The attention call's operation envoy; under eager its nested .source is touched
+    first, so the dispatched function's operations stay reachable later in the pass."""
+    op = getattr(model.layers[address.layer].self_attn.source, str(address.op))
+    if touch and _eager(model):
+        op.source  # noqa: B018 -- touching installs the nested source for this forward
+    return op
+
+
+def _softmax(model, address: Address, path: str = ""):
+    op = _op(model, address)
+    inner = op.source
+    names = [n for n in inner.accessor.line_numbers if "softmax" in n.lower()]
+    if len(names) != 1:
+        raise Refusal(f"component '{address.component}': the function '{address.op}' dispatches "
+                      f"to has {len(names)} softmax operations ({names}); its operations are "
+                      f"{list(inner.accessor.line_numbers)}", path=path, stage="run")
+    return getattr(inner, names[0])
+
+
+def _call_arg(k: int):
+    """The reach of argument `k` of the attention call: read it, or replace it in the call's inputs."""
+    def get(model, address, path):
+        return _op(model, address).inputs[0][k]  # the query or the key, (B, heads, T, head_dim)
+
+    def put(model, address, new, path):
+        op = _op(model, address)
+        args, kwargs = op.inputs
+        args = list(args)
+        args[k] = new
+        op.inputs = (tuple(args), kwargs)
+    return get, put
+
+
+def _put_call_output(model, address, new, path):
+    op = _op(model, address)
+    out = op.output
+    op.output = (new, *out[1:]) if isinstance(out, tuple) else new  # z, (B, T, heads, head_dim), in slot 0
+
+
+def _put_softmax_input(model, address, new, path):
+    _softmax(model, address, path).input = new
+
+
+def _put_pattern(model, address, new, path):
+    model.attention_probabilities[address.layer] = new
+
+
+def _put_model_logits(model, address, new, path):
+    model.output.logits = new
+
+
+def _get_boundary(model, address, path):
+    env = envoy(model, address)
+    got = env.input if address.io == "input" else env.output
+    return got[0] if isinstance(got, tuple) else got
+
+
+def _put_boundary(model, address, new, path):
+    env = envoy(model, address)
+    if address.io == "input":
+        env.input = new
+        return
+    out = env.output
+    env.output = (new, *out[1:]) if isinstance(out, tuple) else new
+
+
+#: the component table's `reach` column -> (read, write): how a trace reaches each kind of place
+REACH = {
+    "boundary": (_get_boundary, _put_boundary),
+    "call_arg1": _call_arg(1),
+    "call_arg2": _call_arg(2),
+    "call_output": (lambda model, address, path: _op(model, address).output[0], _put_call_output),  # (B, T, H, D)
+    "softmax_input": (lambda model, address, path: _softmax(model, address, path).input,  # (B, H, T, T)
+                      _put_softmax_input),
+    "pattern": (lambda model, address, path: model.attention_probabilities[address.layer],  # (B, H, T, T)
+                _put_pattern),
+    "model_logits": (lambda model, address, path: model.output.logits, _put_model_logits),  # (B, kept, vocab)
+}
+
+
+def value(model, address: Address, path: str = ""):
+    """The tensor held at `address` in the running trace (read it, or `.save()` it).
+
+    `path` is the document path a refusal here carries (the site's, `sites.<site>`)."""
+    get, _ = REACH[reach(address.component)]
+    return get(model, address, path)
+
+
+def assign(model, address: Address, new, path: str = "") -> None:
+    """Replace the tensor at `address` with `new` in the running trace (`path` as for `value`)."""
+    row = TABLE.get(address.component)
+    if row is not None and row.read_only:
+        raise Refusal(f"{address.component} is read-only: it is the model's input, and a write naming it "
+                      "means nothing", path=path, stage="run")
+    _, put = REACH[reach(address.component)]
+    put(model, address, new, path)
+
+
+# ---------------------------------------------------------------- the engine
 
 
 class NNterpEngine(Engine):
@@ -25,10 +156,11 @@ class NNterpEngine(Engine):
         super().__init__(spec, model.tokenizer, recipe, extra=extra, device_map=device_map)
         self.model = self.standard = model
 
-    # -------------------------------------------------------------- compile-time questions
+    # -------------------------------------------------------------- the contract's questions
 
-    def detail(self, a) -> tuple[dict, str]:
-        return {}, (f"  op={a.op}" if a.op else "")
+    def detail(self, a: Address) -> dict:
+        """Nothing beyond the address: its operation (`op`) is already in the answer."""
+        return {}
 
     def final_modules(self):
         return self.model.ln_final._module, self.model.lm_head._module
@@ -42,20 +174,23 @@ class NNterpEngine(Engine):
     def input_device(self):
         return self.model._model.device
 
+    def frozen(self) -> ContextManager[None]:
+        return frozen_parameters(self.model._module)
+
     # -------------------------------------------------------------- run-time: reaching an address
 
     def _land(self, actions, reads: seam.Reads, step: int = 0, length: int = 0, grad: bool = False) -> None:
         """Inside a running trace: each address's actions through the seam, in rank order; a write's result
-        replaces the tensor there (access.assign), a read is saved."""
+        replaces the tensor there (`assign`), a read is saved."""
         for addr, group in seam.groups(actions):
             path = f"sites.{group[0].tap.site}"
-            current = access.value(self.model, addr, path=path)
+            current = value(self.model, addr, path=path)
             if length:
-                here = current.shape[addr.seq_axis]
+                here = current.shape[addr.seq_axis]  # positions held at this step (seam.at_step)
                 group = [seam.at_step(a, here, length) for a in group]
             landed = seam.apply(current, group, step, grad)
             if landed.changed:
-                access.assign(self.model, addr, landed.value, path=path)
+                assign(self.model, addr, landed.value, path=path)
             reads.keep(landed, keep=lambda v: v.save())
 
     def forward(self, batch: Batch) -> dict[str, torch.Tensor]:
@@ -83,6 +218,7 @@ class NNterpEngine(Engine):
                 self._land(seam.firing(batch.actions, step), reads, step, length)
                 counter[0] = step + 1
             generated = self.model.generator.output.save()
+        # (B, length + decode) -> the generated ids, (B, decode)
         return reads.result(self.viewed, _unwrap), _unwrap(generated).detach().cpu()[:, length:]
 
 

@@ -5,7 +5,7 @@ list") as plain data: one frozen `Component` row per name saying what the tensor
 whether it is one per layer or one per model, whether it is per head and over which head
 count, whether it needs eager attention, whether it is read-only, which model attribute
 its width is, its default module / io side / order, and how a trace reaches it (`reach`,
-which access.py dispatches on).  `describe()` hands that table out as plain dicts (the
+which the engines dispatch on).  `describe()` hands that table out as plain dicts (the
 `vocab` verb prints it).
 
 `locate(model, name, layer, ...)` resolves a name against a loaded nnterp
@@ -19,9 +19,10 @@ tensor.  The four interior rows carry the `.source` operation found by the needl
 "attention_interface(".
 
 The rules a site is held to (`check_layering`, `check_per_head`, `refuse_no_width`) are
-functions here, one per rule, which validation calls too; every other refusal is a
-`shapes.Refusal(..., stage="compile")`.  Nothing here touches a tensor; reaching an Address
-inside a trace is access.py's, slicing one is select.py's.
+functions here, one per rule, which validation calls too, and the module tree is walked in one place,
+`module_at` (and `envoy`, an address's module), which both engines use.  Every other refusal is a
+`shapes.Refusal(..., stage="compile")`.  Nothing here touches a tensor; reaching an Address inside a trace
+is the engines' (nnterp.py, hooks.py), slicing one is select.py's.
 """
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ class Component:
     #                          "hidden_size", "intermediate_size", "vocab_size",
     #                          "qk_head_dim" / "head_dim" (times the head count), or None
     seq_axis: int = 1        # the sequence axis of the tensor held there
-    reach: str = "boundary"  # how a trace reaches it: a key of access.REACH ("boundary", "call_arg1",
+    reach: str = "boundary"  # how a trace reaches it: a key of nnterp.REACH ("boundary", "call_arg1",
     #                          "call_arg2", "call_output", "softmax_input", "pattern", "model_logits")
 
     @property
@@ -249,13 +250,15 @@ def runs_attention(model) -> str:
     return getattr(cfg, "_attn_implementation", None) or "eager"
 
 
-def _resolve(envoy, path: str):
-    """Walk a dotted module path from an envoy; None when the module tree has no such module."""
+def module_at(root, path: str):
+    """The envoy at the dotted module `path` below `root` (an envoy: the model, or one of its layers); None
+    when the module tree has no such module. The one walk of the module tree: `locate` asks it whether a
+    module is there, and both engines reach an address's module through it (`envoy`)."""
     from nnsight import Envoy
 
     if path == "":
-        return envoy
-    cur = envoy
+        return root
+    cur = root
     for part in path.split("."):
         try:
             cur = getattr(cur, part)
@@ -266,8 +269,18 @@ def _resolve(envoy, path: str):
     return cur
 
 
+def envoy(model, a: Address):
+    """The envoy of an address's module, relative to its layer or to the model root (`module_at`). A located
+    address's module is in the tree; one that is not raises AttributeError naming it."""
+    base = model if a.layer is None else model.layers[a.layer]
+    found = module_at(base, a.module or "")
+    if found is None:
+        raise AttributeError(f"{a.label()}: the module tree has no module '{a.module}'")
+    return found
+
+
 def _has(envoy, path: str) -> bool:
-    return _resolve(envoy, path) is not None
+    return module_at(envoy, path) is not None
 
 
 def _size(model, attr: str, *keys: str) -> int:
@@ -315,7 +328,7 @@ def _intermediate(model, layer_envoy) -> int:
     Conv1D's `nx` on GPT-2, whose config `intermediate_size` may be a stray key: n_inner or
     4*n_embd is what is built); the config's `intermediate_size` only when the tree has none."""
     for path in SPELLINGS["mlp_neuron_output"]:
-        found = _resolve(layer_envoy, path)
+        found = module_at(layer_envoy, path)
         if found is None:
             continue
         for attr in ("in_features", "nx"):
@@ -355,7 +368,7 @@ def linear_mixer(layer_envoy) -> Optional[str]:
     if _has(layer_envoy, "self_attn"):
         return None
     for path in LINEAR_MIXERS:
-        found = _resolve(layer_envoy, path)
+        found = module_at(layer_envoy, path)
         if found is not None:
             return type(found._module).__name__
     return None

@@ -25,6 +25,11 @@ it.  A rectangular selection (`ragged=False`, every window the same length) gath
 concatenated in row order.  `scatter` takes a value of exactly that shape, writes
 the named positions and groups into a copy, and leaves everything else as it was.
 Rows are the first `len(selection.windows)` rows of the batch.
+
+The shape comments name B the batch, T the sequence, F the features of the canonical view,
+N the selection's rows (its windows), W a rectangular window's length, P the positions
+named in all (the windows' lengths summed, `total` in the code), G the groups and K the groups
+kept (`take`).
 """
 from __future__ import annotations
 
@@ -42,15 +47,16 @@ def _canonical(tensor: torch.Tensor, seq_axis: int) -> torch.Tensor:
         if seq_axis != 1:
             raise ValueError(f"a 2-D tensor has its sequence on axis 1, not {seq_axis}")
         return tensor
-    t = tensor.movedim(seq_axis, 1)
-    return t.reshape(t.shape[0], t.shape[1], math.prod(t.shape[2:]))  # explicit: a 0-position tensor too (Q8)
+    t = tensor.movedim(seq_axis, 1)  # (B, T, ...): the sequence axis second
+    # (B, T, F), the trailing axes flattened: spelled out so that a 0-position tensor reshapes too (Q8)
+    return t.reshape(t.shape[0], t.shape[1], math.prod(t.shape[2:]))
 
 
 def _restore(canon: torch.Tensor, like: torch.Tensor, seq_axis: int) -> torch.Tensor:
     if like.dim() == 2:
         return canon
-    moved_shape = list(like.movedim(seq_axis, 1).shape)
-    return canon.reshape(moved_shape).movedim(1, seq_axis).contiguous()
+    moved_shape = list(like.movedim(seq_axis, 1).shape)  # (B, T, ...)
+    return canon.reshape(moved_shape).movedim(1, seq_axis).contiguous()  # (B, T, F) -> like's own shape
 
 
 def _index(selection: Selection, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,8 +65,8 @@ def _index(selection: Selection, device) -> tuple[torch.Tensor, torch.Tensor]:
     for r, window in enumerate(selection.windows):
         rows.extend([r] * len(window))
         pos.extend(window)
-    return (torch.tensor(rows, dtype=torch.long, device=device),
-            torch.tensor(pos, dtype=torch.long, device=device))
+    return (torch.tensor(rows, dtype=torch.long, device=device),  # (P,): the row of each named position
+            torch.tensor(pos, dtype=torch.long, device=device))  # (P,): its position in that row
 
 
 def _check(selection: Selection, canon: torch.Tensor) -> None:
@@ -108,16 +114,17 @@ def gather(tensor: torch.Tensor, selection: Selection, dense: bool = False) -> t
     run = span(selection, canon.shape[1])
     if run is None:
         rows, pos = _index(selection, canon.device)
-        flat = canon[rows, pos]  # (total, F) or (total,)
+        flat = canon[rows, pos]  # (P, F), or (P,) with no feature axis
     else:
         n, (lo, hi) = len(selection.windows), run
-        flat = canon[:n, lo:hi].reshape(n * (hi - lo), *canon.shape[2:])
+        flat = canon[:n, lo:hi].reshape(n * (hi - lo), *canon.shape[2:])  # (N, W, F) -> (P, F), P = N * W
     if selection.groups is not None:
-        take = torch.tensor(selection.take, dtype=torch.long, device=canon.device)
+        take = torch.tensor(selection.take, dtype=torch.long, device=canon.device)  # (K,)
+        # (P, F) -> (P, G, F/G) -> (P, K, F/G) -> (P, K * F/G)
         flat = flat.reshape(flat.shape[0], selection.groups, -1)[:, take].reshape(flat.shape[0], -1)
     if not selection.ragged:
         n = len(selection.windows)
-        flat = flat.reshape(n, len(selection.windows[0]) if n else 0, *flat.shape[1:])
+        flat = flat.reshape(n, len(selection.windows[0]) if n else 0, *flat.shape[1:])  # (P, F') -> (N, W, F')
     return flat.contiguous() if dense else flat
 
 
@@ -126,19 +133,19 @@ def scatter(tensor: torch.Tensor, selection: Selection, values: torch.Tensor) ->
     (shaped as `gather` returns them); everything else is left as it was."""
     canon = _canonical(tensor, selection.seq_axis)
     _check(selection, canon)
-    out = canon.clone()
-    rows, pos = _index(selection, canon.device)
+    out = canon.clone()  # (B, T, F), or (B, T)
+    rows, pos = _index(selection, canon.device)  # (P,), (P,)
     total = rows.shape[0]
-    vals = values.to(dtype=out.dtype, device=out.device)
+    vals = values.to(dtype=out.dtype, device=out.device)  # (N, W, F') or (P, F'), as gathered
     if out.dim() == 2:
-        out[rows, pos] = vals.reshape(total)
+        out[rows, pos] = vals.reshape(total)  # (P,)
         return _restore(out, tensor, selection.seq_axis)
-    vals = vals.reshape(total, -1)
+    vals = vals.reshape(total, -1)  # (P, F'): F' = F, or K * F/G with groups
     if selection.groups is None or selection.take is None:
         out[rows, pos] = vals
     else:
-        take = torch.tensor(selection.take, dtype=torch.long, device=out.device)
-        cur = out[rows, pos].reshape(total, selection.groups, -1)
-        cur[:, take] = vals.reshape(total, len(selection.take), -1)
-        out[rows, pos] = cur.reshape(total, -1)
+        take = torch.tensor(selection.take, dtype=torch.long, device=out.device)  # (K,)
+        cur = out[rows, pos].reshape(total, selection.groups, -1)  # (P, F) -> (P, G, F/G)
+        cur[:, take] = vals.reshape(total, len(selection.take), -1)  # (P, K * F/G) -> (P, K, F/G)
+        out[rows, pos] = cur.reshape(total, -1)  # (P, G, F/G) -> (P, F)
     return _restore(out, tensor, selection.seq_axis)

@@ -53,17 +53,9 @@ def metric_vectors(step: ObservePlan, result: StepResult) -> dict[str, torch.Ten
 # ---------------------------------------------------------------- fit and weights steps (SPEC.md §9)
 
 
-def _frozen(engine) -> None:
-    """The model is not trained: only the featurizers' leaves get a gradient."""
-    module = getattr(engine, "hf_model", None) or getattr(getattr(engine, "model", None), "_module", None)
-    if isinstance(module, torch.nn.Module):
-        module.requires_grad_(False)
-
-
 def fit_step(engine, step, live: dict, batch_size: Optional[int] = None) -> Fitted:
     """A fit: every update an observe pass with gradient, the eval pass after each epoch (fit.train).
     Returns the curves and the last eval pass's results."""
-    _frozen(engine)
     metric, mode, patience = step.early_stop
     settings = fit.Settings(params=step.params, objective=step.objective, epochs=len(step.updates), lr=step.lr,
                             weight_decay=step.weight_decay, anneal=step.anneal, early_stop=metric, mode=mode,
@@ -76,7 +68,8 @@ def fit_step(engine, step, live: dict, batch_size: Optional[int] = None) -> Fitt
     def evaluate():
         last["results"] = run_step(engine, step.evaluation, batch_size, setting=Setting(live=live))
         return metric_vectors(step.evaluation, last["results"])
-    curves = fit.train(live, settings, [[update(p) for p in epoch] for epoch in step.updates], evaluate)
+    with engine.frozen():  # the model is not trained: only the featurizers' leaves get a gradient (E8)
+        curves = fit.train(live, settings, [[update(p) for p in epoch] for epoch in step.updates], evaluate)
     return Fitted(curves=curves, evaluation=last["results"])
 
 

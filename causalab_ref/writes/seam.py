@@ -15,6 +15,10 @@ detached, and copied where it is a view of a tensor the forward may still change
 The decode's per-step placement (`at_step`) and the collection of
 per-step reads (`Reads`) are here too, since both engines decode the same way.
 SPEC.md §12 How it is built.
+
+Shapes as in select.py: T is the tensor at the address as the model holds it; a gathered x is
+(N, W, F') for a rectangular selection or (P, F') for a ragged one; f is x in the featurizer's
+k features, (..., k).
 """
 from __future__ import annotations
 
@@ -64,18 +68,18 @@ def write(current: torch.Tensor, action: Action, arrived: torch.Tensor, step: in
     tap = action.tap
     row = mechanisms.lookup(tap.mechanism, f"writes.{tap.name}")
     featurizer = action.featurizer or IDENTITY
-    x = select.gather(current, action.selection, dense=True)  # Q13's view only serves bare reads
+    x = select.gather(current, action.selection, dense=True)  # (N, W, F') or (P, F'); Q13's view serves bare reads
     features, params = getattr(tap, "features", None), row.params(tap.params)
     with torch.autocast(device_type=x.device.type, enabled=False):
-        f, err = featurizer.featurize(x)
+        f, err = featurizer.featurize(x)  # (..., F') -> (..., k)
         index = None if features is None else torch.tensor(features)
         context = mechanisms.Context(f0=lambda: kinds.cut(
             featurizer.featurize(select.gather(arrived, action.selection, dense=True))[0], f.shape[-1], index),
             step=step, lead=action.lead)
         landed = kinds.touch(f, features, lambda part, o: row.formula(part, o, params, context),
                                    operand_for(action, f))
-        x_new = featurizer.inverse(landed, err, x)
-    return select.scatter(current, action.selection, x_new)
+        x_new = featurizer.inverse(landed, err, x)  # (..., k) -> (..., F'), x's shape
+    return select.scatter(current, action.selection, x_new)  # T's shape, x_new at the selection
 
 
 def read(current: torch.Tensor, action: Action, grad: bool = False) -> torch.Tensor:
@@ -83,9 +87,9 @@ def read(current: torch.Tensor, action: Action, grad: bool = False) -> torch.Ten
     the pass keeps a graph for a fit (`grad`). It is copied where it is a view of a tensor the forward may
     still change, and not where it is its own (a gather that made a new tensor) or the whole of the head's
     output (`address.HEAD`): the last tensor a forward computes, which no write changes in place (SPEC.md Q13)."""
-    value = select.gather(current, action.selection, dense=action.featurizer is not None)
+    value = select.gather(current, action.selection, dense=action.featurizer is not None)  # (N, W, F') or (P, F')
     if action.featurizer is not None:
-        value = kinds.read(action.featurizer, value)
+        value = kinds.read(action.featurizer, value)  # (..., k)
     whole_head = action.address.component in address.HEAD and value.numel() == current.numel()
     if _aliases(value, current) and not whole_head:
         value = value.clone()
@@ -163,6 +167,7 @@ def right_aligned(action: Action, have: int, length: int):
         _refuse(f"{tap.kind} '{tap.name}' at {tap.address.label()}: during a decode the model computes this "
                 f"tensor at the last {have} prompt position(s) only, and {tap.pos.spelling()} asks for an "
                 "earlier one. Read it at -1, or in an intervention without decode", f"{tap.kind}s.{tap.name}.pos")
+    # positions 0..length-1 of the prompt renumbered onto the last `have` the tensor holds
     return replace(selection, windows=tuple(tuple(p - shift for p in w) for w in selection.windows))
 
 
@@ -191,6 +196,6 @@ class Reads:
             parts = [(unwrap(v) if grad else unwrap(v).detach()).cpu() for v in self.kept[action.name]]
             if not parts:
                 continue
-            value = torch.cat(parts, dim=1) if action.tap.stacked else parts[0]
+            value = torch.cat(parts, dim=1) if action.tap.stacked else parts[0]  # steps x (N, 1, F) -> (N, steps, F)
             out[action.name] = viewed(value, action.tap.view)
         return out

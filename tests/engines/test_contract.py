@@ -148,15 +148,86 @@ def test_the_mechanism_context_holds_the_value_as_it_arrived(llama, hooks, monke
 
 
 def test_the_shared_parts_exist_once_in_the_contract():
-    """SPEC.md:0 [E5] — neither engine overrides the logits view, the inputs, the run record, the
-    component description or the width; the pad-token fix-up is locate.with_pad, used by both."""
+    """SPEC.md:0 [E5] — neither engine overrides the logits view, the inputs, the run record or the width;
+    the pad-token fix-up is locate.with_pad, used by both."""
     for cls in (nnterp.NNterpEngine, HooksEngine):
-        for name in ("viewed", "inputs", "run_record", "describe_components", "width"):
+        for name in ("viewed", "inputs", "run_record", "width"):
             assert getattr(cls, name) is getattr(contract.Engine, name), (cls.__name__, name)
 
     class NoPad:
         pad_token, eos_token = None, "</s>"
     assert locate.with_pad(NoPad()).pad_token == "</s>"
+
+
+def test_the_contract_is_the_methods_an_engine_implements():
+    """SPEC.md:0 [E1] — `contract.Engine`'s abstract methods are the eight an engine implements, an engine
+    missing one cannot be made, and the contract describes no component (the `model` verb's text is cli.py's)."""
+    assert contract.Engine.__abstractmethods__ == {"forward", "generate", "frozen", "final_modules", "head_weight",
+                                                   "input_device", "generation_config", "detail"}
+    every_but_frozen = {k: v for k, v in vars(Delegate).items() if k == "__init__" or not k.startswith("_")}
+    del every_but_frozen["frozen"]
+    with pytest.raises(TypeError, match="abstract method frozen"):
+        type("NoFrozen", (contract.Engine,), every_but_frozen)(None)
+    assert not hasattr(contract.Engine, "describe_components")
+
+
+def test_the_model_verb_answer_is_built_from_the_contract_alone(llama):
+    """SPEC.md:0 [E5] — the CLI's component description of an engine that offers only the contract is the
+    nnterp engine's, its text included; each place's line is the one the answer's fields spell."""
+    from causalab_ref import cli
+    got, want = cli.describe_components(Delegate(llama)), cli.describe_components(llama)
+    assert got["components"] == want["components"]
+    assert got["text"].splitlines()[1:] == want["text"].splitlines()[1:]
+    assert got["text"].splitlines()[0] == want["text"].splitlines()[0].replace("via nnterp", "via delegate")
+    assert "  block_output[0]          ok   width=16" in want["text"].splitlines()
+    assert "  attention_query[0]       ok   width=16  op=attention_interface_0" in want["text"].splitlines()
+
+
+def _flags(params) -> list[bool]:
+    return [p.requires_grad for p in params]
+
+
+def test_frozen_turns_off_every_weight_and_gives_each_its_own_flag_back(llama, hooks):
+    """SPEC.md:0 [E8] — on both engines, inside `frozen()` no weight of the model asks for a gradient; on
+    the way out (the block raising too) each gets its own flag back: one turned off beforehand stays off."""
+    for eng, params in ((llama, list(llama.model._module.parameters())),
+                        (hooks, list(hooks.hf_model.parameters()))):
+        params[0].requires_grad_(False)
+        before = _flags(params)
+        try:
+            with eng.frozen():
+                assert not any(_flags(params)), eng.name
+            assert _flags(params) == before
+            with pytest.raises(ZeroDivisionError), eng.frozen():
+                1 / 0
+            assert _flags(params) == before and before[1:] == [True] * (len(params) - 1), eng.name
+        finally:
+            params[0].requires_grad_(True)
+
+
+def test_a_fit_on_an_engine_offering_only_the_contract_leaves_the_model_untrained(llama, tmp_path):
+    """SPEC.md:0 [E8] — a DAS fit run on an engine that offers only the contract (no `model`, no
+    `hf_model`): during each of its passes no weight of the model asks for a gradient, after it no weight holds
+    one, and each weight's flag is what it was before the fit."""
+    params = list(llama.model._module.parameters())
+    params[0].requires_grad_(False)
+    before, seen = _flags(params), []
+
+    class Watching(Delegate):
+        def forward(self, batch):
+            seen.append((batch.grad, any(_flags(params))))
+            return super().forward(batch)
+
+    raw = json.loads((ROOT / "documents" / "das.json").read_text())
+    raw["steps"]["fit"]["epochs"] = 1
+    eng = Watching(llama)
+    try:
+        run.execute(compiler.compile_document(raw, eng, DATA), eng, tmp_path / "out", progress=False)
+        assert (True, False) in seen and (True, True) not in seen  # the fit's passes, all with the model frozen
+        assert all(p.grad is None for p in params)
+        assert _flags(params) == before
+    finally:
+        params[0].requires_grad_(True)
 
 
 def test_an_unknown_or_missing_device_is_refused_in_one_line(capsys):

@@ -333,7 +333,7 @@ def test_interiors_are_refused_by_name_at_compile():
     assert "a write would change nothing downstream" in refused.value.message
     assert "run this document on the nnterp engine" in refused.value.message
     assert address.locate(hk.shell, "attention_probs", 0).component == "attention_probs"
-    described = hk.describe_components()
+    described = cli.describe_components(hk)
     assert described["engine"] == "hooks"
     assert not described["components"]["attention_query[0]"]["resolves"]
     assert described["components"]["block_output[0]"]["module"] == "model.layers.0"

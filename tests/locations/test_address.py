@@ -1,5 +1,5 @@
-"""address.py (the component table, locate) and access.py (value, assign), checkpoint.py (load) on the
-four fixture families."""
+"""address.py (the component table, locate), the nnterp engine's value and assign (nnterp.py) and
+checkpoint.py (load) on the four fixture families."""
 from __future__ import annotations
 
 import copy
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from causalab_ref.engines import access, checkpoint, loading
+from causalab_ref.engines import checkpoint, loading, nnterp
 from causalab_ref.locations import address
 from causalab_ref.fixtures import builder
 from causalab_ref.documents import validate
@@ -90,7 +90,7 @@ def _read_all(model, layer: int = 0):
     got = {}
     with model.trace(INPUTS):
         for a in addrs:
-            got[a.component] = access.value(model, a).save()
+            got[a.component] = nnterp.value(model, a).save()
     return addrs, got
 
 
@@ -100,7 +100,7 @@ def _read_every_layer(model):
     got = {}
     with model.trace(INPUTS):
         for key, a in sorted(addrs.items(), key=lambda kv: kv[1].rank):
-            got[key] = access.value(model, a).save()
+            got[key] = nnterp.value(model, a).save()
     return got
 
 
@@ -348,9 +348,9 @@ def test_gemma2_lm_head_swap_reads_back_softcapped_at_logits(eager):
     m = eager("gemma2")
     head, logits = address.locate(m, "lm_head"), address.locate(m, "logits")
     with m.trace(INPUTS):
-        access.assign(m, head, torch.full_like(access.value(m, head), 100.0))
-        at_head = access.value(m, head).save()
-        at_logits = access.value(m, logits).save()
+        nnterp.assign(m, head, torch.full_like(nnterp.value(m, head), 100.0))
+        at_head = nnterp.value(m, head).save()
+        at_logits = nnterp.value(m, logits).save()
     assert torch.all(at_head == 100.0)
     assert torch.allclose(at_logits, torch.full_like(at_logits, math.tanh(100 / 30) * 30))
 
@@ -361,9 +361,9 @@ def test_query_write_replaces_the_call_inputs(eager, family):
     m = eager(family)
     q, s = address.locate(m, "attention_query", 0), address.locate(m, "attention_scores", 0)
     with m.trace(INPUTS):
-        access.assign(m, q, torch.zeros_like(access.value(m, q)))
-        back = access.value(m, q).save()
-        scores = access.value(m, s).save()
+        nnterp.assign(m, q, torch.zeros_like(nnterp.value(m, q)))
+        back = nnterp.value(m, q).save()
+        scores = nnterp.value(m, s).save()
     assert torch.all(back == 0)
     real = scores[..., : IDS.shape[1]]
     visible = real > torch.finfo(real.dtype).min / 2
@@ -380,8 +380,8 @@ def test_z_write_reaches_premix(eager):
     m = eager("llama")
     z, pre = address.locate(m, "attention_z", 1), address.locate(m, "attention_premix", 1)
     with m.trace(INPUTS):
-        access.assign(m, z, torch.ones_like(access.value(m, z)))
-        got = access.value(m, pre).save()
+        nnterp.assign(m, z, torch.ones_like(nnterp.value(m, z)))
+        got = nnterp.value(m, pre).save()
     assert torch.all(got == 1)
 
 
@@ -390,8 +390,8 @@ def test_scores_write_changes_the_pattern(eager):
     m = eager("llama")
     s, p = address.locate(m, "attention_scores", 0), address.locate(m, "attention_probs", 0)
     with m.trace(INPUTS):
-        access.assign(m, s, torch.zeros_like(access.value(m, s)))
-        probs = access.value(m, p).save()
+        nnterp.assign(m, s, torch.zeros_like(nnterp.value(m, s)))
+        probs = nnterp.value(m, p).save()
     t = IDS.shape[1]
     assert torch.allclose(probs[0, 0, -1], torch.full((t,), 1.0 / t))
 
@@ -401,12 +401,12 @@ def test_probs_write_reads_back(eager):
     m = eager("gpt2")
     p, z = address.locate(m, "attention_probs", 0), address.locate(m, "attention_z", 0)
     with m.trace(INPUTS):
-        cur = access.value(m, p)
+        cur = nnterp.value(m, p)
         new = torch.zeros_like(cur)
         new[..., 0] = 1.0  # every query attends to key 0
-        access.assign(m, p, new)
-        back = access.value(m, p).save()
-        zz = access.value(m, z).save()
+        nnterp.assign(m, p, new)
+        back = nnterp.value(m, p).save()
+        zz = nnterp.value(m, z).save()
     assert torch.equal(back, new)
     assert torch.allclose(zz[0, 1], zz[0, 0])  # rows attend identically, so z is equal
 
@@ -415,7 +415,7 @@ def test_input_ids_write_is_refused(eager):
     """seed 004:92 / SPEC.md:0 [L8] — input_ids is the only read-only place."""
     m = eager("llama")
     with pytest.raises(Refusal):
-        access.assign(m, address.locate(m, "input_ids"), torch.zeros(1))
+        nnterp.assign(m, address.locate(m, "input_ids"), torch.zeros(1))
 
 
 # ---------------------------------------------------------------- heads and units past the end
@@ -466,8 +466,8 @@ def test_units_at_an_extra_name_are_refused_for_want_of_a_width(llama_meta, llam
              address.locate(m, "mlp_activation", 1)]
     assert [x.rank for x in addrs] == sorted(x.rank for x in addrs)
     with m.trace(INPUTS):
-        gate = access.value(m, addrs[1]).save()
-        activation = access.value(m, addrs[2]).save()
+        gate = nnterp.value(m, addrs[1]).save()
+        activation = nnterp.value(m, addrs[2]).save()
     act = m.layers[1].mlp.act_fn._module
     assert torch.allclose(act(gate), activation, atol=1e-6)
     with pytest.raises(Refusal) as e:
