@@ -138,7 +138,6 @@ def test_no_function_takes_more_than_six_parameters():
     assert wide == []
 
 
-@pytest.mark.xfail(strict=True, reason="issue 23: the splits that bring every function and module under the bound are in progress")
 def test_no_module_is_longer_than_six_hundred_lines():
     """A module a reader can read in one sitting: at most 600 lines."""
     long = {_dotted(p): n for p in PACKAGE.rglob("*.py")
