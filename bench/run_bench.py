@@ -29,8 +29,8 @@
 (h) decode: 64 rows x 16 greedy steps, the head read at every step and block_output[0] written at every
     step: `run` versus a hand-written nnsight generate doing the same, values checked equal.
     Target <= 1.25x.
-(i) `validate` and `explain` of documents/patching.json as a new process: seconds, and how much of it
-    is imports (python -X importtime).
+(i) each verb as a new process against `python -c "import torch"`: a read-stage refusal (target <= 0.3x),
+    `validate` and `explain` of documents/patching.json (targets <= 2x).
 Timings are medians of interleaved repeats. CPU threads are pinned to 1 for stable numbers. `--quick`
 runs every row at toy sizes (a check that the script works, not a measurement).
 """
@@ -45,7 +45,6 @@ import os
 import pathlib
 import platform
 import random
-import re
 import shutil
 import statistics
 import subprocess
@@ -551,32 +550,36 @@ def bench_h(rows: int, steps: int, repeats: int, tmp: pathlib.Path) -> None:
 # ---------------------------------------------------------------- (i): validate and explain as a new process
 
 
-def _imports(verb: str, doc: str) -> float:
-    """Seconds of a new `verb` process spent importing: the top-level rows of `python -X importtime`."""
-    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "causalab_ref", verb, doc], cwd=ROOT,
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    rows = re.findall(r"^import time:\s+\d+ \|\s+(\d+) \| (\S.*)$", proc.stderr, re.M)
-    return sum(int(us) for us, _name in rows) / 1e6  # only unindented names: each import counted once
-
-
 def _process(argv: list) -> None:
     proc = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 def bench_i(repeats: int) -> None:
+    """Each verb as a new process against `python -c "import torch"` on the same machine (issue #25, Q17)."""
     doc = "documents/patching.json"
-    fns = {verb: (lambda verb=verb: _process(["-m", "causalab_ref", verb, doc])) for verb in ("validate", "explain")}
-    fns["python"] = lambda: _process(["-c", "pass"])
-    t = side_by_side(fns, repeats)
-    print(f"(i) a new process on {doc} (python itself starts in {t['python']:.2f} s):")
-    for verb in ("validate", "explain"):
-        imports = statistics.median(_imports(verb, doc) for _ in range(max(1, repeats // 2)))
-        print(f"    {verb:9s} {t[verb]:.2f} s, of which imports {imports:.2f} s ({imports / t[verb]:.0%})")
-        TABLE.append((f"(i) `{verb} {doc}` as a new process",
-                      f"{t[verb]:.2f} s, of which imports {imports:.2f} s ({imports / t[verb]:.0%}; python itself "
-                      f"starts in {t['python']:.2f} s)", "—"))
+    with tempfile.TemporaryDirectory() as tmp:
+        bad = pathlib.Path(tmp) / "bad.json"
+        bad.write_text('{"model": ', encoding="utf-8")
+        fns = {verb: (lambda verb=verb: _process(["-m", "causalab_ref", verb, doc]))
+               for verb in ("validate", "explain")}
+        fns["refusal"] = lambda: _refused(["-m", "causalab_ref", "validate", str(bad)])
+        fns["torch"] = lambda: _process(["-c", "import torch"])
+        fns["python"] = lambda: _process(["-c", "pass"])
+        t = side_by_side(fns, repeats)
+    print(f"(i) a new process (python itself starts in {t['python']:.2f} s, `import torch` takes {t['torch']:.2f} s):")
+    targets = {"refusal": 0.3, "validate": 2.0, "explain": 2.0}
+    for verb, what in (("refusal", "a read-stage refusal (`validate` of malformed JSON)"),
+                       ("validate", f"`validate {doc}`"), ("explain", f"`explain {doc}`")):
+        ratio = t[verb] / t["torch"]
+        print(f"    {verb:9s} {t[verb]:.2f} s = {ratio:.2f}x import torch (target <= {targets[verb]}x)")
+        TABLE.append((f"(i) {what} as a new process", f"{t[verb]:.2f} s = {ratio:.2f}x `python -c 'import torch'` "
+                      f"({t['torch']:.2f} s)", f"<= {targets[verb]}x: {verdict(ratio <= targets[verb])}"))
+
+
+def _refused(argv: list) -> None:
+    proc = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr[-2000:]
 
 
 # ---------------------------------------------------------------- main

@@ -65,12 +65,12 @@ def _compile(args, engine_name: str, weights: bool = False, device_map: str = "c
     given and the protocol's digest (SPEC.md PR15, PR16)."""
     from dataclasses import replace
 
-    from .runs import compile as compiler
-    from .engines import loading
-    from .runs import memory
     from .documents import protocol
+    from .runs import memory
     budget = memory.parse_budget(getattr(args, "memory_budget", None))
-    given, raw, points = _read_document(args.document, args)
+    given, raw, points = _read_document(args.document, args)  # refusals up to here import no torch (Q17)
+    from .engines import loading
+    from .runs import compile as compiler
     eng = loading.load(points[0].document.model, kind=engine_name, weights=weights,
                       device_map=device_map)  # the model is never swept
     plan = compiler.compile_document(raw, eng, Path(args.data_root), points, budget=budget)

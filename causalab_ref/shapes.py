@@ -13,6 +13,21 @@ from typing import TYPE_CHECKING, Any, Optional, Protocol
 if TYPE_CHECKING:  # annotations only: nothing here imports torch at run time
     import torch
 
+
+class Lazy:
+    """A module imported on the first use of one of its names, so that a refusal at the read or validation
+    stage never waits for torch (SPEC.md Q17): `torch = Lazy("torch")`, then `torch.zeros(2)` imports it."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        import importlib
+
+        value = getattr(importlib.import_module(self._name), attr)
+        setattr(self, attr, value)  # looked up once; later uses find it on the instance
+        return value
+
 # ---------------------------------------------------------------- refusals
 
 

@@ -275,3 +275,20 @@ def test_model_lands_prints_the_seeds_where_each_one_lands_table(capsys):
              "block_mid", "mlp_input_norm", "mlp_input", "mlp_activation", "mlp_neuron_output", "mlp_output",
              "block_output", "ln_final", "lm_head", "logits"]
     assert sorted(lands, key=lambda n: lands[n]["rank"]) == order
+
+
+def test_a_refusal_at_the_read_and_validation_stages_imports_no_torch(tmp_path):
+    """SPEC.md:1169 [Q17] malformed JSON and an unknown key are refused by a new process that never imports torch,
+    transformers, nnsight or nnterp (each refusal is the usual one line)."""
+    import subprocess
+    import sys
+
+    bad, unknown = tmp_path / "bad.json", tmp_path / "unknown.json"
+    bad.write_text('{"model": ', encoding="utf-8")
+    unknown.write_text(json.dumps({"model": {"key": "fixture:tiny-llama"}, "bogus": 1}), encoding="utf-8")
+    probe = ("import sys; from causalab_ref import cli; status = cli.main(['validate', sys.argv[1]]); "
+             "print(status, sorted(m for m in ('torch', 'transformers', 'nnsight', 'nnterp') if m in sys.modules))")
+    for doc, words in ((bad, "is not JSON"), (unknown, "unknown key 'bogus'")):
+        proc = subprocess.run([sys.executable, "-c", probe, str(doc)], capture_output=True, text=True, timeout=120)
+        assert proc.stdout.strip() == "2 []", proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and words in proc.stderr

@@ -24,9 +24,14 @@ import json
 import re
 from typing import Optional, Sequence
 
-import torch
+from typing import TYPE_CHECKING
 
 from .. import shapes
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = shapes.Lazy("torch")  # imported when a tensor is first made (Q17)
 
 # ---------------------------------------------------------------- decoding
 

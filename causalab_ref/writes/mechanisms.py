@@ -18,7 +18,14 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-import torch
+from typing import TYPE_CHECKING
+
+from ..shapes import Lazy
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = Lazy("torch")  # imported when a tensor is first made, not when a document is validated (Q17)
 
 from ..shapes import Refusal
 

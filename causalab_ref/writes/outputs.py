@@ -12,7 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-import torch
+from typing import TYPE_CHECKING
+
+from ..shapes import Lazy
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = Lazy("torch")  # imported when a tensor is first made, not when a document is validated (Q17)
 
 from ..shapes import Output, Ref, Refusal
 
