@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.fast  # the edit-test loop's subset: `pytest -m fast` (README)
+
 PACKAGE = Path(__file__).resolve().parents[1] / "causalab_ref"
 LONGEST = 50
 MOST_PARAMETERS = 6

@@ -1,7 +1,11 @@
 """SPEC.md is citable: every rule has a test that cites it, and every citation points at its rule."""
 from __future__ import annotations
 
+import pytest
+
 from spec_rules import citations, placeholders, rules
+
+pytestmark = pytest.mark.fast  # the edit-test loop's subset: `pytest -m fast` (README)
 
 
 def test_every_citation_names_the_rule_on_its_line():

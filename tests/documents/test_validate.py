@@ -19,6 +19,8 @@ from causalab_ref.documents import places, reader, sweeps, validate
 from causalab_ref.runs import run
 from causalab_ref.shapes import Anchor, Document, Read, Refusal, Site, Where
 
+pytestmark = pytest.mark.fast  # the edit-test loop's subset: `pytest -m fast` (README)
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 _SHIPPED = json.loads((REPO / "documents" / "patching.json").read_text(encoding="utf-8"))
 IV = "interventions.patching"  # the dotted path of the shipped intervention

@@ -8,6 +8,8 @@ from safetensors.torch import load_file
 from causalab_ref.featurizers import bundles, kinds
 from causalab_ref.shapes import Refusal
 
+pytestmark = pytest.mark.fast  # the edit-test loop's subset: `pytest -m fast` (README)
+
 D = 16
 
 

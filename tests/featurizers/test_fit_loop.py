@@ -8,6 +8,8 @@ import torch
 
 from causalab_ref.featurizers import kinds, fit
 
+pytestmark = pytest.mark.fast  # the edit-test loop's subset: `pytest -m fast` (README)
+
 D = 8
 
 

@@ -7,6 +7,8 @@ import torch
 from causalab_ref.locations.select import gather, scatter
 from causalab_ref.shapes import Selection
 
+pytestmark = pytest.mark.fast  # the edit-test loop's subset: `pytest -m fast` (README)
+
 
 def _t(*shape):
     return torch.arange(int(torch.tensor(shape).prod()), dtype=torch.float32).reshape(shape)

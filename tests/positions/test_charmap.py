@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 from causalab_ref.fixtures import builder
 from causalab_ref.positions import locate
 
+pytestmark = pytest.mark.fast  # the edit-test loop's subset: `pytest -m fast` (README)
+
 PIECES = ["If", " today", " is", "Thursday", ",", " tomorrow", "12", "2024", "é", "e\u0301", "\u0301", "naïve",
           "日本語", "鿰", "𠀀", "\u3042", "😀", "🤖🤖", "👍🏽", "🇫🇷", "Ωmega", "—", "ﬁ", "\u200b", " ", "  ", "   ",
           "\n", "\n\n", "\t", " \n ", "</s>", "<s>", "<|endoftext|>", "'s", "(x)", "Zürich"]

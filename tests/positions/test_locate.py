@@ -19,6 +19,8 @@ from causalab_ref.fixtures import builder
 from causalab_ref.positions import locate
 from causalab_ref.shapes import Anchor, Frame, Where
 
+pytestmark = pytest.mark.fast  # the edit-test loop's subset: `pytest -m fast` (README)
+
 WEEKDAYS = ["If today is Thursday, tomorrow is", "If today is Friday, tomorrow is"]
 ARITHMETIC = [
     "Q: What day is one days after Monday?\nA:",

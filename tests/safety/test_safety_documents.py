@@ -6,6 +6,8 @@ traceback, an internal error or a silently different run.
 """
 from __future__ import annotations
 
+import pytest
+
 import contextlib
 import copy
 import io
@@ -17,6 +19,8 @@ import fuzzing
 from causalab_ref import cli
 from causalab_ref.documents import sweeps, validate
 from causalab_ref.shapes import Refusal
+
+pytestmark = pytest.mark.fast  # the edit-test loop's subset: `pytest -m fast` (README)
 
 PATCHING_FILE = fuzzing.REPO / "documents" / "patching.json"
 PATCHING = json.loads(PATCHING_FILE.read_text(encoding="utf-8"))

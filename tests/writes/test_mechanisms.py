@@ -21,6 +21,8 @@ from causalab_ref.fixtures import builder
 from causalab_ref.runs import run
 from causalab_ref.shapes import Model, Refusal
 
+pytestmark = pytest.mark.fast  # the edit-test loop's subset: `pytest -m fast` (README)
+
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "documents" / "data"
 ROWS = json.loads((DATA / "weekdays" / "train.json").read_text())
