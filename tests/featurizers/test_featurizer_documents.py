@@ -230,7 +230,7 @@ def test_a_bundle_of_another_layer_is_refused_at_compile(meta, tmp_path):
 
 
 def test_a_tensor_file_compares_as_tensors_and_metadata(tmp_path):
-    """SPEC.md:950 [FZ32] the conformance runner reads a .safetensors file as dtype, shape and values per tensor plus
+    """SPEC.md:955 [FZ32] the conformance runner reads a .safetensors file as dtype, shape and values per tensor plus
     the metadata without `engine`, so another implementation's bundle compares with this one's."""
     from causalab_ref.conformance import conform
     file = tmp_path / "rot.safetensors"
@@ -271,7 +271,7 @@ def harvest(llama, tmp_path_factory):
 
 
 def test_pca_harvest_publishes_the_top_principal_directions(harvest):
-    """SPEC.md:963 [FZ34] pca_harvest.json's basis is the top 4 right singular vectors of the centred vectors
+    """SPEC.md:968 [FZ34] pca_harvest.json's basis is the top 4 right singular vectors of the centred vectors
     of block_output[0] at every content token of weekdays/train, (16, 4), stamped as a pca of that site."""
     basis, stamp = tensor(harvest / "pca.safetensors")
     vectors = tensor(harvest / "vectors.safetensors")[0]
@@ -286,7 +286,7 @@ def test_pca_harvest_publishes_the_top_principal_directions(harvest):
 
 
 def test_the_shipped_pca_basis_is_what_pca_harvest_writes(harvest):
-    """SPEC.md:963 [FZ34] documents/artifacts/pca.safetensors is pca_harvest.json's save: the same tensor and the
+    """SPEC.md:968 [FZ34] documents/artifacts/pca.safetensors is pca_harvest.json's save: the same tensor and the
     same stamp (shipped, never hand-edited)."""
     got, stamp = tensor(harvest / "pca.safetensors")
     ship, ship_stamp = tensor(ROOT / PCA_FILE)
@@ -299,7 +299,7 @@ def test_the_shipped_pca_basis_is_what_pca_harvest_writes(harvest):
 
 
 def test_pca_control_swaps_in_the_harvested_basis(harvest, llama, tmp_path):
-    """SPEC.md:957 [FZ33] SPEC.md:963 [FZ34] pca_control.json loads the harvested basis Q as its pca featurizer:
+    """SPEC.md:962 [FZ33] SPEC.md:968 [FZ34] pca_control.json loads the harvested basis Q as its pca featurizer:
     the base activation x at block_output[0] becomes x + ((y - x)·Q)·Qᵀ with y the counterfactual's (the base keeps
     its 12-dimensional complement), and its weights step publishes Q unchanged."""
     raw = shipped("pca_control")
@@ -326,7 +326,7 @@ def test_pca_control_swaps_in_the_harvested_basis(harvest, llama, tmp_path):
      "kind: bundle says 'pca', document says 'subspace'; parametrization: bundle says '', document says 'cayley'"),
 ])
 def test_a_pca_basis_loads_only_as_the_pca_of_its_place(meta, change, wrong):
-    """SPEC.md:957 [FZ33] the harvested basis's stamp is checked key by key: another k, another layer, or another
+    """SPEC.md:962 [FZ33] the harvested basis's stamp is checked key by key: another k, another layer, or another
     kind (a pca basis is not a Cayley parameter) is refused at compile."""
     raw = shipped("pca_control")
     del raw["steps"]["weights"]

@@ -201,3 +201,31 @@ def test_bundle_refusals_in_order(tmp_path):
     assert shape.value.message == ("featurizer 'rot': 'f' has weight (16, 8), not the (16, 4) this document and "
                                    "its 16-wide site declare")
     assert bundles.check(bundles.Declared("rot", "subspace", None, "f", D, {"k": "4"}), w, {"k": "8"}, where) == 8
+
+
+def test_every_metadata_value_of_a_shipped_or_corpus_tensor_file_follows_the_encoding():
+    """SPEC.md:950 [FZ36] in documents/artifacts, the corpus's files/ and every tensor file a corpus case expects,
+    `layer`, `heads`, `units`, `k` and `d` are JSON text (an int, a list of ints or null) and the names are text."""
+    import json
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    root = Path(__file__).resolve().parents[2]
+    json_keys = {"layer", "heads", "units", "k", "d"}
+    stamps = []
+    for file in sorted((root / "documents" / "artifacts").glob("*.safetensors")) + sorted(
+            (root / "tests" / "conformance" / "files").rglob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as handle:
+            stamps.append((str(file), handle.metadata() or {}))
+    for case in sorted((root / "tests" / "conformance").glob("*.json")):
+        tables = (json.loads(case.read_text(encoding="utf-8")).get("expect") or {}).get("tables") or {}
+        stamps += [(f"{case.name}: {name}", t["metadata"]) for name, t in tables.items() if name.endswith(".safetensors")]
+    assert len([s for s in stamps if s[1]]) >= 3
+    for where, meta in stamps:
+        for key, value in meta.items():
+            assert isinstance(value, str), (where, key)
+            if key in json_keys:
+                parsed = json.loads(value)
+                ok = parsed is None or (type(parsed) is int) or (isinstance(parsed, list) and all(type(x) is int for x in parsed))
+                assert ok, (where, key, value)

@@ -84,7 +84,7 @@ def test_two_fits_with_one_seed_write_byte_identical_bundles(fitted, llama, tmp_
 
 
 def test_a_fit_on_the_hooks_engine_trains_what_the_nnterp_engine_trains(fitted, tmp_path):
-    """SPEC.md:971 [FZ35] the DAS fit run on the hooks engine trains the nnterp engine's rotation and writes its
+    """SPEC.md:976 [FZ35] the DAS fit run on the hooks engine trains the nnterp engine's rotation and writes its
     train/loss curve and held-out table (allclose 1e-6): a fit reaches the model only through the contract."""
     hooks = loading.load(Model(key="fixture:tiny-llama", revision="seeded", dtype="fp32"), "hooks")
     out = execute(das(), hooks, tmp_path / "hooks")
