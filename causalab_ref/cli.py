@@ -287,13 +287,33 @@ def _where_each_lands(eng, layer: int):
 
 
 def cmd_conform(args):
-    from .conformance.conform import conform
-    result = conform(args.impl, cases_dir=args.cases, only=args.only, fail_fast=args.fail_fast,
-                     record=args.record, quiet=args.quiet, main=main, fixtures_dir=args.fixtures)
+    """Exit 0 when some case passed and none failed; 1 when a case failed or none passed (a line says why);
+    2 for a usage error, such as a blank --impl (SPEC.md C20)."""
+    from .conformance.conform import Options, UsageError, conform
+    options = Options(cases_dir=args.cases, only=args.only, fixtures_dir=args.fixtures, fail_fast=args.fail_fast,
+                      record=args.record, quiet=args.quiet, **({"timeout": args.timeout} if args.timeout else {}))
+    try:
+        result = conform(args.impl, options, main=main)
+    except UsageError as error:
+        print(f"usage: conform: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
     if not result["ok"]:
         print(result["summary"])
+        if result["why"]:
+            print(result["why"], file=sys.stderr)
         raise SystemExit(1)
     return {"text": result["summary"], **result}
+
+
+def _seconds(text: str) -> float:
+    """--timeout: a positive number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"--timeout {text!r} is not a positive number of seconds")
+    return value
 
 
 def cmd_fixtures(args):
@@ -385,7 +405,9 @@ def _corpus_verbs(verbs) -> None:
                    help="run the cases whose name contains this (comma-separated: any of these)")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first failed case")
     p.add_argument("--record", action="store_true", help="write causalab_ref's results into the cases' expect")
-    p.add_argument("--quiet", action="store_true", help="print failed and not-applicable cases only")
+    p.add_argument("-q", "--quiet", action="store_true", help="print failed and not-applicable cases only")
+    p.add_argument("--timeout", type=_seconds, default=None, help="with --impl: seconds one call of the "
+                   "implementation may take before it is stopped and its case fails (default 300)")
     p = _verb(verbs, "fixtures", cmd_fixtures, "write the fixtures as ordinary checkpoint folders with a manifest")
     p.add_argument("action", choices=("export",))
     p.add_argument("dir", help="the folder to write <name>/ checkpoint folders and manifest.json into")

@@ -5,6 +5,12 @@ A catalogue line is `<stage> | <path template> | <message template> | <source>`;
 `matches(template, text)` is how a conformance case judges a refusal: the fixed words in order,
 each placeholder covering any text. `entries(spec_text)` reads the catalogue out of SPEC.md's
 text (the corpus runner needs it only to record a case; checking one needs only the case).
+
+A path template is dotted segments: a literal, a `<name>` standing for exactly one segment, or a
+form of FORMS standing for the paths it lists (`<site>` is `sites.<s>`; `<pos>` a read's or a write's
+`pos`), `<swept>` and `<the value>` for any path. `path_fits(entry, path)` expands the forms and
+matches strictly, a protocol document's path as its plan-shaped one re-pathed (PR17); `forms(spec_text)`
+reads SPEC.md §13's list of the forms, which FORMS must equal (SPEC.md C21).
 """
 from __future__ import annotations
 
@@ -15,6 +21,28 @@ from typing import Optional
 HEADING = "## 13. Refusal catalogue"
 PLACEHOLDER = re.compile(r"<[A-Za-z][A-Za-z0-9_|.\- ]*>")
 NO_PATH = "-"
+ANY = None  # a form that stands for any path
+#: what each path form stands for (SPEC.md §13): the path templates it is, or ANY
+FORMS: dict[str, Optional[tuple[str, ...]]] = {
+    "<site>": ("sites.<s>",),
+    "<featurizer>": ("featurizers.<f>",),
+    "<intervention>": ("interventions.<i>",),
+    "<read>": ("<intervention>.reads.<r>",),
+    "<write>": ("<intervention>.writes.<w>",),
+    "<read or write>": ("<read>", "<write>"),
+    "<pos>": ("<read or write>.pos",),
+    "<model>": ("<intervention>.models.<m>",),
+    "<metric>": ("<intervention>.metrics.<m>",),
+    "<rows>": ("steps.<step>.rows", "steps.<step>.eval.rows"),
+    "<dataset ref>": ("<rows>.<role>", "ref"),
+    "<saves>": ("steps.<step>.saves", "steps.<step>.eval.saves"),
+    "<save>": ("<saves>.<k>",),
+    "<output>": ("steps.<step>.outputs.<name>",),
+    "<swept>": ANY,
+    "<the value>": ANY,
+}
+_ANY_MARK = "<*>"
+_FORM_LINE = re.compile(r"^- `(<[^`]+>)`: (.*)$")
 
 
 @dataclass(frozen=True)
@@ -70,14 +98,49 @@ def split_line(line: str) -> dict:
     return {"stage": stage, "path": "", "message": rest}
 
 
+def forms(spec_text: str) -> dict[str, Optional[tuple[str, ...]]]:
+    """SPEC.md §13's list of path forms: `- `<form>`: `t1` or `t2` — prose`, or `any path — prose`."""
+    lines = spec_text.splitlines()
+    start = next((k for k, line in enumerate(lines) if line.startswith(HEADING)), len(lines))
+    out: dict[str, Optional[tuple[str, ...]]] = {}
+    for line in lines[start + 1:]:
+        if line.startswith(("## ", "```")):
+            break
+        found = _FORM_LINE.match(line)
+        if found:
+            head = found.group(2).split(" — ", 1)[0]
+            out[found.group(1)] = ANY if head.startswith("any path") else tuple(re.findall(r"`([^`]+)`", head))
+    return out
+
+
+def expanded(template: str) -> list[str]:
+    """The template with every form replaced by each path it stands for (ANY as `<*>`), recursively."""
+    for form, paths in FORMS.items():
+        if form in template:
+            if paths is ANY:
+                return expanded(template.replace(form, _ANY_MARK))
+            return [t for p in paths for t in expanded(template.replace(form, p, 1))]
+    return [template]
+
+
+def strict(template: str) -> re.Pattern:
+    """An expanded template as a pattern: a `<name>` one segment (no dot), `<*>` any path, the rest literal."""
+    pieces = re.split(r"(<\*>|" + PLACEHOLDER.pattern + ")", template)
+    return re.compile("".join(".+" if p == _ANY_MARK else "[^.]+" if PLACEHOLDER.fullmatch(p) else re.escape(p)
+                              for p in pieces))
+
+
 def path_fits(entry: Entry, path: str) -> bool:
-    """The entry's path template fits `path`, as written or as a protocol document's refusal names it
-    (the lowered document's path re-pathed, PR17)."""
+    """The entry's path template fits `path` strictly (each form expanded, each `<name>` one segment), as
+    written or as a protocol document's refusal names it (the lowered document's path re-pathed, PR17)."""
     from ..documents.protocol import INTERVENTION, STEP, protocol_path
     template = "" if entry.path == NO_PATH else entry.path
-    lowered = template.replace("interventions.<i>", f"interventions.{INTERVENTION}").replace(
-        "steps.<step>", f"steps.{STEP}")
-    return matches(template, path) or matches(protocol_path(lowered), path)
+    for plain in expanded(template):
+        lowered = plain.replace("interventions.<i>", f"interventions.{INTERVENTION}").replace(
+            "steps.<step>", f"steps.{STEP}")
+        if strict(plain).fullmatch(path) or strict(protocol_path(lowered)).fullmatch(path):
+            return True
+    return False
 
 
 def entry_for(refusal: dict, catalogue: list[Entry]) -> Optional[Entry]:

@@ -1,14 +1,14 @@
 """Conform: run the conformance corpus (tests/conformance/*.json) against an implementation.
 
-`python -m causalab_ref conform [--impl "CMD"] [--fixtures DIR] [--cases DIR]`. A case is a
-document, the data tables it reads, the fixture it runs on (key and recipe digest), the verb to
+`python -m causalab_ref conform [--impl "CMD"] [--fixtures DIR] [--cases DIR] [--timeout S]`. A case
+is a document, the data tables it reads, the fixture it runs on (key and recipe digest), the verb to
 run it with and the expected result (the format: tests/conformance/case.schema.json; SPEC.md §6,
-C1-C29). For each case the runner writes the document and a data root holding exactly the case's
-tables into a temporary folder, invokes the implementation through the CLI contract and compares
-what it printed and wrote with the case's `expect`:
+C1-C20). For each case the runner writes the document and a data root holding exactly the case's
+tables into a temporary folder, invokes the implementation through the CLI contract (invoke.py) and
+compares what it printed and wrote with the case's `expect`:
 
 * `run`: exit 0 and every metric table under --out (document.json and run.json aside),
-  values within the case's tolerance, everything else (positions, tokens, reasons,
+  values within the case's tolerance (C6), everything else (positions, tokens, reasons,
   eligible, key order) exact;
 * `explain`: exit 0 and the `plan` of `--json explain` (addresses, widths, positions);
 * `model`: exit 0 and the `components` of `--json model KEY`;
@@ -18,7 +18,9 @@ what it printed and wrote with the case's `expect`:
 
 Fields a case lists as `informative` (an operation name that depends on the transformers
 version) are never compared. An implementation that exits 3 says it does not implement what
-the case uses: the case is reported not applicable.
+the case uses: the case is reported not applicable. A case that cannot be read, set up or answered
+(a truncated case file, a hung or flooding implementation, a junk file under --out) fails in one
+line and the run goes on; a run in which no case passed is not a pass (C19, C20).
 
 An --impl is a subprocess that needs nothing of causalab_ref: the runner exports the fixtures
 as ordinary checkpoint folders (or reuses the ones in --fixtures) and hands their places over in
@@ -29,93 +31,95 @@ no cli: the structured plan `explain --json` prints lives in plan.py.
 """
 from __future__ import annotations
 
-import contextlib
-import fnmatch
-import io
 import json
-import math
 import os
-import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from . import catalogue
+from .invoke import CAP, TIMEOUT, CaseError, InProcess, Subprocess, UsageError, command
+from .judge import FLOOR, FLOORS, agrees, compare, compare_refusal, informative
 from ..fixtures import exported
 
 ROOT = Path(__file__).resolve().parents[2]
 CASES = ROOT / "tests" / "conformance"
 VERBS = ("run", "explain", "validate", "model")
 NOT_APPLICABLE = 3
-
-
-# ---------------------------------------------------------------- invoking an implementation
-
-
-class InProcess:
-    """An entry point called in this process (`main(argv) -> status`) with captured stdout and stderr."""
-
-    name = "causalab_ref (in-process)"
-
-    def __init__(self, main: Callable[[list[str]], int]):
-        self.main = main
-
-    def __call__(self, argv: list[str], cwd: Path) -> tuple[int, str, str]:
-        out, err = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), contextlib.chdir(cwd):
-            try:
-                status = self.main(argv)
-            except SystemExit as exit_:  # argparse usage errors
-                status = exit_.code if isinstance(exit_.code, int) else 1
-        return status, out.getvalue(), err.getvalue()
-
-
-class Subprocess:
-    """Another implementation: `CMD <argv>` in a subprocess, told where each checkpoint is (SPEC.md C1, C9)."""
-
-    def __init__(self, command: str, checkpoints: Optional[dict[str, str]] = None):
-        self.command = shlex.split(command)
-        self.name = command
-        self.env = dict(os.environ)
-        if checkpoints is not None:
-            self.env[exported.MAP_ENV] = json.dumps(checkpoints, sort_keys=True)
-
-    def __call__(self, argv: list[str], cwd: Path) -> tuple[int, str, str]:
-        done = subprocess.run(self.command + argv, cwd=cwd, capture_output=True, text=True, env=self.env)
-        return done.returncode, done.stdout, done.stderr
+__all__ = ["FLOOR", "FLOORS", "CaseError", "InProcess", "Options", "Subprocess", "UsageError", "agrees", "check",
+           "compare", "compare_refusal", "conform", "informative"]
 
 
 # ---------------------------------------------------------------- one case
 
 
 def load_cases(folder: Path = CASES) -> list[dict]:
+    """Every case file of the folder, in name order. A file that is not a case (not JSON, or missing what
+    the runner needs) is kept as {name, _file, _broken: why}: it fails in one line, and the run goes on."""
     cases = []
     for file in sorted(Path(folder).glob("*.json")):
         if file.name.endswith(".schema.json"):
             continue
-        case = json.loads(file.read_text(encoding="utf-8"))
+        try:
+            case = json.loads(file.read_text(encoding="utf-8"))
+            why = _not_a_case(case)
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
+            case, why = {}, f"the case file cannot be read: {type(error).__name__}: {str(error)[:200]}"
+        if why is not None:
+            case = {"name": file.stem, "_broken": f"{file.name}: {why}"}
         case["_file"] = str(file)
         cases.append(case)
     return cases
 
 
-class CaseError(Exception):
-    """A case that cannot be set up (a path it names escapes, a file it names is missing): that case fails
-    with this one line, and the run goes on."""
+def _not_a_case(case: Any) -> Optional[str]:
+    """Why a parsed case file cannot be run (None when it can): the fields the runner reads, with their types
+    (the full format is case.schema.json, C12)."""
+    if not isinstance(case, dict):
+        return f"a case is a JSON object, got {type(case).__name__}"
+    fixture = case.get("fixture")
+    wants = [("name", isinstance(case.get("name"), str), "a string"),
+             ("verb", case.get("verb") in VERBS, f"one of {list(VERBS)}"),
+             ("fixture", isinstance(fixture, str) or (isinstance(fixture, dict)
+                                                       and isinstance(fixture.get("key"), str)
+                                                       and isinstance(fixture.get("recipe", ""), str)),
+              "{key, recipe}"),
+             ("document", case.get("verb") == "model" or isinstance(case.get("document"), dict), "an object"),
+             ("data", isinstance(case.get("data", {}), dict), "an object"),
+             ("files", isinstance(case.get("files", []), list), "a list"),
+             ("informative", isinstance(case.get("informative", []), list), "a list"),
+             ("tolerance", _positive(case.get("tolerance", 1e-5)), "a positive number"),
+             ("expect", _expectation(case.get("expect", {})), "{status, ...}, a refusal {stage, path, message}")]
+    bad = [f"`{key}` must be {what}" for key, good, what in wants if not good]
+    return "; ".join(bad) if bad else None
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
+def _expectation(expect: Any) -> bool:
+    if not isinstance(expect, dict):
+        return False
+    refusal = expect.get("refusal")
+    return refusal is None or (isinstance(refusal, dict)
+                               and all(isinstance(refusal.get(k), str) for k in ("stage", "path", "message")))
 
 
 def _inside(base: Path, rel: str, what: str) -> Path:
     """`base / rel`, which must resolve strictly inside `base` (no absolute path, no `..` out, no link out)."""
+    if not isinstance(rel, str):
+        raise CaseError(f"{what} {rel!r} is not a path (a string)")
     target = base / rel
     try:
         inside = base.resolve() in target.resolve().parents
     except (OSError, RuntimeError, ValueError):
         inside = False
-    if not isinstance(rel, str) or not rel or Path(rel).is_absolute() or ".." in Path(rel).parts or not inside:
+    if not rel or Path(rel).is_absolute() or ".." in Path(rel).parts or not inside:
         raise CaseError(f"{what} {rel!r} escapes its folder ({base}); a case names paths inside it (SPEC.md S12)")
     return target
 
@@ -162,17 +166,42 @@ def _prepare(case: dict, tmp: Path) -> tuple[list[str], Path]:
     return ["validate", str(doc), "--data-root", str(data_root)], out
 
 
-def _tables(out: Path) -> dict:
+def _tables(out: Path, cap: int) -> dict:
+    """Every table and tensor file the implementation wrote under --out (document.json and run.json aside),
+    as comparable data. What is not such a file (a link, a folder named `*.json`, a file past the cap, text
+    that is not JSON, bytes that are not safetensors) fails the case, naming the file (SPEC.md C19)."""
     tables: dict[str, Any] = {}
     if not out.is_dir():
         return tables
-    for file in sorted(out.rglob("*.json")):
-        if file.name in ("document.json", "run.json"):
-            continue
-        tables[file.relative_to(out).as_posix()] = json.loads(file.read_text(encoding="utf-8"))
-    for file in sorted(out.rglob("*.safetensors")):
-        tables[file.relative_to(out).as_posix()] = tensor_file(file)
+    found = []
+    for folder, dirs, files in os.walk(out):  # links are never followed
+        for name in dirs + files:
+            if name.endswith((".json", ".safetensors")) and name not in ("document.json", "run.json"):
+                found.append(Path(folder) / name)
+    for file in sorted(found, key=lambda f: (f.suffix != ".json", f.relative_to(out).as_posix())):
+        rel = file.relative_to(out).as_posix()
+        if file.is_symlink() or not file.is_file():
+            raise CaseError(f"--out holds {rel}, which is {'a link' if file.is_symlink() else 'not a file'}; "
+                            "a run writes its tables and tensors as plain files")
+        if file.stat().st_size > cap:
+            raise CaseError(f"--out holds {rel} of {file.stat().st_size} bytes, past what conform reads back "
+                            f"({cap} bytes)")
+        tables[rel] = _read_table(file, rel)
     return tables
+
+
+def _read_table(file: Path, rel: str) -> Any:
+    if file.suffix == ".json":
+        try:
+            return json.loads(file.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError) as error:
+            raise CaseError(f"--out holds {rel}, which is not a JSON table ({type(error).__name__}: "
+                            f"{str(error)[:200]})") from None
+    try:
+        return tensor_file(file)
+    except Exception as error:  # safetensors' own errors, whatever the bytes hold: the implementation's fault
+        raise CaseError(f"--out holds {rel}, which is not a safetensors file ({type(error).__name__}: "
+                        f"{str(error)[:200]})") from None
 
 
 def tensor_file(file: Path) -> dict:
@@ -188,7 +217,7 @@ def tensor_file(file: Path) -> dict:
                                               for name, t in tensors.items()}}
 
 
-def observe(case: dict, impl, tmp: Path) -> dict:
+def observe(case: dict, impl, tmp: Path, cap: int = CAP) -> dict:
     """What the implementation did on this case, in the shape of a case's `expect`."""
     argv, out = _prepare(case, tmp)
     status, stdout, stderr = impl(argv, tmp)
@@ -201,92 +230,29 @@ def observe(case: dict, impl, tmp: Path) -> dict:
         got["stderr"] = stderr.strip()[-2000:]
         return got
     verb = case["verb"]
+    if verb == "run":
+        got["tables"] = _tables(out, cap)
+        return got
     try:
-        if verb == "run":
-            got["tables"] = _tables(out)
-        elif verb == "explain":
+        if verb == "explain":
             got["plan"] = json.loads(stdout)["plan"]
         elif verb == "model":
             got["components"] = json.loads(stdout)["components"]
-    except (ValueError, KeyError, TypeError) as error:
-        got["stdout_unreadable"] = f"{type(error).__name__}: {error}"
+    except (ValueError, KeyError, TypeError, RecursionError) as error:
+        got["stdout_unreadable"] = f"{type(error).__name__}: {str(error)[:200]}"
     return got
 
 
-def _shown(segs: tuple) -> str:
-    text = ""
-    for seg in segs:
-        text += f"[{seg}]" if isinstance(seg, int) else (f".{seg}" if text else str(seg))
-    return text or "<result>"
-
-
-def informative(segs: tuple, patterns) -> bool:
-    """True when the field at `segs` matches one of the case's `informative` patterns: dotted names,
-    list indices as numbers, `*` for any one step (SPEC.md C16)."""
-    parts = [str(s) for s in segs]
-    for pattern in patterns:
-        steps = pattern.split(".")
-        if len(steps) == len(parts) and all(fnmatch.fnmatchcase(p, s) for p, s in zip(parts, steps)):
-            return True
-    return False
-
-
-def compare(want: Any, got: Any, tolerance: float, path: str = "", informative_fields=(), segs=None) -> list[str]:
-    """Readable differences: `path: expected X, got Y`. A float agrees when |want - got| <=
-    tolerance * max(|want|, 0.01) (SPEC.md C6); everything else is exact, and a dict's key order
-    counts (a metric table's keys are in a fixed order, SPEC.md R7). Informative fields are skipped."""
-    segs = tuple(s for s in path.split(".") if s) if segs is None else segs
-    if informative(segs, informative_fields):
-        return []
-    where = _shown(segs)
-    if isinstance(want, float) and isinstance(got, (int, float)) and not isinstance(got, bool):
-        if math.isfinite(want) and abs(want - got) <= tolerance * max(abs(want), 0.01):
-            return []
-        return [f"{where}: expected {want!r}, got {got!r} (relative tolerance {tolerance})"]
-    if isinstance(want, dict) and isinstance(got, dict):
-        diffs = [f"{_shown(segs + (k,))}: expected {_short(want[k])}, missing" for k in want if k not in got]
-        diffs += [f"{_shown(segs + (k,))}: not expected, got {_short(got[k])}" for k in got if k not in want]
-        for key in want:
-            if key in got:
-                diffs += compare(want[key], got[key], tolerance, informative_fields=informative_fields,
-                                 segs=segs + (key,))
-        if not diffs and list(want) != list(got):
-            diffs.append(f"{where}: keys in order {list(want)}, got {list(got)}")
-        return diffs
-    if isinstance(want, list) and isinstance(got, list):
-        if len(want) != len(got):
-            return [f"{where}: expected {len(want)} items {_short(want)}, got {len(got)} {_short(got)}"]
-        diffs = []
-        for k, (w, g) in enumerate(zip(want, got)):
-            diffs += compare(w, g, tolerance, informative_fields=informative_fields, segs=segs + (k,))
-        return diffs
-    if type(want) is not type(got) and not (isinstance(want, int) and isinstance(got, float)
-                                            and not isinstance(want, bool)):
-        return [f"{where}: expected {_short(want)}, got {_short(got)}"]
-    return [] if want == got else [f"{where}: expected {_short(want)}, got {_short(got)}"]
-
-
-def _short(value: Any) -> str:
-    text = json.dumps(value, ensure_ascii=False)
-    return text if len(text) <= 300 else text[:297] + "..."
-
-
-def compare_refusal(want: dict, got: Any) -> list[str]:
-    """A refusal agrees when its stage and path are the case's and its message fits the case's
-    catalogue template: the fixed words in order, any text for each placeholder (SPEC.md C13)."""
-    if not isinstance(got, dict):
-        return [f"refusal: expected {_short(want)}, got {_short(got)}"]
-    diffs = [f"refusal.{k}: expected {_short(want[k])}, got {_short(got.get(k))}"
-             for k in ("stage", "path") if want.get(k) != got.get(k)]
-    if not catalogue.matches(want["message"], got.get("message", "")):
-        diffs.append(f"refusal.message: expected the template {_short(want['message'])}, "
-                     f"got {_short(got.get('message'))}")
-    return diffs
+def _key(case: dict) -> str:
+    fixture = case["fixture"]
+    return fixture if isinstance(fixture, str) else fixture["key"]
 
 
 def _fixture_diffs(case: dict, recipes: dict[str, str]) -> list[str]:
     """The case's fixture must be the checkpoint its expectation was recorded on (SPEC.md C11)."""
-    key, recipe = case["fixture"]["key"], case["fixture"]["recipe"]
+    key, recipe = _key(case), case["fixture"].get("recipe") if isinstance(case["fixture"], dict) else None
+    if recipe is None:
+        return [f"fixture: the case names {key} without its recipe; record it (conform --record) to give one"]
     if key not in recipes:
         return [f"fixture: no checkpoint folder for {key!r} (the exported fixtures are {sorted(recipes)})"]
     if recipes[key] != recipe:
@@ -295,16 +261,18 @@ def _fixture_diffs(case: dict, recipes: dict[str, str]) -> list[str]:
     return []
 
 
-def check(case: dict, impl, record: bool = False, recipes: Optional[dict[str, str]] = None
-          ) -> tuple[str, list[str], dict]:
+def check(case: dict, impl, record: bool = False, recipes: Optional[dict[str, str]] = None,
+          cap: int = CAP) -> tuple[str, list[str], dict]:
     """('pass' | 'fail' | 'n/a', diff lines, observed) for one case."""
+    if "_broken" in case:
+        return "fail", [case["_broken"]], {}
     if recipes is not None and not record:
         bad = _fixture_diffs(case, recipes)
         if bad:
             return "fail", bad, {}
     with tempfile.TemporaryDirectory(prefix="conform-") as tmp:
         try:
-            got = observe(case, impl, Path(tmp))
+            got = observe(case, impl, Path(tmp), cap)
         except CaseError as error:
             return "fail", [str(error)], {}
     if got["status"] == NOT_APPLICABLE:
@@ -390,7 +358,7 @@ def _record(case: dict, got: dict, entries: list) -> None:
 def checkpoint_folders(cases: list[dict], folder: Path) -> dict[str, str]:
     """The fixture folders the cases need, under `folder`: reused when the manifest there lists the key
     and its files have their digests, exported otherwise (SPEC.md C9)."""
-    keys = sorted({c["fixture"]["key"] for c in cases})
+    keys = sorted({_key(c) for c in cases if "_broken" not in c})
     have = exported.verified(folder)
     missing = [k for k in keys if k not in have]
     if missing:
@@ -401,58 +369,102 @@ def checkpoint_folders(cases: list[dict], folder: Path) -> dict[str, str]:
 def _report(case: dict, verdict: str, diffs: list[str], seconds: float, quiet: bool, stream) -> None:
     label = {"pass": "PASS", "fail": "FAIL", "n/a": "N/A "}[verdict]
     if verdict != "pass" or not quiet:
-        print(f"{label} {case['name']}  [{case['verb']}; {', '.join(case.get('rules', []))}]  {seconds:.1f}s",
-              file=stream)
+        print(f"{label} {case['name']}  [{case.get('verb', '?')}; {', '.join(map(str, case.get('rules', [])))}]  "
+              f"{seconds:.1f}s", file=stream)
     for line in diffs[:25]:
         print(f"       {line}", file=stream)
     if len(diffs) > 25:
         print(f"       ... and {len(diffs) - 25} more difference(s)", file=stream)
 
 
-def _implementation(impl_command, main, cases, fixtures_dir, record):
-    """(the implementation, {key: recipe digest} the cases are checked against)."""
-    if impl_command:
-        if record:
-            raise SystemExit("--record writes causalab_ref's own results into the cases; it takes no --impl")
-        folders = checkpoint_folders(cases, Path(fixtures_dir))
-        recipes = {k: e["recipe"] for k, e in exported.verified(Path(fixtures_dir)).items()}
-        return Subprocess(impl_command, folders), recipes
+@dataclass(frozen=True)
+class Options:
+    """How conform runs: which cases (`cases_dir`, `only`), where the fixture folders are (`fixtures_dir`,
+    with an --impl), each call's bounds (`timeout` seconds, `cap` bytes of stdout and of stderr), and
+    `fail_fast`, `record` (write causalab_ref's results into the cases) and `quiet`."""
+    cases_dir: Optional[str] = None
+    only: Optional[str] = None
+    fixtures_dir: Optional[str] = None
+    timeout: float = TIMEOUT
+    cap: int = CAP
+    fail_fast: bool = False
+    record: bool = False
+    quiet: bool = False
+
+
+def selected(options: Options) -> list[dict]:
+    """The cases of the corpus folder, narrowed by --only (a comma-separated list: the cases whose name
+    contains any of them); a folder that is not there is a usage error."""
+    folder = Path(options.cases_dir) if options.cases_dir else CASES
+    if not folder.is_dir():
+        raise UsageError(f"--cases {str(folder)!r} is not a folder; give the corpus folder (a copy of "
+                         "tests/conformance)")
+    cases = load_cases(folder)
+    if options.only:
+        wanted = [w for w in options.only.split(",") if w]
+        cases = [c for c in cases if any(w in c["name"] for w in wanted)]
+    return cases
+
+
+def _implementation(impl_command: Optional[str], main, cases: list[dict], scratch: str, options: Options):
+    """(the implementation, {key: recipe digest} the cases are checked against). An --impl given, even
+    blank, is the implementation: a blank one is a usage error, never causalab_ref in its place."""
+    if impl_command is not None:
+        words = command(impl_command)
+        if options.record:
+            raise UsageError("--record writes causalab_ref's own results into the cases; it takes no --impl")
+        folder = Path(options.fixtures_dir or scratch)
+        folders = checkpoint_folders(cases, folder)
+        recipes = {k: e["recipe"] for k, e in exported.verified(folder).items()}
+        return Subprocess(words, folders, options.timeout, options.cap), recipes
     if main is None:
         raise ValueError("conform needs an implementation: a command (impl_command) or an entry point (main)")
     from ..fixtures import builder
-    keys = {c["fixture"] if isinstance(c["fixture"], str) else c["fixture"]["key"] for c in cases}
-    return InProcess(main), {k: builder.recipe_digest(k) for k in keys}
+    return InProcess(main), {k: builder.recipe_digest(k) for k in {_key(c) for c in cases if "_broken" not in c}}
 
 
-def conform(impl_command: Optional[str] = None, cases_dir: Optional[str] = None, only: Optional[str] = None,
-            fail_fast: bool = False, record: bool = False, quiet: bool = False, stream=None,
-            main: Optional[Callable[[list[str]], int]] = None, fixtures_dir: Optional[str] = None) -> dict:
-    """Run the corpus against `impl_command` (a subprocess) or, with none, in-process against `main`."""
+def _nothing_checked(counts: dict, total: int, options: Options) -> Optional[str]:
+    """Why a run that passed no case is not a pass (None when some case passed)."""
+    if counts["pass"]:
+        return None
+    where = options.cases_dir or str(CASES)
+    if total == 0 and options.only:
+        return f"conform: no case was checked: --only {options.only!r} matches no case in {where}"
+    if total == 0:
+        return f"conform: no case was checked: {where} holds no case file (*.json)"
+    if counts["n/a"] == total:
+        return (f"conform: no case was checked: the implementation answered 3 (not applicable) to all {total} "
+                "case(s)")
+    return None  # some failed: the failures say why
+
+
+def conform(impl_command: Optional[str] = None, options: Options = Options(),
+            main: Optional[Callable[[list[str]], int]] = None, stream=None) -> dict:
+    """Run the corpus against `impl_command` (a subprocess) or, with none, in-process against `main`.
+    `ok` only when some case passed and none failed; `why` says so when no case passed (SPEC.md C20)."""
     stream = stream or sys.stdout
-    cases = load_cases(Path(cases_dir) if cases_dir else CASES)
-    if only:  # a comma-separated list: the cases whose name contains any of them
-        wanted = [w for w in only.split(",") if w]
-        cases = [c for c in cases if any(w in c["name"] for w in wanted)]
+    cases = selected(options)
+    started = time.time()
+    counts = {"pass": 0, "fail": 0, "n/a": 0}
+    failed: list[str] = []
     with tempfile.TemporaryDirectory(prefix="conform-fixtures-") as scratch:
-        impl, recipes = _implementation(impl_command, main, cases, fixtures_dir or scratch, record)
-        entries = catalogue.entries((ROOT / "SPEC.md").read_text(encoding="utf-8")) if record else []
-        counts = {"pass": 0, "fail": 0, "n/a": 0}
-        failed = []
-        started = time.time()
+        impl, recipes = _implementation(impl_command, main, cases, scratch, options)
+        entries = catalogue.entries((ROOT / "SPEC.md").read_text(encoding="utf-8")) if options.record else []
         print(f"conform: {len(cases)} case(s) against {impl.name}", file=stream)
         for case in cases:
-            case = completed(case) if record else case
+            case = completed(case) if options.record and "_broken" not in case else case
             t = time.time()
-            verdict, diffs, got = check(case, impl, record=record, recipes=recipes)
+            verdict, diffs, got = check(case, impl, record=options.record, recipes=recipes, cap=options.cap)
             counts[verdict] += 1
-            if record:
+            if options.record and verdict == "pass":
                 _record(case, got, entries)
-            _report(case, verdict, diffs, time.time() - t, quiet, stream)
+            _report(case, verdict, diffs, time.time() - t, options.quiet, stream)
             if verdict == "fail":
                 failed.append(case["name"])
-                if fail_fast:
+                if options.fail_fast:
                     break
     summary = (f"conform: {counts['pass']} passed, {counts['fail']} failed, {counts['n/a']} not applicable "
                f"({time.time() - started:.0f}s)")
+    why = _nothing_checked(counts, len(cases), options)
     return {"summary": summary, "passed": counts["pass"], "failed": failed, "not_applicable": counts["n/a"],
-            "ok": not failed}
+            "why": why, "ok": not failed and why is None}

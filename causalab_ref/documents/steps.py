@@ -160,16 +160,20 @@ def all_saves(step) -> tuple:
 def check_save_paths(steps: tuple) -> None:
     """No two saves of a document write one file, and none is a folder of another (SPEC.md D16, S44)."""
     written: dict[str, str] = {}
-    for k, step in steps:
-        for i, save in enumerate(all_saves(step)):
-            if save.file_path in written:
-                _fail(f"steps.{k}.saves.{i}.file_path", f"'{save.file_path}' is already written by step "
-                      f"'{written[save.file_path]}'; name another file")
-            written[save.file_path] = k
-    every = [(k, i, save.file_path) for k, step in steps for i, save in enumerate(all_saves(step))]
-    clash = colliding([file_path for _k, _i, file_path in every])
+    saves = [(k, f"{place}.file_path", save.file_path) for k, step in steps for place, save in placed(k, step)]
+    for k, path, file_path in saves:
+        if file_path in written:
+            _fail(path, f"'{file_path}' is already written by step '{written[file_path]}'; name another file")
+        written[file_path] = k
+    clash = colliding([file_path for _k, _path, file_path in saves])
     if clash is not None:
-        (k, i, mine), other = every[clash[0]], clash[1]
+        (_k, path, mine), other = saves[clash[0]], clash[1]
         inner, outer = (mine, other) if len(mine) > len(other) else (other, mine)
-        _fail(f"steps.{k}.saves.{i}.file_path", f"'{mine}' and '{other}' collide as paths: '{inner}' would be "
+        _fail(path, f"'{mine}' and '{other}' collide as paths: '{inner}' would be "
               f"written inside '{outer}', which this run writes as a file; name another file")
+
+
+def placed(k: str, step) -> list:
+    """(document path, save) of each file a step writes: its saves, then (a fit) its eval's at `eval.saves`."""
+    return ([(f"steps.{k}.saves.{i}", save) for i, save in enumerate(step.saves)]
+            + [(f"steps.{k}.eval.saves.{i}", save) for i, save in enumerate(getattr(step, "eval_saves", ()))])

@@ -36,7 +36,7 @@ def test_corpus_passes_on_causalab_ref():
     (SPEC.md:0 [C2], SPEC.md:0 [C3], SPEC.md:0 [C4], SPEC.md:0 [C5], SPEC.md:0 [C6])."""
     out = io.StringIO()
     with fuzzing.cached_loads():
-        result = conform.conform(stream=out, quiet=True, main=cli.main)
+        result = conform.conform(options=conform.Options(quiet=True), stream=out, main=cli.main)
     assert result["ok"], out.getvalue()
     assert result["passed"] == len(CASES) and len(CASES) >= 60
 
@@ -63,6 +63,19 @@ def test_compare_reports_a_readable_diff():
     assert conform.compare({"v": 0.25}, {"v": 0.26}, 1e-5) == ["v: expected 0.25, got 0.26 (relative tolerance 1e-05)"]
     assert conform.compare({"t": "' is'"}, {"t": "'is'"}, 1e-5) == ["t: expected \"' is'\", got \"'is'\""]
     assert conform.compare({"a": 1, "b": 2}, {"b": 2, "a": 1}, 1e-5)  # key order counts (R7)
+
+
+def test_a_probability_is_checked_relative_to_itself():
+    """SPEC.md:0 [C6] a metric row's value in unit `probability` has the floor 2^-126, any other the floor 0.01:
+    3e-5 against 3.0001e-5 (1e-9 apart, 3.3e-5 relatively) differs at tolerance 1e-6 as a probability (allowance
+    1e-6 x 3e-5) and agrees as a logit (allowance 1e-6 x 0.01 = 1e-8)."""
+    def rows(unit, value):
+        return [{"value": value, "unit": unit}]
+    assert conform.compare(rows("probability", 3e-5), rows("probability", 3.0001e-5), 1e-6) == [
+        "[0].value: expected 3e-05, got 3.0001e-05 (relative tolerance 1e-06)"]
+    assert conform.compare(rows("probability", 3e-5), rows("probability", 3e-5 * (1 + 5e-7)), 1e-6) == []
+    assert conform.compare(rows("logit", 3e-5), rows("logit", 3.0001e-5), 1e-6) == []
+    assert conform.compare({"value": 3e-5}, {"value": 3.0001e-5}, 1e-6) == []  # not a metric row: the floor 0.01
 
 
 def test_impl_exit_3_is_not_applicable(tmp_path):
@@ -220,6 +233,77 @@ def test_every_refusal_case_expects_a_catalogue_template():
         assert lines, (case["name"], want)
 
 
+def _skeleton(message: str) -> tuple:
+    return tuple(catalogue.PLACEHOLDER.split(message))
+
+
+#: the messages SPEC.md §13 names as standing at two forms, each decided by what the refusal is about
+TWO_FORMS = ("<what> is a non-empty list of distinct <feature> indices",
+             "the width of '<component>' is not a fact about the model: …")
+
+
+def test_the_path_forms_are_the_ones_the_catalogue_lists():
+    """SPEC.md:0 [C21] the forms a catalogue path is written in are SPEC.md §13's list, each standing for the
+    paths it names (or any path), and the matcher reads them so."""
+    listed = catalogue.forms((ROOT / "SPEC.md").read_text(encoding="utf-8"))
+    assert listed == catalogue.FORMS
+    assert catalogue.expanded("<pos>.scope") == ["interventions.<i>.reads.<r>.pos.scope",
+                                                 "interventions.<i>.writes.<w>.pos.scope"]
+
+
+def test_every_catalogue_path_is_segments_names_and_forms():
+    """SPEC.md:0 [C21] a catalogue path is literal segments, `<name>`s of one segment each, and §13's forms:
+    no `<where>` that two paths would fit."""
+    for entry in CATALOGUE:
+        for plain in catalogue.expanded("" if entry.path == catalogue.NO_PATH else entry.path):
+            for segment in plain.split("."):
+                assert "<" not in segment or segment == "<*>" or catalogue.PLACEHOLDER.fullmatch(segment), (
+                    f"SPEC.md line {entry.line}", entry.path)
+
+
+def test_each_refusal_case_path_has_the_form_of_exactly_one_catalogue_line():
+    """SPEC.md:0 [C21] every refusal case's path fits, strictly (forms expanded, a `<name>` one segment), the
+    path form of exactly one catalogue line with the case's stage and message."""
+    cases = [c for c in CASES if "refusal" in c["expect"]]
+    for case in cases:
+        want = case["expect"]["refusal"]
+        lines = [e for e in CATALOGUE if e.stage == want["stage"] and e.message == want["message"]]
+        assert [catalogue.path_fits(e, want["path"]) for e in lines].count(True) == 1, (case["name"], want, lines)
+
+
+def test_the_strict_path_match_tells_the_forms_apart():
+    """SPEC.md:0 [C21] the issue's ambiguities are decided: a metric's path is not its column field's, a site's
+    not its layers', an output's not its k's, one segment is one segment."""
+    line = catalogue.Entry("compile", "<metric>", "m", "own", 0)
+    assert catalogue.path_fits(line, "interventions.patching.metrics.iia")
+    assert not catalogue.path_fits(line, "interventions.patching.metrics.iia.expected")
+    assert not catalogue.path_fits(catalogue.Entry("validation", "<site>", "m", "own", 0), "sites.target.layers")
+    assert not catalogue.path_fits(catalogue.Entry("compile", "<output>", "m", "own", 0), "steps.h.outputs.mean.k")
+    assert catalogue.path_fits(catalogue.Entry("validation", "<the value>", "m", "own", 0), "a.b.c")
+    assert catalogue.path_fits(catalogue.Entry("validation", "<site>", "m", "own", 0), "method.sites.target")
+
+
+def test_no_two_catalogue_lines_share_a_message_and_stage_with_different_forms():
+    """SPEC.md:0 [C21] a message has one path form at its stage, but for the two §13 names, whose forms no one
+    path fits both of."""
+    forms: dict[tuple, set] = {}
+    messages: dict[tuple, str] = {}
+    for entry in CATALOGUE:
+        forms.setdefault((entry.stage, _skeleton(entry.message)), set()).add(entry.path)
+        messages[(entry.stage, _skeleton(entry.message))] = entry.message
+    several = {key: paths for key, paths in forms.items() if len(paths) > 1}
+    named = sorted(m for m in TWO_FORMS for key in several if messages[key].startswith(m.rstrip("…")))
+    assert named == sorted(TWO_FORMS) and len(several) == len(TWO_FORMS), sorted(several)
+    preamble = (ROOT / "SPEC.md").read_text(encoding="utf-8").split(catalogue.HEADING, 1)[1].split("```", 1)[0]
+    assert all(" ".join(m.split()) in " ".join(preamble.split()) for m in TWO_FORMS)
+    for (stage, _message), paths in several.items():
+        for mine in paths:
+            for plain in catalogue.expanded(mine):
+                sample = catalogue.PLACEHOLDER.sub("x", plain.replace("<*>", "x"))
+                fits = [p for p in paths if catalogue.path_fits(catalogue.Entry(stage, p, "", "", 0), sample)]
+                assert fits == [mine], (stage, mine, sample, fits)
+
+
 def test_every_refusal_in_the_code_has_a_catalogue_line():
     """SPEC.md:0 [C14] every Refusal the package can raise is in SPEC.md's catalogue, stage and fixed words;
     run `python tests/refusals.py` for a suggested line for each one missing."""
@@ -293,3 +377,17 @@ def test_a_cases_files_are_the_corpus_own_and_copies_of_the_shipped_ones():
         assert copy.is_file(), (name, rel)
         if (ROOT / rel).is_file():
             assert copy.read_bytes() == (ROOT / rel).read_bytes(), (name, rel)
+
+
+def test_every_mutant_of_the_mutation_script_still_applies():
+    """SPEC.md:0 [C14] tests/conformance/mutate.py's mutants name text that stands exactly once in its file, so a
+    refactor that moves or rewrites the code a mutant targets is seen here, not when the script is next run."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mutate", ROOT / "tests" / "conformance" / "mutate.py")
+    mutate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mutate)
+    package = ROOT / "causalab_ref"
+    stale = [(name, file) for name, _rule, file, old, _new in mutate.MUTANTS
+             if not (package / file).is_file() or (package / file).read_text(encoding="utf-8").count(old) != 1]
+    assert len(mutate.MUTANTS) >= 90 and stale == []
