@@ -126,7 +126,6 @@ def test_no_private_name_crosses_a_package():
     assert crossing == []
 
 
-@pytest.mark.xfail(strict=True, reason="issue 23: the splits that bring every function and module under the bound are in progress")
 def test_no_function_takes_more_than_six_parameters():
     """A pass's state travels in one object: no function takes more than six parameters (self and cls aside)."""
     wide = []

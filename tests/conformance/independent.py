@@ -1017,9 +1017,10 @@ class Context:
     def stamp(self, site_name, kind, k, d, param):
         site = self.doc["sites"][site_name]
         mb = self.doc["model"]
-        return {"component": site["component"], "d": str(d), "featurizer_dtype": "fp32",
-                "heads": json.dumps(site.get("heads")), "k": str(k), "kind": kind,
-                "layer": str((site.get("layers") or [None])[0]), "model_dtype": mb["dtype"], "model_key": mb["key"],
+        # FZ36: names are text, every other value its JSON text (null for none)
+        return {"component": site["component"], "d": json.dumps(d), "featurizer_dtype": "fp32",
+                "heads": json.dumps(site.get("heads")), "k": json.dumps(k), "kind": kind,
+                "layer": json.dumps((site.get("layers") or [None])[0]), "model_dtype": mb["dtype"], "model_key": mb["key"],
                 "model_revision": mb["revision"], "parametrization": param, "produced_by": self.produced_by,
                 "site": site_name, "units": json.dumps(site.get("units"))}
 

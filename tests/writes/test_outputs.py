@@ -331,11 +331,12 @@ def test_an_unreduced_ref_is_cut_per_row_under_batch_size(llama, tmp_path):
 
 def test_an_output_save_is_one_weight_tensor_with_the_stamp(ablated):
     """SPEC.md:852 [M20] a saved output is a .safetensors file of one tensor `weight`, its metadata the bundle
-    stamp with kind output/mean, d the read's width, no parametrization."""
+    stamp with kind output/mean, d the read's width, no parametrization, and a mean's missing k as JSON's null
+    (SPEC.md:984 [FZ36])."""
     tensors, metadata = _tensor(ablated / "whole" / "mean.safetensors")
     assert list(tensors) == ["weight"] and tensors["weight"].dtype == torch.float32
     assert {k: metadata[k] for k in ("kind", "k", "d", "parametrization", "component", "layer", "site")} == {
-        "kind": "output/mean", "k": "None", "d": "16", "parametrization": "", "component": "block_output",
+        "kind": "output/mean", "k": "null", "d": "16", "parametrization": "", "component": "block_output",
         "layer": "0", "site": "target"}
 
 
