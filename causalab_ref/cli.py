@@ -99,6 +99,7 @@ def cmd_run(args):
         raise Refusal(f"--batch-size {args.batch_size} is not a number of rows", path="--batch-size",
                       stage="validation")
     results.check_out(Path(args.out), args.replace)  # before any weights load; judged again once claimed
+    _note_untested()
     _raw, eng, plan = _compile(args, args.engine, weights=True, device_map=args.device_map)
     written = run.execute(plan, eng, Path(args.out), batch_size=args.batch_size, replace=args.replace,
                           progress=not args.quiet)
@@ -286,12 +287,21 @@ def _where_each_lands(eng, layer: int):
     return {"text": "\n".join(lines), "key": eng.spec.key, "layer": layer, "lands": out}
 
 
+def _note_untested() -> None:
+    """`run` and `conform` say in one line on stderr when the installed stack is not the tested one (R24)."""
+    from .runs import results
+    note = results.untested_note()
+    if note:
+        print(note, file=sys.stderr)
+
+
 def cmd_conform(args):
     """Exit 0 when some case passed and none failed; 1 when a case failed or none passed (a line says why);
     2 for a usage error, such as a blank --impl (SPEC.md C20)."""
     from .conformance.conform import Options, UsageError, conform
     options = Options(cases_dir=args.cases, only=args.only, fixtures_dir=args.fixtures, fail_fast=args.fail_fast,
                       record=args.record, quiet=args.quiet, **({"timeout": args.timeout} if args.timeout else {}))
+    _note_untested()
     try:
         result = conform(args.impl, options, main=main)
     except UsageError as error:

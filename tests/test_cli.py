@@ -82,7 +82,7 @@ def test_broken_json_exits_2(tmp_path):
 
 
 def test_run_of_a_malformed_document_writes_nothing(tmp_path):
-    """SPEC.md:425 [R10] A refused run leaves no result folder (and no temporary one beside it); D4."""
+    """SPEC.md:430 [R10] A refused run leaves no result folder (and no temporary one beside it); D4."""
     def mutate(raw):
         raw["interventions"]["patching"]["writes"]["patch"]["mechanism"] = "lerp"
     doc = write_doc(tmp_path, mutate)
@@ -154,7 +154,7 @@ def test_explain_json():
 
 
 def test_data_lists_rows_columns_and_splits():
-    """SPEC.md:448 [R18] SPEC.md:31 [D9] `data <dir>/<table>` reads documents/data/<dir>/<table>.json: rows, columns, splits."""
+    """SPEC.md:453 [R18] SPEC.md:31 [D9] `data <dir>/<table>` reads documents/data/<dir>/<table>.json: rows, columns, splits."""
     proc = cli("data", "weekdays/train")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
@@ -175,7 +175,7 @@ def test_data_json():
 
 
 def test_vocab_lists_21_components_and_the_position_forms():
-    """SPEC.md:446 [R17] SPEC.md:263 [L5] `vocab` lists the 21 components (B2) and the seed's position forms; seed 000:11, seed 004:175."""
+    """SPEC.md:451 [R17] SPEC.md:263 [L5] `vocab` lists the 21 components (B2) and the seed's position forms; seed 000:11, seed 004:175."""
     proc = cli("vocab")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
@@ -238,7 +238,7 @@ def test_model_answers_every_component_at_every_layer():
 
 
 def test_tokens_shows_each_texts_pieces_with_indices_and_column_usability(capsys):
-    """SPEC.md:450 [R19] `tokens KEY TEXT…` prints the content tokens with their padded-batch indices and
+    """SPEC.md:455 [R19] `tokens KEY TEXT…` prints the content tokens with their padded-batch indices and
     says when a text is not usable as a metric column (seed 000:179: " Tuesday" is three tokens)."""
     from causalab_ref import cli as cli_module
     assert cli_module.main(["tokens", "fixture:tiny-llama", " Tuesday", " Monday"]) == 0
@@ -278,7 +278,7 @@ def test_model_lands_prints_the_seeds_where_each_one_lands_table(capsys):
 
 
 def test_a_refusal_at_the_read_and_validation_stages_imports_no_torch(tmp_path):
-    """SPEC.md:1208 [Q17] malformed JSON and an unknown key are refused by a new process that never imports torch,
+    """SPEC.md:1213 [Q17] malformed JSON and an unknown key are refused by a new process that never imports torch,
     transformers, nnsight or nnterp (each refusal is the usual one line)."""
     import subprocess
     import sys

@@ -84,6 +84,22 @@ def versions() -> dict:
     return dict(_versions_cached())
 
 
+#: the set this package is tested with, as .ci/constraints.txt pins it (SPEC.md R24)
+TESTED = {"torch": "2.13.0", "transformers": "5.24.0", "nnsight": "0.7.0", "nnterp": "1.3.0"}
+
+
+def untested_note() -> str:
+    """One line when the installed stack is not the tested one ('' when it is): numbers may then differ by a
+    fact of the stack, not a defect of the document or of causalab_ref (SPEC.md R24)."""
+    found = versions()
+    off = [f"{name} {found[name]} (tested {want})" for name, want in TESTED.items()
+           if found[name].split("+")[0] != want]
+    if not off:
+        return ""
+    return ("note: installed versions are not the tested set: " + ", ".join(off) +
+            "; numbers may differ by a stack fact, not a defect (run.json records the versions)")
+
+
 def confined(base: Path, file_path: str, path: str, root: Path, folder: str = "--out",
              resolved: Optional[Path] = None) -> Path:
     """A save's file (or a sweep point's folder) under `base`, never outside `root` (SPEC.md R12).

@@ -61,3 +61,19 @@ def test_forwards_with_no_dependency_between_them_run_sorted_by_model_and_input(
     needed = [(r.model, r.input) for _n, r in reads]
     assert compiler._forward_order(iv, needed, "interventions.x") == [
         ("original", "base"), ("steered", "base"), ("steered_renormed", "base")]
+
+
+def test_an_untested_stack_is_named_in_one_line_and_the_tested_set_is_ci_s(monkeypatch, capsys):
+    """SPEC.md:416 [R24] TESTED is what .ci/constraints.txt pins; with another transformers installed, `run` and
+    `conform` print one note naming it (and nothing when the stack is the tested one)."""
+    from causalab_ref.runs import results
+
+    pins = dict(line.strip().split("==") for line in (ROOT / ".ci" / "constraints.txt").read_text().splitlines()
+                if "==" in line and not line.startswith("#"))
+    assert {name: pins[name] for name in results.TESTED} == results.TESTED
+    assert results.untested_note() == ""
+    monkeypatch.setattr(results, "versions", lambda: {**results.TESTED, "transformers": "5.99.0"})
+    note = results.untested_note()
+    assert note.startswith("note: installed versions are not the tested set: transformers 5.99.0 (tested 5.24.0)")
+    cli._note_untested()
+    assert capsys.readouterr().err.strip() == note
