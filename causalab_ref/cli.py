@@ -408,7 +408,8 @@ def _corpus_verbs(verbs) -> None:
     """conform, fixtures and schema: what another implementation is checked with."""
     p = _verb(verbs, "conform", cmd_conform, "run the conformance corpus against an implementation (default: this one)")
     p.add_argument("--impl", default=None, help="the other implementation's command, e.g. \"mycli --flag\"")
-    p.add_argument("--cases", default=None, help="the corpus folder (default tests/conformance)")
+    p.add_argument("--cases", default=None, help="the corpus folder (default: the corpus that ships "
+                   "inside the package, causalab_ref/conformance/corpus)")
     p.add_argument("--fixtures", default=None, help="with --impl: the exported fixture folders to use (reused "
                    "when intact, exported there otherwise; default a temporary folder)")
     p.add_argument("--only", default=None,

@@ -1,8 +1,8 @@
-"""Conform: run the conformance corpus (tests/conformance/*.json) against an implementation.
+"""Conform: run the conformance corpus (causalab_ref/conformance/corpus/*.json) against an implementation.
 
 `python -m causalab_ref conform [--impl "CMD"] [--fixtures DIR] [--cases DIR] [--timeout S]`. A case
 is a document, the data tables it reads, the fixture it runs on (key and recipe digest), the verb to
-run it with and the expected result (the format: tests/conformance/case.schema.json; SPEC.md §6,
+run it with and the expected result (the format: corpus/case.schema.json; SPEC.md §6,
 C1-C20). For each case the runner writes the document and a data root holding exactly the case's
 tables into a temporary folder, invokes the implementation through the CLI contract (invoke.py) and
 compares what it printed and wrote with the case's `expect`:
@@ -46,8 +46,8 @@ from .invoke import CAP, TIMEOUT, CaseError, InProcess, Subprocess, UsageError, 
 from .judge import FLOOR, FLOORS, agrees, compare, compare_refusal, informative
 from ..fixtures import exported
 
-ROOT = Path(__file__).resolve().parents[2]
-CASES = ROOT / "tests" / "conformance"
+ROOT = Path(__file__).resolve().parents[2]  # a source checkout: only --record reads from it (SPEC.md, documents/data)
+CASES = Path(__file__).resolve().parent / "corpus"  # package data: the corpus ships with the wheel
 VERBS = ("run", "explain", "validate", "model")
 NOT_APPLICABLE = 3
 __all__ = ["FLOOR", "FLOORS", "CaseError", "InProcess", "Options", "Subprocess", "UsageError", "agrees", "check",
@@ -398,7 +398,7 @@ def selected(options: Options) -> list[dict]:
     folder = Path(options.cases_dir) if options.cases_dir else CASES
     if not folder.is_dir():
         raise UsageError(f"--cases {str(folder)!r} is not a folder; give the corpus folder (a copy of "
-                         "tests/conformance)")
+                         "causalab_ref/conformance/corpus, or leave --cases out)")
     cases = load_cases(folder)
     if options.only:
         wanted = [w for w in options.only.split(",") if w]

@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "causalab_ref"
-CASES = ROOT / "tests" / "conformance"
+CASES = ROOT / "causalab_ref" / "conformance" / "corpus"
 
 # (name, rule, file under causalab_ref/, old, new)
 MUTANTS = [

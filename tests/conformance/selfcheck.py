@@ -22,8 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-CORPUS = Path(__file__).resolve().parent
-PACKAGE_PARENT = CORPUS.parents[1]
+PACKAGE_PARENT = Path(__file__).resolve().parents[2]
+CORPUS = PACKAGE_PARENT / "causalab_ref" / "conformance" / "corpus"
 
 
 def copy_corpus(target: Path) -> None:

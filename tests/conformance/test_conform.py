@@ -128,7 +128,7 @@ def test_schema_refuses_what_validation_refuses_by_shape():
 
 # ---------------------------------------------------------------- the case format, data, fixtures (C9-C12)
 
-CASE_SCHEMA = json.loads((ROOT / "tests" / "conformance" / "case.schema.json").read_text(encoding="utf-8"))
+CASE_SCHEMA = json.loads((ROOT / "causalab_ref" / "conformance" / "corpus" / "case.schema.json").read_text(encoding="utf-8"))
 
 
 def test_every_case_satisfies_the_case_schema():
@@ -169,7 +169,7 @@ def test_the_runner_writes_exactly_the_cases_tables():
 
 def test_the_corpus_data_files_are_the_shipped_tables():
     """SPEC.md:569 [C10] a corpus table file is a byte-for-byte copy of the shipped table of that name."""
-    folder = ROOT / "tests" / "conformance" / "data"
+    folder = ROOT / "causalab_ref" / "conformance" / "corpus" / "data"
     for file in folder.rglob("*.json"):
         assert file.read_bytes() == (ROOT / "documents" / "data" / file.relative_to(folder)).read_bytes(), file
 
@@ -368,12 +368,12 @@ def test_every_explain_and_model_case_marks_operation_names_informative():
 
 
 def test_a_cases_files_are_the_corpus_own_and_copies_of_the_shipped_ones():
-    """SPEC.md:994 [FZ32] every file a case names is in the corpus under files/ (nothing is taken from the
+    """SPEC.md:999 [FZ32] every file a case names is in the corpus under files/ (nothing is taken from the
     repository), and a copy of a shipped file is byte-identical to it."""
     named = [(case["name"], rel) for case in CASES for rel in case.get("files") or ()]
     assert named
     for name, rel in named:
-        copy = ROOT / "tests" / "conformance" / "files" / rel
+        copy = ROOT / "causalab_ref" / "conformance" / "corpus" / "files" / rel
         assert copy.is_file(), (name, rel)
         if (ROOT / rel).is_file():
             assert copy.read_bytes() == (ROOT / rel).read_bytes(), (name, rel)
