@@ -295,10 +295,23 @@ def _note_untested() -> None:
         print(note, file=sys.stderr)
 
 
+def _grounds(args):
+    """`conform --grounds`: how many of the corpus's cases rest on each kind of ground (SPEC.md C32)."""
+    from .conformance import conform as runner
+    folder = Path(args.cases) if args.cases else runner.CASES
+    if not folder.is_dir():
+        raise Refusal(f"--cases {folder} is not a folder", path="--cases", stage="validation")
+    counts = runner.grounds_counts(runner.load_cases(folder))
+    text = "grounds: " + ", ".join(f"{kind} {n}" for kind, n in counts.items())
+    return {"text": text, "grounds": counts}
+
+
 def cmd_conform(args):
     """Exit 0 when some case passed and none failed; 1 when a case failed or none passed (a line says why);
     2 for a usage error, such as a blank --impl (SPEC.md C20)."""
     from .conformance.conform import Options, UsageError, conform
+    if args.grounds:
+        return _grounds(args)
     options = Options(cases_dir=args.cases, only=args.only, fixtures_dir=args.fixtures, fail_fast=args.fail_fast,
                       record=args.record, quiet=args.quiet, **({"timeout": args.timeout} if args.timeout else {}))
     _note_untested()
@@ -416,6 +429,8 @@ def _corpus_verbs(verbs) -> None:
                    help="run the cases whose name contains this (comma-separated: any of these)")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first failed case")
     p.add_argument("--record", action="store_true", help="write causalab_ref's results into the cases' expect")
+    p.add_argument("--grounds", action="store_true", help="print how many cases rest on each kind of ground, and "
+                   "run nothing")
     p.add_argument("-q", "--quiet", action="store_true", help="print failed and not-applicable cases only")
     p.add_argument("--timeout", type=_seconds, default=None, help="with --impl: seconds one call of the "
                    "implementation may take before it is stopped and its case fails (default 300)")

@@ -308,7 +308,18 @@ def recorded(got: dict, entries: list) -> dict:
 
 
 ORDER = ("name", "rules", "fixture", "verb", "document", "data", "files", "tolerance", "informative", "confirmed",
-         "expect")
+         "grounds", "expect")
+GROUNDS = ("independent", "identity", "seed", "finding", "recorded")
+
+
+def grounds_counts(cases: list[dict]) -> dict[str, int]:
+    """How many cases rest on each kind of ground (SPEC.md C32), in GROUNDS order; a case without one counts
+    as `none`."""
+    counts = {kind: 0 for kind in GROUNDS}
+    for case in cases:
+        kind = (case.get("grounds") or {}).get("kind", "none") if isinstance(case.get("grounds"), dict) else "none"
+        counts[kind] = counts.get(kind, 0) + 1
+    return counts
 
 
 def _strings(value: Any):
