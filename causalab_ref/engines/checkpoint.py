@@ -5,7 +5,7 @@ hub key and revision), the per-family StandardizedTransformer arguments (`load_k
 the document dtypes as torch's (`torch_dtype`), the two loads (`standardized`: an nnterp
 StandardizedTransformer; `transformers_model`: the plain transformers model the hooks
 engine runs), and `load(spec, ...)`: what both engines call, which turns any failure of
-the libraries into one refusal naming the key (`unloadable`). SPEC.md §7 Hardening.
+the libraries into one refusal naming the key (`unloadable`). SPEC.md §7 Safety.
 """
 from __future__ import annotations
 
