@@ -16,8 +16,10 @@ from typing import Any
 from .names import one_segment
 from .reader import type_name
 from ..shapes import Refusal
+from ..writes.mechanisms import SEED_RANGE
 
 FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 1.1754943508222875e-38  # float32's smallest normal number: below it a value loses its precision
 
 
 def _fail(path: str, message: str):
@@ -87,8 +89,20 @@ def number(raw: Any, path: str) -> float:
     return float(raw)
 
 
-def positive(raw: Any, path: str, what: str) -> int:
+def positive(raw: Any, path: str, what: str, most: int = 0) -> int:
+    """A positive integer; `most` (when given) bounds it, so that what it counts is bounded work."""
     value = integer(raw, path)
     if value <= 0:
         _fail(path, f"{what} {value} is not a positive number")
+    if most and value > most:
+        _fail(path, f"{what} {value} is more than {most:,}, the most a document may ask for")
+    return value
+
+
+def seed(raw: Any, path: str) -> int:
+    """An integer a torch generator takes as its seed (SEED_RANGE)."""
+    value = integer(raw, path)
+    if not SEED_RANGE[0] <= value <= SEED_RANGE[1]:
+        _fail(path, f"seed {value} is not one a torch generator takes; write a whole number in "
+                    f"[{SEED_RANGE[0]}, {SEED_RANGE[1]}]")
     return value

@@ -17,12 +17,14 @@ from typing import Any
 
 from ..featurizers import kinds as featurizer_table
 from . import steps as step_parts
-from .fields import choice, integer, mapping, number, positive, record, string
+from .fields import FLOAT32_MAX, FLOAT32_TINY, choice, mapping, number, positive, record, seed, string
 from ..shapes import Fit, Refusal, Weights
 
 FIT_KEYS = ("kind", "rows", "interventions", "intervention", "params", "objective", "anneal", "epochs", "pairs",
             "seed", "optimizer", "early_stop", "eval", "saves")
 CURVES = ["train/eval", "train/loss"]
+MAX_EPOCHS = 10_000  # a fit's epochs (and its patience), as a sweep's points are bounded (SPEC.md S49)
+BETA1 = 0.9  # AdamW's first beta (torch's default): its first step is lr / (1 - BETA1)
 
 
 def _fail(path: str, message: str):
@@ -44,15 +46,28 @@ class Terms:
 
 
 def _optimizer(raw: Any, path: str) -> tuple[float, float]:
+    """AdamW's lr and weight decay as torch takes them (SPEC.md S51): neither below 0, its first step
+    lr / (1 - β1) and its decay factor 1 - lr·weight_decay within float32."""
     record(raw, path, ("name", "lr", "weight_decay"), ("name", "lr"))
     choice(raw["name"], f"{path}.name", ("adamw",))
-    return number(raw["lr"], f"{path}.lr"), number(raw.get("weight_decay", 0.0), f"{path}.weight_decay")
+    lr, decay = number(raw["lr"], f"{path}.lr"), number(raw.get("weight_decay", 0.0), f"{path}.weight_decay")
+    for key, value in (("lr", lr), ("weight_decay", decay)):
+        if value < 0:
+            _fail(f"{path}.{key}", f"optimizer {key} {value!r} is below 0; AdamW takes 0 or more")
+    most = FLOAT32_MAX * (1 - BETA1)
+    if lr > most:
+        _fail(f"{path}.lr", f"optimizer lr {lr!r} is above {most:.6g}: AdamW's first step, lr / (1 - {BETA1}), "
+                            "would be past float32's range")
+    if lr * decay > FLOAT32_MAX:
+        _fail(f"{path}.weight_decay", f"optimizer lr x weight_decay = {lr * decay:.6g} is past float32's range "
+                                      f"({FLOAT32_MAX:.6g}); AdamW's decay factor 1 - lr·weight_decay would overflow")
+    return lr, decay
 
 
 def _early_stop(raw: Any, path: str) -> tuple[str, str, int]:
     record(raw, path, ("metric", "mode", "patience"), ("metric", "patience"))
     return (string(raw["metric"], f"{path}.metric"), choice(raw.get("mode", "max"), f"{path}.mode", ("max", "min")),
-            positive(raw["patience"], f"{path}.patience", "patience"))
+            positive(raw["patience"], f"{path}.patience", "patience", MAX_EPOCHS))
 
 
 def _objective(raw: Any, path: str) -> tuple[tuple[float, str], ...]:
@@ -73,6 +88,9 @@ def _anneal(raw: Any, path: str) -> tuple[tuple[str, float, float], ...]:
         ends = [number(value[e], f"{path}.{gate}.{e}") for e in ("start", "end")]
         if min(ends) <= 0:
             _fail(f"{path}.{gate}", "an anneal's start and end are temperatures above 0")
+        if min(ends) < FLOAT32_TINY:  # θ / T in float32: a temperature that rounds to 0 makes the mask NaN
+            _fail(f"{path}.{gate}", f"an anneal's temperature {min(ends)!r} is below {FLOAT32_TINY:.6g}, the least "
+                                    "a float32 holds at full precision; the gate's θ / T would not be a number")
         out.append((gate, ends[0], ends[1]))
     return tuple(out)
 
@@ -134,10 +152,10 @@ def fit_step(raw: dict, path: str, interventions: dict, roles: tuple, declared: 
                                   what="that pass")
     saves = step_parts.saves(raw.get("saves", []), f"{path}.saves", f"step '{step}'", CURVES, tensors=tuple(CURVES))
     return Fit(rows=rows, interventions=names, params=terms.params, objective=terms.objective,
-               epochs=positive(raw["epochs"], f"{path}.epochs", "epochs"),
+               epochs=positive(raw["epochs"], f"{path}.epochs", "epochs", MAX_EPOCHS),
                pairs=positive(raw["pairs"], f"{path}.pairs", "pairs"), lr=lr, early_stop=terms.early_stop,
                eval_rows=eval_rows, eval_saves=eval_saves, saves=saves, anneal=terms.anneal,
-               seed=integer(raw.get("seed", 0), f"{path}.seed"), weight_decay=decay)
+               seed=seed(raw.get("seed", 0), f"{path}.seed"), weight_decay=decay)
 
 
 def weights_step(raw: dict, path: str, declared: dict) -> Weights:

@@ -24,6 +24,7 @@ from ..featurizers import kinds as featurizer_table
 from ..writes import outputs
 from . import fits, interventions as intervention_parts, places, steps as step_parts, sweeps
 from .fields import choice, integer, mapping, record, string
+from .fields import seed as seed_integer
 from ..shapes import Document, Featurizer, Model, Refusal, Role
 
 DTYPES = ("fp32", "bf16")
@@ -66,7 +67,7 @@ def featurizer(raw: Any, path: str) -> Featurizer:
     choice(raw.get("parametrization", "cayley"), f"{path}.parametrization", ("cayley",))
     seed = raw.get("seed")
     if seed is not None:
-        integer(seed, f"{path}.seed")
+        seed_integer(seed, f"{path}.seed")
     file_path = raw.get("file_path")
     if file_path is not None:
         string(file_path, f"{path}.file_path")

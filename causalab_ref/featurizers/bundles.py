@@ -71,7 +71,28 @@ def read(path: Path, where: str, name: str) -> tuple[dict[str, torch.Tensor], di
         first = (str(error).splitlines() or [""])[0][:200]
         raise Refusal(f"featurizer '{name}': '{path}' is not a safetensors file ({type(error).__name__}: {first})",
                       path=where, stage="compile") from None
+    for key in sorted(tensors):
+        _finite(tensors[key], f"featurizer '{name}': '{path}' holds {key}", where)
     return tensors, metadata
+
+
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+
+def _finite(value: torch.Tensor, what: str, where: str) -> None:
+    """A bundle's tensor is used in float32 (kinds.py): every value finite and within float32's range, or the
+    file is refused (SPEC.md S35); the refusal counts the values that are not."""
+    if not value.is_floating_point() or value.numel() == 0:
+        return
+    wide = value.double()
+    bad = int((~torch.isfinite(wide)).sum())
+    if bad:
+        raise Refusal(f"{what} with {bad} value(s) that are not finite numbers (NaN or infinite); a bundle's "
+                      "values are finite", path=where, stage="compile")
+    past = int((wide.abs() > FLOAT32_MAX).sum())
+    if past:
+        raise Refusal(f"{what} with {past} value(s) past float32's range (|x| <= {FLOAT32_MAX:.6g}), which a "
+                      "featurizer computes in; they would be infinite", path=where, stage="compile")
 
 
 @dataclass(frozen=True)
@@ -151,6 +172,11 @@ def check(declared: Declared, tensors: dict, metadata: dict, where: str) -> int:
     name, file, kind, d = declared.name, declared.file, declared.kind, declared.d
     _names(name, file, kind, tensors, where)
     _stamp(declared, metadata, where)
+    for key in sorted(tensors):
+        if tensors[key].dim() == 0:  # no last axis to read k from (SPEC.md S36)
+            shape = "a vector" if len(kinds.expected_shapes(kind, d, 1)[key]) == 1 else "a matrix"
+            raise Refusal(f"featurizer '{name}': '{file}' holds {key} as a 0-d tensor (one number), where a {kind} "
+                          f"bundle's {key} is {shape}", path=where, stage="compile")
     first = tensors[kinds.KINDS[kind].required[0]]
     k = d if kind == "gate" else (declared.k if declared.k is not None else int(first.shape[-1]))
     shapes = kinds.expected_shapes(kind, d, k)

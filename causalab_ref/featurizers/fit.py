@@ -11,10 +11,11 @@ rows' metrics after every epoch and the early stop (strict comparison, the last 
 """
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Iterable, Iterator, Optional
 
 import torch
 
@@ -34,15 +35,36 @@ class Settings:
     patience: int = 1
 
 
-def schedule(n: int, epochs: int, pairs: int, seed: int) -> list[list[tuple[int, ...]]]:
-    """Each epoch's updates as row indices: a fresh permutation per epoch from one `random.Random(seed)`,
-    cut into runs of `pairs` (the last may be short). Every role is indexed by the same indices."""
+def epochs_of(n: int, pairs: int, seed: int) -> Iterator[list[tuple[int, ...]]]:
+    """Each epoch's updates as row indices, one epoch at a time and without end: a fresh permutation per
+    epoch from one `random.Random(seed)`, cut into runs of `pairs` (the last may be short). Every role is
+    indexed by the same indices."""
     order = random.Random(seed)
-    out = []
-    for _ in range(epochs):
+    while True:
         perm = order.sample(range(n), n)
-        out.append([tuple(perm[i:i + pairs]) for i in range(0, n, pairs)])
-    return out
+        yield [tuple(perm[i:i + pairs]) for i in range(0, n, pairs)]
+
+
+def schedule(n: int, epochs: int, pairs: int, seed: int) -> list[list[tuple[int, ...]]]:
+    """The first `epochs` epochs of `epochs_of`, as a list."""
+    return list(itertools.islice(epochs_of(n, pairs, seed), epochs))
+
+
+class Diverged(ArithmeticError):
+    """An update left a trained featurizer's parameter with values that are not finite (run.py refuses the
+    fit: nothing it trained is saved; SPEC.md S37)."""
+
+    def __init__(self, name: str, epoch: int, update: int, bad: int, total: int):
+        super().__init__(f"'{name}' at epochs[{epoch}][{update}]: {bad} of {total} values not finite")
+        self.name, self.epoch, self.update, self.bad, self.total = name, epoch, update, bad, total
+
+
+def _check_finite(featurizers: dict, names, epoch: int, update: int) -> None:
+    for name in names:
+        for leaf in featurizers[name].params():
+            bad = int((~torch.isfinite(leaf.detach())).sum())
+            if bad:
+                raise Diverged(name, epoch, update, bad, leaf.numel())
 
 
 def temperature(start: float, end: float, done: int, total: int) -> float:
@@ -78,21 +100,26 @@ def _set_training(featurizers: dict, names, on: bool) -> None:
         featurizers[name].training = on
 
 
-def train(featurizers: dict, settings: Settings, updates: list[list[Callable[[], dict]]],
-          evaluate: Callable[[], dict]) -> dict[str, torch.Tensor]:
+def train(featurizers: dict, settings: Settings, updates: Iterable[list[Callable[[], dict]]],
+          evaluate: Callable[[], dict], total: Optional[int] = None) -> dict[str, torch.Tensor]:
     """Run the fit: returns `train/loss` (float32, one entry per update run) and `train/eval` (float32,
-    epochs run x (1 + trained gates): the watched metric's mean, then each gate's hard-mask mean)."""
+    epochs run x (1 + trained gates): the watched metric's mean, then each gate's hard-mask mean).
+
+    `updates` may be lazy (one epoch made when it is reached); `total`, the updates planned, is then given
+    (the anneal's schedule needs it first). An update that leaves a parameter not finite raises Diverged."""
     trained = [featurizers[name] for name in settings.params]
     leaves = [leaf for f in trained for leaf in f.params()]
     for leaf in leaves:
         leaf.requires_grad_(True)
     gates = {name: featurizers[name] for name in settings.params if featurizers[name].kind == "gate"}
     optimizer = torch.optim.AdamW(leaves, lr=settings.lr, weight_decay=settings.weight_decay)
-    total = sum(len(epoch) for epoch in updates)
+    if total is None:
+        updates = list(updates)
+        total = sum(len(epoch) for epoch in updates)
     done, losses, evals, best, waited = 0, [], [], None, 0
-    for epoch in updates:
+    for e, epoch in enumerate(updates):
         _set_training(featurizers, settings.params, True)
-        for update in epoch:
+        for u, update in enumerate(epoch):
             for name, start, end in settings.anneal:
                 featurizers[name].temperature = temperature(start, end, done, total)
             done += 1
@@ -101,6 +128,7 @@ def train(featurizers: dict, settings: Settings, updates: list[list[Callable[[],
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
+            _check_finite(featurizers, settings.params, e, u)
             losses.append(loss.detach().float())
         _set_training(featurizers, settings.params, False)
         with torch.no_grad():

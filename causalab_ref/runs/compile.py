@@ -8,7 +8,7 @@ reads at one address). `explain` prints it. SPEC.md §4 Runs (R1-R5).
 """
 from __future__ import annotations
 
-import json
+import functools
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
@@ -38,17 +38,20 @@ def answer_id(tok, text: str, path: str, where: str = "") -> int:
     return ids[0]
 
 
-def _batch(tok, rows: list[dict], field: str, path: str):
-    """Tokenize one role's prompts as a left-padded batch; conversations through the chat template."""
+def _batch(tok, rows: list[dict], field: str, path: str, fits=lambda texts: None):
+    """Tokenize one role's prompts as a left-padded batch; conversations through the chat template. `fits`
+    sees the texts first (data.refuse_long_texts: a text too long to tokenize is refused untokenized)."""
     values = [data.prompt_of(data.walk(r, field, path, k), field, path, k) for k, r in enumerate(rows)]
     chats = [data.is_conversation(v) for v in values]
     if any(chats) and not all(chats):
         raise Refusal(f"field '{field}': some rows are conversations and some are strings; a role is one or "
                       "the other", path=path, stage="compile")
     if not any(chats):
+        fits(values)
         ids, mask = locate.batch_of_texts(tok, values)
         return ids, mask, None, ""
     texts = [data.render_chat(tok, v, path) for v in values]
+    fits(texts)
     ids, mask, frame = locate.frame_of_texts(tok, texts)
     segments = tuple(locate.segments_of(frame.texts[k], values[k]) for k in range(len(values)))
     return ids, mask, segments, frame.texts[0]
@@ -315,7 +318,9 @@ class Context:
         for role, rows in rows_by_role.items():
             k = ("batch", key, role, roles[role].field)
             if k not in self.cache:
-                self.cache[k] = _batch(self.engine.tokenizer, rows, roles[role].field, f"roles.{role}.field")
+                fits = functools.partial(data.refuse_long_texts, self.engine.tokenizer, limit=_positions(self.engine),
+                                         role=role, path=f"{path}.{role}")
+                self.cache[k] = _batch(self.engine.tokenizer, rows, roles[role].field, f"roles.{role}.field", fits)
             out[role] = self.cache[k]
             _check_prompt_fits(self.engine, out[role][1], role, f"{path}.{role}")
         return out
@@ -348,7 +353,7 @@ def compile_point(point: validate.Point, engine, data_root: Path, cache: Optiona
         first = len(steps)
         if step.kind == "fit":
             steps.append(fit_plan(ctx, step_name, step))
-            ctx.bound([p for epoch in steps[-1].updates for p in epoch] + [steps[-1].evaluation], step_name)
+            ctx.bound(list(steps[-1].first) + [steps[-1].evaluation], step_name)
         elif step.kind == "weights":
             steps.append(WeightsPlan(name=step_name, names=step.names,
                                      saves=tuple((s.value, s.file_path) for s in step.saves)))
@@ -530,42 +535,51 @@ def featurizer_plans(ctx: Context, digest: str) -> dict:
     return {name: _featurizer_plan(ctx, name, spec, sites_of[name], digest) for name, spec in ctx.doc.featurizers}
 
 
-def _disjoint(step, train: dict, held: dict, path: str) -> None:
-    """Fit and eval rows from different refs share no base row (compared as sorted-key JSON)."""
-    if dict(step.rows) == dict(step.eval_rows):
-        return
-    role = "base" if "base" in train else next(iter(train))
-    seen = {json.dumps(r, sort_keys=True) for r in train[role]}
-    shared = sum(json.dumps(r, sort_keys=True) in seen for r in held[role])
-    if shared:
-        raise Refusal(f"the eval rows share {shared} row(s) with the fitted rows; the two must be endpoint-disjoint",
-                      path=f"{path}.eval.rows", stage="compile")
+MAX_UPDATES = 1_000_000  # a fit's epochs x its updates per epoch (SPEC.md S49)
+
+
+def _epoch(ctx: Context, step, names: tuple[str, str], e: int, epoch: list) -> tuple:
+    """One epoch's updates (`names`: the fit's intervention and path), each an observe pass over its own
+    minibatch, tokenized as its own batch."""
+    (i_name, path), plans = names, []
+    train = ctx.rows(step.rows, f"{path}.rows")
+    for u, index in enumerate(epoch):
+        rows = {role: [r[i] for i in index] for role, r in train.items()}
+        batches = ctx.batches(rows, (tuple(step.rows), index), f"{path}.rows")
+        plans.append(observe_plan(ctx, f"epochs[{e}][{u}]", i_name, StepRows(rows, batches), ()))
+    return tuple(plans)
+
+
+def _later(ctx: Context, step, names: tuple[str, str], n: int):
+    """Epochs 1.. of a fit, each planned when the run reaches it on a fresh cache of the rows alone, so no
+    minibatch outlives its epoch (SPEC.md S49)."""
+    rows = {key: value for key, value in ctx.cache.items() if key[0] == "rows"}
+    for e, epoch in enumerate(fit.epochs_of(n, step.pairs, step.seed)):
+        if e:
+            yield _epoch(replace(ctx, cache=dict(rows)), step, names, e, epoch)
 
 
 def fit_plan(ctx: Context, step_name: str, step) -> FitPlan:
-    """A fit step: each planned update an observe pass over its own minibatch (tokenized as its own batch),
-    and the eval pass over the eval rows (SPEC.md FZ12)."""
-    path = f"steps.{step_name}"
-    i_name = step.interventions[0]
-    train = ctx.rows(step.rows, f"{path}.rows")
-    held = ctx.rows(step.eval_rows, f"{path}.eval.rows")
-    _disjoint(step, train, held, path)
+    """A fit step: its first epoch's updates planned now (every row is in one), its later epochs when the run
+    reaches them, and the eval pass over the eval rows (SPEC.md FZ12, S49)."""
+    path, i_name = f"steps.{step_name}", step.interventions[0]
+    train, held = ctx.rows(step.rows, f"{path}.rows"), ctx.rows(step.eval_rows, f"{path}.eval.rows")
+    data.disjoint(train, held, dict(step.rows) == dict(step.eval_rows), f"{path}.eval.rows")
     n = len(next(iter(train.values())))
-    updates = []
-    for e, epoch in enumerate(fit.schedule(n, step.epochs, step.pairs, step.seed)):
-        plans = []
-        for u, index in enumerate(epoch):
-            rows = {role: [r[i] for i in index] for role, r in train.items()}
-            batches = ctx.batches(rows, (tuple(step.rows), index), f"{path}.rows")
-            plans.append(observe_plan(ctx, f"epochs[{e}][{u}]", i_name, StepRows(rows, batches), ()))
-        updates.append(tuple(plans))
+    if step.epochs * -(-n // step.pairs) > MAX_UPDATES:
+        raise Refusal(f"step '{step_name}': {step.epochs} epochs x {-(-n // step.pairs)} updates ({n} rows, "
+                      f"{step.pairs} pairs each) is more than {MAX_UPDATES:,} updates; fit fewer epochs or larger "
+                      "pairs", path=f"{path}.epochs", stage="compile")
+    first = _epoch(ctx, step, (i_name, path), 0, next(fit.epochs_of(n, step.pairs, step.seed)))
     held_rows = StepRows(held, ctx.batches(held, tuple(step.eval_rows), f"{path}.eval.rows"))
     evaluation = observe_plan(ctx, "evaluation", i_name, held_rows,
                               tuple((s.value, s.file_path) for s in step.eval_saves))
+    own = replace(ctx, sources=dict(ctx.sources))  # what later steps publish is not this fit's to read
     return FitPlan(name=step_name, intervention=i_name, params=step.params, objective=step.objective, lr=step.lr,
                    weight_decay=step.weight_decay, anneal=step.anneal, early_stop=step.early_stop,
-                   updates=tuple(updates), evaluation=evaluation,
-                   saves=tuple((s.value, s.file_path) for s in step.saves))
+                   epochs=step.epochs, first=first, evaluation=evaluation,
+                   saves=tuple((s.value, s.file_path) for s in step.saves),
+                   later=functools.partial(_later, own, step, (i_name, path), n))
 
 
 def compile_document(raw: Any, engine, data_root: Path, points: Optional[list] = None,

@@ -36,8 +36,9 @@ def table_path(ref: str, root: Path, path: str = "") -> tuple[Path, Optional[str
     file = (root / (name + ".json"))
     try:
         resolved, base = file.resolve(), root.resolve()
-    except OSError:
-        _refuse(f"dataset ref '{ref}': cannot resolve {file}", path)
+    except (OSError, RuntimeError) as error:  # Python 3.11 raises RuntimeError for a link loop (SPEC.md S53)
+        cause = "a symbolic link loop" if isinstance(error, RuntimeError) else error.strerror or type(error).__name__
+        _refuse(f"dataset ref '{ref}': cannot resolve {file} ({cause})", path)
     if base not in resolved.parents:
         _refuse(f"dataset ref '{ref}' leaves the data root {root}", path)
     return file, (split or None)
@@ -76,6 +77,18 @@ def _parse_table(text: str, ref: str, file: Path, path: str) -> list:
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         _refuse(f"dataset ref '{ref}': {file} is not a JSON array of row objects", path)
     return rows
+
+
+def disjoint(train: dict, held: dict, same: bool, path: str) -> None:
+    """A fit's rows and its eval rows from different refs (`same`: one ref) share no base row, compared as
+    sorted-key JSON; refused at `path`, the eval rows'."""
+    if same:
+        return
+    role = "base" if "base" in train else next(iter(train))
+    seen = {json.dumps(r, sort_keys=True) for r in train[role]}
+    shared = sum(json.dumps(r, sort_keys=True) in seen for r in held[role])
+    if shared:
+        _refuse(f"the eval rows share {shared} row(s) with the fitted rows; the two must be endpoint-disjoint", path)
 
 
 def example_ids(rows: list[dict]) -> tuple[str, ...]:
@@ -166,6 +179,57 @@ def render_chat(tok, messages: list[dict], path: str = "") -> str:
     if bos and text.startswith(bos):
         text = text[len(bos):]
     return text
+
+
+# Tokenizer parts that never make a text shorter: each character of the text is still there, or more of
+# them, when the model splits it into tokens (a byte-level alphabet spells one byte per character).
+_KEEPS = {"normalizer": {"Prepend", "Append", "Lowercase", "NFD", "NFKD", "Replace", "Sequence"},
+          "pre_tokenizer": {"ByteLevel", "Metaspace", "Split", "Digits", "Punctuation", "UnicodeScripts",
+                            "Sequence"}}
+
+
+def _keeps_characters(part: Optional[dict], kind: str) -> bool:
+    """Whether a normalizer or pre-tokenizer (its JSON) keeps every character: a Replace of a string by one
+    at least as long, a Split or Punctuation that does not remove the pattern, a Sequence of such parts."""
+    if part is None:
+        return True
+    if part.get("type") not in _KEEPS[kind] or part.get("behavior") == "Removed":
+        return False
+    if part["type"] == "Replace":
+        pattern = part.get("pattern", {})
+        return "String" in pattern and len(part.get("content", "")) >= len(pattern["String"])
+    inner = part.get("normalizers" if kind == "normalizer" else "pretokenizers") or []
+    return all(_keeps_characters(p, kind) for p in inner)
+
+
+def characters_per_token(tok) -> Optional[int]:
+    """The most characters of a text one token can stand for: the tokenizer's longest vocabulary entry
+    (a byte-fallback entry `<0x41>` stands for less than one). None when no such bound holds: a slow
+    tokenizer, or one whose normalizer or pre-tokenizer may drop characters (NFKC, accent stripping,
+    whitespace splitting) or whose model may fuse a run of unknown characters into one token."""
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    spec = json.loads(backend.to_str())
+    model = spec.get("model", {})
+    fused = model.get("type") != "BPE" or (model.get("fuse_unk") and not model.get("byte_fallback"))
+    if fused or not all(_keeps_characters(spec.get(kind), kind) for kind in _KEEPS):
+        return None
+    return max((len(piece) for piece in tok.get_vocab()), default=1)
+
+
+def refuse_long_texts(tok, texts: list, limit: Optional[int], role: str, path: str) -> None:
+    """Refuse, before they are tokenized, the prompts that must be longer than the model's `limit` positions:
+    a text of more than limit x L characters, L = characters_per_token, is more than `limit` tokens (SPEC.md
+    S48). Only a text longer than `limit` characters asks for L; nothing is refused when L is unknown."""
+    long = [(r, len(t)) for r, t in enumerate(texts) if limit and len(t) > limit]
+    per = characters_per_token(tok) if long else None
+    over = [(r, n) for r, n in long if per is not None and limit and n > limit * per]
+    if over:
+        shown = ", ".join(f"row {r}: {n} characters" for r, n in over[:10]) + (", ..." if len(over) > 10 else "")
+        _refuse(f"role '{role}': {len(over)} prompt(s) longer than the model's {limit} positions ({shown}; a token "
+                f"of this tokenizer spells at most {per} characters); shorten them to at most {limit} tokens or "
+                "pick rows that fit", path)
 
 
 def answer_eligible(rows: list[dict], columns: tuple[str, ...], metric: str, path: str) -> tuple[bool, ...]:

@@ -8,6 +8,7 @@ runs a model: it reads the plan, the config and the rows' masks.
 """
 from __future__ import annotations
 
+import math
 import re
 from typing import Optional
 
@@ -26,10 +27,11 @@ def parse_budget(text: Optional[str]) -> int:
     if text is None:
         return DEFAULT_BUDGET
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(KiB|MiB|GiB)?\s*", str(text))
-    if not match or float(match.group(1)) * UNITS[match.group(2) or ""] < 1:
+    size = float(match.group(1)) * UNITS[match.group(2) or ""] if match else 0.0
+    if not 1 <= size < math.inf:  # 400 digits read as a float are infinite, which no int is (SPEC.md S47)
         raise Refusal(f"--memory-budget '{text}' is not a size; write a number of bytes, or a number with KiB, "
                       "MiB or GiB (the default is 1GiB)", path="--memory-budget", stage="validation")
-    return int(float(match.group(1)) * UNITS[match.group(2) or ""])
+    return int(size)
 
 
 def _config(engine, *names: str, default: int = 0) -> int:

@@ -1,14 +1,16 @@
 """The plan: what compile produces and every later stage reads, and its two renderings.
 
 The dataclasses (Tap, Forward, MetricPlan, ObservePlan, Plan) are plain data: strings,
-integers, tuples, resolved addresses and positions. `Plan.text()` is `explain`'s text
-(SPEC.md §4 Runs, R5); `plan_json` is the structured plan `explain --json` prints, part of
-the CLI contract (SPEC.md §6 Conformance, C3). cli and conform both import this module.
+integers, tuples, resolved addresses and positions (FitPlan.later, which plans a fit's later
+epochs, is the one callable). `Plan.text()` is `explain`'s text (SPEC.md §4 Runs, R5);
+`plan_json` is the structured plan `explain --json` prints, part of the CLI contract (SPEC.md
+§6 Conformance, C3). cli and conform both import this module.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Optional
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Optional
 
 from ..positions import locate
 from ..shapes import Address, Output, Ref, Where, features_label
@@ -150,9 +152,17 @@ class FeaturizerPlan:
         return f"{self.name}: {self.kind}{rank} d={self.d}{cayley}{start} trained={self.trained}"
 
 
+def _no_later_epochs() -> Iterator[tuple]:
+    return iter(())
+
+
 @dataclass(frozen=True)
 class FitPlan:
-    """A fit step: its updates (per epoch, each an observe pass over one minibatch) and its eval pass."""
+    """A fit step: its updates (per epoch, each an observe pass over one minibatch) and its eval pass.
+
+    Only the first epoch is planned with the plan (`first`); `later()` plans epochs 1.. one at a time as
+    the run reaches them (a fresh iterator per call), so the plan's size and validate's cost do not grow
+    with `epochs` (SPEC.md S49). The one field that is not plain data."""
 
     name: str
     intervention: str
@@ -162,10 +172,18 @@ class FitPlan:
     weight_decay: float
     anneal: tuple[tuple[str, float, float], ...]
     early_stop: tuple[str, str, int]
-    updates: tuple[tuple[ObservePlan, ...], ...]
+    epochs: int
+    first: tuple[ObservePlan, ...]  # epoch 0's updates
     evaluation: ObservePlan
     saves: tuple[tuple[str, str], ...]
     kind: str = "fit"
+    later: Callable[[], Iterator[tuple[ObservePlan, ...]]] = field(default=_no_later_epochs, compare=False,
+                                                                   repr=False)
+
+    def updates(self) -> Iterator[tuple[ObservePlan, ...]]:
+        """Every epoch's updates in order, the later ones planned as they are reached."""
+        yield self.first
+        yield from itertools.islice(self.later(), self.epochs - 1)
 
     @property
     def eval_saves(self) -> tuple[tuple[str, str], ...]:
@@ -174,11 +192,11 @@ class FitPlan:
 
     def lines(self, indent: str) -> list[str]:
         metric, _mode, patience = self.early_stop
-        head = (f"{indent}{self.name}: Fit  {len(self.updates)} epochs x {len(self.updates[0])} update  lr={self.lr} "
+        head = (f"{indent}{self.name}: Fit  {self.epochs} epochs x {len(self.first)} update  lr={self.lr} "
                 f"objective={self.objective!r} params={self.params!r}  early_stop='{metric}' patience={patience}")
         if self.anneal:
             head += f"  anneal={self.anneal!r}"
-        return [head] + self.updates[0][0].lines(indent + "    ") + self.evaluation.lines(indent + "    ")
+        return [head] + self.first[0].lines(indent + "    ") + self.evaluation.lines(indent + "    ")
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from ..featurizers import bundles, kinds, fit
 from . import results, scoring, share
 from .passes import Setting, StepResult, run_step
 from .plan import ObservePlan, Plan
+from ..shapes import Refusal
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ def fit_step(engine, step, live: dict, batch_size: Optional[int] = None) -> Fitt
     """A fit: every update an observe pass with gradient, the eval pass after each epoch (fit.train).
     Returns the curves and the last eval pass's results."""
     metric, mode, patience = step.early_stop
-    settings = fit.Settings(params=step.params, objective=step.objective, epochs=len(step.updates), lr=step.lr,
+    settings = fit.Settings(params=step.params, objective=step.objective, epochs=step.epochs, lr=step.lr,
                             weight_decay=step.weight_decay, anneal=step.anneal, early_stop=metric, mode=mode,
                             patience=patience)
     last: dict[str, StepResult] = {}
@@ -68,8 +69,15 @@ def fit_step(engine, step, live: dict, batch_size: Optional[int] = None) -> Fitt
     def evaluate():
         last["results"] = run_step(engine, step.evaluation, batch_size, setting=Setting(live=live))
         return metric_vectors(step.evaluation, last["results"])
-    with engine.frozen():  # the model is not trained: only the featurizers' leaves get a gradient (E8)
-        curves = fit.train(live, settings, [[update(p) for p in epoch] for epoch in step.updates], evaluate)
+    epochs = ([update(p) for p in epoch] for epoch in step.updates())  # each planned when it is reached
+    try:
+        with engine.frozen():  # the model is not trained: only the featurizers' leaves get a gradient (E8)
+            curves = fit.train(live, settings, epochs, evaluate, total=step.epochs * len(step.first))
+    except fit.Diverged as bad:  # nothing this fit trained is saved (SPEC.md S37)
+        raise Refusal(f"step '{step.name}': update epochs[{bad.epoch}][{bad.update}] left {bad.bad} of {bad.total} "
+                      f"values of '{bad.name}' not finite (NaN or infinite), so the fit is refused and nothing it "
+                      "trained is saved; lower the lr or the objective's weights", path=f"steps.{step.name}",
+                      stage="run") from None
     return Fitted(curves=curves, evaluation=last["results"])
 
 
@@ -98,13 +106,15 @@ def metric_table(step: ObservePlan, result: StepResult, name: str, digest: str) 
     where = result.positions.get(metric.of, {})  # a pass of bare integers has no positions (P32-P33)
     rows = []
     for r, example_id in enumerate(step.example_ids):
+        value = result.scores[name][r]
+        lost = result.eligible[name][r] and value is None  # scored, and not finite (scoring.py; SPEC.md S52)
         rows.append({
             "example_id": example_id,
             "metric": name,
-            "value": result.scores[name][r],
-            "eligible": result.eligible[name][r],
+            "value": value,
+            "eligible": result.eligible[name][r] and not lost,
             "positions": list(where["rows"][r]) if step.dynamic else None,
-            "reason": where["reason"][r] if step.dynamic else "",
+            "reason": scoring.NON_FINITE if lost else where["reason"][r] if step.dynamic else "",
             "tokens": where["tokens"][r] if step.dynamic else "",
             "unit": metric.unit,
             "estimand_version": metric.estimand_version,

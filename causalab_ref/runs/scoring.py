@@ -6,6 +6,9 @@ own. The pass loop (passes.py) scores a window or a whole step; a fit keeps the 
 
     both = eligible_rows(metric, placed[metric.of])
     table = score(metric, values[metric.of], placed[metric.of], both)    # [float | None per row]
+
+A scored row whose vector or value is not finite gets None; its table row is ineligible with the
+reason NON_FINITE (SPEC.md S52), never a null marked eligible.
 """
 from __future__ import annotations
 
@@ -18,6 +21,8 @@ from ..documents import metrics
 from .placement import Resolved
 from .plan import MetricPlan, ObservePlan
 from ..shapes import Refusal
+
+NON_FINITE = "non_finite"  # a table row's reason when the value it scored, or the vector it read, is not finite
 
 
 def eligible_rows(metric: MetricPlan, read: Resolved, lo: int = 0) -> tuple[bool, ...]:
@@ -48,29 +53,30 @@ def _row_index(value: torch.Tensor, resolved: Resolved) -> tuple[torch.Tensor, l
 
 
 def _scored(metric: MetricPlan, value: torch.Tensor, resolved: Resolved, both: tuple[bool, ...],
-            lo: int = 0) -> tuple[list[int], torch.Tensor]:
-    """The rows scored (both eligible and placed) and their values, scored together by the kind (one row's
-    value is that row's alone, metrics.py); `lo` is the window's first row in the answers' numbering."""
+            lo: int = 0) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    """The rows scored (both eligible and placed), their vectors and their values, scored together by the kind
+    (one row's value is that row's alone, metrics.py); `lo` is the window's first row in the answers' numbering."""
     matrix, index = _row_index(value, resolved)
     rows = [r for r, i in enumerate(index) if both[r] and i is not None]
     at = [index[r] for r in rows]
     whole = at == list(range(matrix.shape[0]))  # every row scored: no copy of the logits
     picked = matrix if whole else matrix.index_select(0, torch.tensor(at, dtype=torch.long))  # (len(rows), V)
     ids = {column: torch.tensor([ids[lo + r] for r in rows], dtype=torch.long) for column, ids in metric.answers}
-    return rows, metrics.KINDS[metric.kind].score(picked, ids)
+    return rows, picked, metrics.KINDS[metric.kind].score(picked, ids)
 
 
 def score(metric: MetricPlan, value: torch.Tensor, resolved: Resolved, both: tuple[bool, ...],
           lo: int = 0) -> list[Optional[float]]:
-    """Per-row metric values (None where the row is not scored, or its value is not finite); `value`,
-    `resolved` and `both` are rows lo.. of the step (a window's)."""
+    """Per-row metric values (None where the row is not scored, or its value or any entry of the vector it
+    scored is not finite: a match on NaN logits is no measurement); `value`, `resolved` and `both` are rows
+    lo.. of the step (a window's)."""
     out: list[Optional[float]] = [None] * len(resolved.windows)
-    rows, values = _scored(metric, value.detach().float(), resolved, both, lo)
-    for r, v in zip(rows, values.tolist()):
-        out[r] = v if math.isfinite(v) else None
+    rows, picked, values = _scored(metric, value.detach().float(), resolved, both, lo)
+    for r, v, whole in zip(rows, values.tolist(), torch.isfinite(picked).all(dim=-1).tolist()):
+        out[r] = v if whole and math.isfinite(v) else None
     return out
 
 
 def vector(metric: MetricPlan, value: torch.Tensor, resolved: Resolved, both: tuple[bool, ...]) -> torch.Tensor:
     """A metric over its scored rows as one float32 vector, keeping the graph (a fit's loss term)."""
-    return _scored(metric, value.float(), resolved, both)[1]
+    return _scored(metric, value.float(), resolved, both)[2]

@@ -30,6 +30,7 @@ else:
 from ..shapes import Refusal
 
 SEED_RANGE = (-(2 ** 63), 2 ** 64 - 1)  # what torch.Generator.manual_seed accepts
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)  # a param other than a seed acts on float32 values
 NORM_FLOOR = 1e-12
 
 
@@ -139,7 +140,8 @@ def describe() -> dict[str, str]:
 
 def check(mechanism: str, has_operand: bool, params: dict, path: str) -> None:
     """A write's mechanism, operand and params, checked by name both ways in the reference's order
-    (language reference §2.2); then each param a finite number and gaussian's seed an integer."""
+    (language reference §2.2); then each param a finite number, within float32's range but for gaussian's
+    seed, which is an integer a generator takes; clamp's lo at most its hi (SPEC.md S50)."""
     row = TABLE[mechanism]
     missing = sorted(set(row.required) - set(params))
     if missing:
@@ -157,6 +159,12 @@ def check(mechanism: str, has_operand: bool, params: dict, path: str) -> None:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
             _fail(f"{path}.params.{key}", f"mechanism '{mechanism}': param '{key}' is a finite number, "
                                           f"got {value!r:.40}")
+        if key != "seed" and abs(value) > FLOAT32_MAX:
+            _fail(f"{path}.params.{key}", f"mechanism '{mechanism}': param '{key}' is {value!r:.40}, past float32's "
+                                          f"range (|x| <= {FLOAT32_MAX:.6g}), the values it acts on")
+    if mechanism == "clamp" and "lo" in params and "hi" in params and params["lo"] > params["hi"]:
+        _fail(f"{path}.params", f"mechanism 'clamp': lo {params['lo']!r} is above hi {params['hi']!r}, so no value "
+                                "lies between them; write lo <= hi")
     if mechanism == "gaussian" and (params["seed"] != int(params["seed"])
                                     or not SEED_RANGE[0] <= int(params["seed"]) <= SEED_RANGE[1]):
         _fail(f"{path}.params.seed", f"mechanism 'gaussian': seed {params['seed']!r} is not an integer a torch "
