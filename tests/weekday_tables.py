@@ -1,4 +1,4 @@
-"""The weekday-llama fixture's data tables: documents/data/weekday_trained/{train,test}.json (SPEC.md §5 X20).
+"""The weekday-llama fixture's data tables: documents/data/weekday_trained/{train,test,few}.json (SPEC.md §5 X20).
 
 Standalone (the standard library and tests/weekday_trainer.py's prompt grammar): the rows are drawn, with a
 fixed seed, from the held-out contexts the trainer wrote to splits.json beside the committed weights, so no
@@ -69,8 +69,10 @@ def dealt(rng: random.Random | None = None) -> dict[str, list[list[int]]]:
 def tables() -> dict[str, list[dict]]:
     """{split: rows}: each dealt context's rows, the counterfactual days drawn by the generator that dealt."""
     rng = random.Random(SEED)
-    return {split: [row for context in contexts for row in _rows(context, split, rng)]
-            for split, contexts in dealt(rng).items()}
+    out = {split: [row for context in contexts for row in _rows(context, split, rng)]
+           for split, contexts in dealt(rng).items()}
+    out["few"] = out["test"][:7] + out["test"][-6:]  # the conformance cases' table: one plain, one distractor context
+    return out
 
 
 def main() -> None:

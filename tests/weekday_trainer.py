@@ -3,7 +3,10 @@
 Standalone: torch, transformers, tokenizers, safetensors only. CPU, one thread, fixed seed, deterministic
 (two runs on the same machine write byte-identical files, train_log.txt aside).
 
-    python3 train_weekday.py --out weekday-llama
+    python3 tests/weekday_trainer.py --out DIR
+
+It wrote the committed causalab_ref/fixtures/fixture_data/weekday-llama/ (SPEC.md §5 X19); a rerun on this
+machine reproduces its files byte for byte but train_log.txt (which records the wall time and --out).
 
 Data: prompts [prefix] [filler] [distractor sentence] template(X[, distractor clause]) -> " " + day after X,
 eight templates, ten prefixes, twelve fillers; half of every batch carries a distractor (another weekday Y
