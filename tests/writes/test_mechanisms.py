@@ -329,3 +329,13 @@ def test_vocab_lists_the_mechanisms_with_their_params():
                                     "lerp": "lerp(operand, t)", "gaussian": "gaussian(seed, scale=1.0)",
                                     "clamp": "clamp(lo, hi)", "renormalize": "renormalize()"}
     assert "mechanisms:       swap(operand), add_scaled(operand, scale=1.0)" in result["text"]
+
+
+def test_the_written_out_float32_bounds_are_torchs():
+    """SPEC.md:1345 [Q17] the float32 bounds validation uses are written out (no torch at validation): they are
+    exactly torch.finfo(torch.float32)'s max and smallest normal."""
+    from causalab_ref.documents import fields
+    from causalab_ref.writes import mechanisms
+
+    assert mechanisms.FLOAT32_MAX == float(torch.finfo(torch.float32).max)
+    assert fields.FLOAT32_TINY == float(torch.finfo(torch.float32).tiny)
