@@ -12,6 +12,7 @@ import copy
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -82,7 +83,7 @@ def test_broken_json_exits_2(tmp_path):
 
 
 def test_run_of_a_malformed_document_writes_nothing(tmp_path):
-    """SPEC.md:425 [R10] A refused run leaves no result folder (and no temporary one beside it); D4."""
+    """SPEC.md:439 [R10] A refused run leaves no result folder (and no temporary one beside it); D4."""
     def mutate(raw):
         raw["interventions"]["patching"]["writes"]["patch"]["mechanism"] = "lerp"
     doc = write_doc(tmp_path, mutate)
@@ -117,7 +118,7 @@ def test_unloadable_hub_key_is_refused_naming_it(tmp_path):
 
 
 def test_validate_shipped_document():
-    """SPEC.md:393 [R1] `validate` compiles against the model shell with no weights and says ok."""
+    """SPEC.md:407 [R1] `validate` compiles against the model shell with no weights and says ok."""
     proc = inprocess.cli("validate", "documents/patching.json")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok: documents/patching.json is a valid plan-shaped document, 1 step"
@@ -135,14 +136,14 @@ EXPLAIN_LINES = [
 
 
 def test_explain_prints_the_plan():
-    """SPEC.md:400 [R5] `explain` prints the plan: step, forwards with rows x tokens, taps with address and pos."""
+    """SPEC.md:414 [R5] `explain` prints the plan: step, forwards with rows x tokens, taps with address and pos."""
     proc = inprocess.cli("explain", "documents/patching.json")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.rstrip("\n").splitlines() == EXPLAIN_LINES
 
 
 def test_explain_json():
-    """SPEC.md:400 [R5] `--json` prints the verb's result as JSON: the plan text and the step names."""
+    """SPEC.md:414 [R5] `--json` prints the verb's result as JSON: the plan text and the step names."""
     proc = inprocess.cli("--json", "explain", "documents/patching.json")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
@@ -154,7 +155,7 @@ def test_explain_json():
 
 
 def test_data_lists_rows_columns_and_splits():
-    """SPEC.md:448 [R18] SPEC.md:31 [D9] `data <dir>/<table>` reads documents/data/<dir>/<table>.json: rows, columns, splits."""
+    """SPEC.md:462 [R18] SPEC.md:31 [D9] `data <dir>/<table>` reads documents/data/<dir>/<table>.json: rows, columns, splits."""
     proc = cli("data", "weekdays/train")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
@@ -175,7 +176,7 @@ def test_data_json():
 
 
 def test_vocab_lists_21_components_and_the_position_forms():
-    """SPEC.md:446 [R17] SPEC.md:263 [L5] `vocab` lists the 21 components (B2) and the seed's position forms; seed 000:11, seed 004:175."""
+    """SPEC.md:460 [R17] SPEC.md:273 [L5] `vocab` lists the 21 components (B2) and the seed's position forms; seed 000:11, seed 004:175."""
     proc = cli("vocab")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
@@ -205,7 +206,7 @@ def test_vocab_lists_21_components_and_the_position_forms():
 
 
 def test_model_answers_every_component_at_every_layer():
-    """SPEC.md:358 [L25] seed 004:183-228 — `model fixture:tiny-gptoss` loads no weights and answers every
+    """SPEC.md:370 [L25] seed 004:183-228 — `model fixture:tiny-gptoss` loads no weights and answers every
     component at every layer: width and operation where it resolves, the reason where it does not (the
     mixture-of-experts refusal at each layer); `--json` carries the same answers."""
     from causalab_ref.locations import address
@@ -214,7 +215,7 @@ def test_model_answers_every_component_at_every_layer():
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("fixture:tiny-gptoss via nnterp: 2 layers, padding_side=left")
-    rows = {line.split()[0]: line for line in lines[1:]}
+    rows = _per_place(lines[1:])
     labels = [n if not r.layered else f"{n}[{i}]" for n, r in address.TABLE.items()
               for i in (range(2) if r.layered else [0])]
     assert sorted(rows) == sorted(labels)
@@ -237,8 +238,23 @@ def test_model_answers_every_component_at_every_layer():
     assert not answers["mlp_activation[1]"]["resolves"]
 
 
+def _per_place(lines: list[str]) -> dict[str, str]:
+    """The `model` text's lines by place: a refusal printed once as `name[0-1]` stands for each of its layers."""
+    rows = {}
+    for line in lines:
+        label = re.match(r"  (\S+?(?:\[[^\]]*\])?)\s+(?:ok|--)", line).group(1)
+        name, _, layers = label.partition("[")
+        if not layers:
+            rows[name] = line
+            continue
+        for run in layers[:-1].split(", "):
+            first, _, last = run.partition("-")
+            rows.update({f"{name}[{k}]": line for k in range(int(first), int(last or first) + 1)})
+    return rows
+
+
 def test_tokens_shows_each_texts_pieces_with_indices_and_column_usability(capsys):
-    """SPEC.md:450 [R19] `tokens KEY TEXT…` prints the content tokens with their padded-batch indices and
+    """SPEC.md:464 [R19] `tokens KEY TEXT…` prints the content tokens with their padded-batch indices and
     says when a text is not usable as a metric column (seed 000:179: " Tuesday" is three tokens)."""
     from causalab_ref import cli as cli_module
     assert cli_module.main(["tokens", "fixture:tiny-llama", " Tuesday", " Monday"]) == 0
@@ -261,7 +277,7 @@ SEED_LANDS_LLAMA = {  # seed 004:57-79: module and io at layer 0 on the tiny Lla
 
 
 def test_model_lands_prints_the_seeds_where_each_one_lands_table(capsys):
-    """SPEC.md:307 [L18] `model KEY --lands` prints every name's rank, io and module (or operation) at layer 0;
+    """SPEC.md:319 [L18] `model KEY --lands` prints every name's rank, io and module (or operation) at layer 0;
     on the Llama fixture the modules and io are the seed's (seed 004:45-82) and ranks are in forward order."""
     from causalab_ref import cli as cli_module
     assert cli_module.main(["--json", "model", "fixture:tiny-llama", "--lands", "--attn-implementation",
@@ -278,7 +294,7 @@ def test_model_lands_prints_the_seeds_where_each_one_lands_table(capsys):
 
 
 def test_a_refusal_at_the_read_and_validation_stages_imports_no_torch(tmp_path):
-    """SPEC.md:1169 [Q17] malformed JSON and an unknown key are refused by a new process that never imports torch,
+    """SPEC.md:1186 [Q17] malformed JSON and an unknown key are refused by a new process that never imports torch,
     transformers, nnsight or nnterp (each refusal is the usual one line)."""
     import subprocess
     import sys
@@ -292,3 +308,169 @@ def test_a_refusal_at_the_read_and_validation_stages_imports_no_torch(tmp_path):
         proc = subprocess.run([sys.executable, "-c", probe, str(doc)], capture_output=True, text=True, timeout=120)
         assert proc.stdout.strip() == "2 []", proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1 and words in proc.stderr
+
+
+# ================================================================ what a user hears (issue 25)
+
+
+def _main(capsys, *argv: str) -> tuple[int, str, str]:
+    """`python -m causalab_ref *argv` in this process: (status, stdout, stderr)."""
+    from causalab_ref import cli as entry
+    status = entry.main(list(argv))
+    out = capsys.readouterr()
+    return status, out.out, out.err
+
+
+def _refused(capsys, *argv: str) -> str:
+    """The one refusal line a verb prints (status 2, nothing on stdout)."""
+    status, out, err = _main(capsys, *argv)
+    assert (status, out) == (2, ""), err
+    assert len(err.strip().splitlines()) == 1, err
+    return err.strip()
+
+
+def _doc(tmp_path, mutate, base=None) -> str:
+    raw = copy.deepcopy(SHIPPED if base is None else base)
+    mutate(raw)
+    path = tmp_path / "doc.json"
+    path.write_text(json.dumps(raw), encoding="utf-8")
+    return str(path)
+
+
+def test_an_unknown_key_names_the_nearest_allowed_one(tmp_path, capsys):
+    """SPEC.md:76 [D22] a misspelt key is refused with the allowed keys and then the nearest of them."""
+    def mutate(raw):
+        raw["interventions"]["patching"]["reads"]["v_cf"]["positon"] = -1
+    line = _refused(capsys, "validate", _doc(tmp_path, mutate))
+    assert line == ("validation: interventions.patching.reads.v_cf.positon: unknown key 'positon'; allowed here: "
+                    "['featurizer', 'input', 'model', 'pos', 'site', 'view']; did you mean 'pos'?")
+
+
+def test_an_unknown_mechanism_metric_kind_or_metric_name_names_the_nearest(tmp_path, capsys):
+    """SPEC.md:76 [D22] a mechanism, a metric kind and a saved metric that are not known are each refused ending
+    with the nearest known names."""
+    iv = SHIPPED["interventions"]["patching"]
+    cases = [
+        (lambda raw: raw["interventions"]["patching"]["writes"]["patch"].update(mechanism="swp"),
+         "interventions.patching.writes.patch.mechanism", "; did you mean 'swap'?"),
+        (lambda raw: raw["interventions"]["patching"]["metrics"]["iia"].update(kind="mach"),
+         "interventions.patching.metrics.iia.kind", "; did you mean 'match'?"),
+        (lambda raw: raw["steps"]["score"]["saves"][1].update(value="logit_dif"),
+         "steps.score.saves.1.value", "; did you mean 'logit_diff'?"),
+    ]
+    assert set(iv["metrics"]) == {"iia", "logit_diff"}  # the names the suggestions come from
+    for mutate, path, tail in cases:
+        line = _refused(capsys, "validate", _doc(tmp_path, mutate))
+        assert line.startswith(f"validation: {path}: ") and line.endswith(tail), line
+
+
+def test_a_name_close_to_no_known_one_gets_no_suggestion(tmp_path, capsys):
+    """SPEC.md:76 [D22] with nothing close, the message ends where it did: no `did you mean`."""
+    def mutate(raw):
+        raw["interventions"]["patching"]["writes"]["patch"]["mechanism"] = "qqqqqq"
+    line = _refused(capsys, "validate", _doc(tmp_path, mutate))
+    assert line == ("validation: interventions.patching.writes.patch.mechanism: 'qqqqqq' is not one of "
+                    "['swap', 'add_scaled', 'lerp', 'gaussian', 'clamp', 'renormalize']")
+
+
+def test_an_unknown_component_names_the_nearest_and_no_python_only_option(tmp_path, capsys):
+    """SPEC.md:314 [L17] / SPEC.md:76 [D22] a component the table lacks is refused listing the table's names, then the
+    nearest of them; a JSON author is not pointed at the load's Python-only `extra` argument."""
+    from causalab_ref.locations import address
+
+    def mutate(raw):
+        raw["sites"]["target"]["component"] = "block_outpt"
+    line = _refused(capsys, "validate", _doc(tmp_path, mutate))
+    assert line == ("compile: sites.target: component 'block_outpt' has no address here, and this model's "
+                    f"internals have no accessor of that name either. causalab_ref's are {list(address.NAMES)}; "
+                    "did you mean 'block_output' or 'block_input' or 'mlp_output'?")  # difflib's three, best first
+    assert "extra" not in line
+
+
+def test_a_range_swept_in_place_of_the_layers_list_is_refused_with_the_forms_that_sweep(tmp_path, capsys):
+    """SPEC.md:82 [D23] `{"sweep": {"range": [0, 5]}}` at `layers` sweeps bare integers: the first point is refused
+    with the value it got and the two spellings that sweep one-element lists."""
+    def mutate(raw):
+        raw["sites"]["target"]["layers"] = {"sweep": {"range": [0, 5]}}
+    line = _refused(capsys, "validate", _doc(tmp_path, mutate))
+    assert line == ('validation: sites.target.layers: layers is a one-element list, [i], got 0; a sweep of layers '
+                    'sweeps such lists: {"sweep": [[0], [1]]} or [{"sweep": {"range": [0, 2]}}]')
+
+
+def test_both_layer_sweep_spellings_of_the_format_sweep_one_layer_per_point(tmp_path, capsys):
+    """SPEC.md:82 [D23] F§11's two spellings, `{"sweep": [[0], [1]]}` and `[{"sweep": {"range": [0, 2]}}]`, each give
+    the points layers=0 and layers=1, whose taps at the site are at layers 0 and 1."""
+    for layers in ({"sweep": [[0], [1]]}, [{"sweep": {"range": [0, 2]}}]):
+        path = _doc(tmp_path, lambda raw: raw["sites"]["target"].update(layers=layers))
+        status, out, err = _main(capsys, "--json", "explain", path)
+        assert status == 0, err
+        plan = json.loads(out)["plan"]
+        assert [leaf["label"] for leaf in plan] == ["layers=0", "layers=1"]
+        at_target = [{tap["layer"] for step in leaf["steps"] for forward in step["forwards"] for tap in forward["taps"]
+                      if tap["site"] == "target"} for leaf in plan]
+        assert at_target == [{0}, {1}]
+
+
+def test_model_prints_each_refusal_once_with_the_layers_it_applies_to(capsys):
+    """SPEC.md:370 [L25] on a 5-layer checkpoint, the sdpa refusal of the attention pattern is one line per
+    component labelled `[0-4]`, and every (component, reason) of `--json model` is one line of the text."""
+    status, out, err = _main(capsys, "model", "fixture:tiny-gpt2")
+    assert status == 0, err
+    text = out.splitlines()[1:]
+    status, out, err = _main(capsys, "--json", "model", "fixture:tiny-gpt2")
+    answers = json.loads(out)["components"]
+    refused = {(label.partition("[")[0], a["why"]) for label, a in answers.items() if not a["resolves"]}
+    assert {label for label, a in answers.items() if not a["resolves"]} == {
+        f"{c}[{k}]" for c in ("attention_scores", "attention_probs") for k in range(5)}
+    for component, why in refused:
+        assert [line for line in text if why in line] == [f"  {component + '[0-4]':24s} --   {why}"]
+    assert len(text) == len(answers) - 10 + 2  # ten places refused, printed as two lines
+
+
+def test_model_layer_runs_are_printed_as_ranges():
+    """SPEC.md:370 [L25] layers a reason applies to print as runs: 0-2 and 5 as `0-2, 5`, one layer alone."""
+    from causalab_ref import cli as entry
+    assert entry._runs([0, 1, 2, 5]) == "0-2, 5"
+    assert entry._runs([3]) == "3"
+    assert entry._runs([0, 2, 3]) == "0, 2-3"
+
+
+def test_tokens_counts_the_pieces_it_lists(capsys):
+    """SPEC.md:464 [R19] the count is the number of pieces listed for the text as given; where the metric-column
+    spelling (one space before the stripped text) splits otherwise, that count is said apart. On GPT-2's BPE
+    'If today is Monday, tomorrow is' is 9 pieces and ' If today ...' 10 tokens (the seed's 'If' is two)."""
+    status, out, err = _main(capsys, "tokens", "fixture:tiny-gpt2", "If today is Monday, tomorrow is", " Tuesday")
+    assert status == 0, err
+    lines = out.splitlines()
+    assert re.findall(r"(\d+):'", lines[1]) == [str(k) for k in range(9)]  # the nine pieces listed, indices 0-8
+    assert lines[0] == ("'If today is Monday, tomorrow is'  9 token(s); as a metric column it is "
+                        "' If today is Monday, tomorrow is', 10 token(s)  <- not usable as a metric column")
+    assert lines[2:] == ["' Tuesday'  1 token(s)", "  8:' Tuesday'"]  # left-padded to the batch's 9
+    status, out, err = _main(capsys, "--json", "tokens", "fixture:tiny-gpt2", "If today is Monday, tomorrow is")
+    got = json.loads(out)["texts"]["If today is Monday, tomorrow is"]
+    assert (got["tokens"], got["column_tokens"], got["one_token"]) == (9, 10, False)
+
+
+def test_the_summary_line_counts_the_unscored_rows_by_reason(tmp_path):
+    """SPEC.md:665 [S19] rows without a value are counted by their reason: a position's reason where the read was
+    not placed, `column-ineligible` where it was placed and the answer columns held no answer."""
+    from causalab_ref import cli as entry
+    rows = [{"metric": "iia", "value": v, "unit": "fraction", "reason": why}
+            for v, why in ((1.0, ""), (None, "alignment_missing"), (0.0, ""), (None, "alignment_missing"),
+                           (None, ""), (None, "alignment_ambiguous"))]
+    (tmp_path / "iia.json").write_text(json.dumps(rows), encoding="utf-8")
+    assert entry.summary_line(tmp_path / "iia.json") == (
+        f"{tmp_path / 'iia.json'}: iia mean 0.5 over 2 of 6 rows (fraction); not scored: 2 alignment_missing, "
+        "1 alignment_ambiguous, 1 column-ineligible; rows [1, null, 0, null, null, ... 1 more]")
+
+
+def test_a_safetensors_save_gets_a_line_with_each_tensors_shape_and_dtype(tmp_path):
+    """SPEC.md:665 [S19] a tensor file written by a run gets its line too: each tensor's name, shape and dtype,
+    read from the file's header (here written by safetensors itself)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from causalab_ref import cli as entry
+    save_file({"weight": torch.zeros(16, 4), "bias": torch.zeros(3, dtype=torch.bfloat16)}, str(tmp_path / "w.safetensors"))
+    assert entry.summary_line(tmp_path / "w.safetensors") == (
+        f"{tmp_path / 'w.safetensors'}: bias (3) bfloat16, weight (16, 4) float32")
