@@ -44,7 +44,7 @@ def fitted(llama, tmp_path_factory):
 
 
 def test_das_fit_lowers_its_loss_and_trains_the_rotation(fitted):
-    """SPEC.md:951 [FZ28] the DAS fit on the Llama fixture lowers its training loss from the first epoch to the last;
+    """SPEC.md:971 [FZ28] the DAS fit on the Llama fixture lowers its training loss from the first epoch to the last;
     the saved bundle holds the Cayley parameter (16, 8), moved from the seed-0 draw, with the stamp."""
     loss, meta = tensor(fitted / "train_loss.safetensors")
     assert loss.shape == (3,) and loss.dtype == torch.float32 and meta is None
@@ -56,23 +56,23 @@ def test_das_fit_lowers_its_loss_and_trains_the_rotation(fitted):
     assert {k: stamp[k] for k in ("kind", "k", "d", "site", "component", "layer", "parametrization", "model_dtype")} \
         == {"kind": "subspace", "k": "8", "d": "16", "site": "target", "component": "block_output", "layer": "0",
             "parametrization": "cayley", "model_dtype": "fp32"}
-    assert stamp["produced_by"] == json.loads((fitted / "held_out_iia.json").read_text())[0]["produced_by"]
+    assert stamp["produced_by"] == json.loads((fitted / "held_out_logit_diff.json").read_text())[0]["produced_by"]
 
 
 def test_a_reloaded_bundle_reproduces_the_last_eval_exactly(fitted, llama, tmp_path):
-    """SPEC.md:957 [FZ29] SPEC.md:948 [FZ27] the saved bundle, loaded by `file_path` into a run over the
+    """SPEC.md:977 [FZ29] SPEC.md:968 [FZ27] the saved bundle, loaded by `file_path` into a run over the
     eval rows, reproduces the fit's final eval metric bit for bit."""
     raw = das()
     raw["featurizers"]["rot"] = {"kind": "subspace", "k": 8, "file_path": str(fitted / "rot.safetensors")}
     raw["steps"] = {"apply": {"kind": "observe", "interventions": "das",
                               "rows": raw["steps"]["fit"]["eval"]["rows"],
-                              "saves": [{"value": "iia", "file_path": "iia.json"}]}}
+                              "saves": [{"value": "logit_diff", "file_path": "logit_diff.json"}]}}
     out = execute(raw, llama, tmp_path / "apply")
-    assert table(out / "iia.json") == table(fitted / "held_out_iia.json")
+    assert table(out / "logit_diff.json") == table(fitted / "held_out_logit_diff.json")
 
 
 def test_two_fits_with_one_seed_write_byte_identical_bundles(fitted, llama, tmp_path):
-    """SPEC.md:959 [FZ30] a fit is deterministic on CPU: the same document writes byte-identical bundle and curve
+    """SPEC.md:979 [FZ30] a fit is deterministic on CPU: the same document writes byte-identical bundle and curve
     files; another seed fits another rotation."""
     again = execute(das(), llama, tmp_path / "again")
     for name in ("rot.safetensors", "train_loss.safetensors"):
@@ -84,7 +84,7 @@ def test_two_fits_with_one_seed_write_byte_identical_bundles(fitted, llama, tmp_
 
 
 def test_a_fit_on_the_hooks_engine_trains_what_the_nnterp_engine_trains(fitted, tmp_path):
-    """SPEC.md:988 [FZ35] the DAS fit run on the hooks engine trains the nnterp engine's rotation and writes its
+    """SPEC.md:1008 [FZ35] the DAS fit run on the hooks engine trains the nnterp engine's rotation and writes its
     train/loss curve and held-out table (allclose 1e-6): a fit reaches the model only through the contract."""
     hooks = loading.load(Model(key="fixture:tiny-llama", revision="seeded", dtype="fp32"), "hooks")
     out = execute(das(), hooks, tmp_path / "hooks")
@@ -93,7 +93,7 @@ def test_a_fit_on_the_hooks_engine_trains_what_the_nnterp_engine_trains(fitted, 
         got, want = tensor(out / name)[0], tensor(fitted / name)[0]
         assert got.shape == want.shape and torch.allclose(got, want, atol=1e-6, rtol=0), name
     assert not torch.allclose(tensor(out / "rot.safetensors")[0], kinds.initial_draw(16, 8, 0), atol=1e-3)
-    assert table(out / "held_out_iia.json") == pytest.approx(table(fitted / "held_out_iia.json"), abs=1e-6)
+    assert table(out / "held_out_logit_diff.json") == pytest.approx(table(fitted / "held_out_logit_diff.json"), abs=1e-6)
 
 
 def _patching(llama, tmp_path, name, change):
@@ -103,7 +103,7 @@ def _patching(llama, tmp_path, name, change):
 
 
 def test_a_full_rank_subspace_swap_is_a_plain_swap(llama, tmp_path):
-    """SPEC.md:865 [FZ4] through the engine, a subspace swap with k = d (an untrained seeded rotation) gives the
+    """SPEC.md:885 [FZ4] through the engine, a subspace swap with k = d (an untrained seeded rotation) gives the
     plain swap's numbers (to float32 rounding)."""
     def full(raw):
         raw["featurizers"] = {"rot": {"kind": "subspace", "k": 16, "seed": 3}}
@@ -114,7 +114,7 @@ def test_a_full_rank_subspace_swap_is_a_plain_swap(llama, tmp_path):
 
 
 def test_an_unfitted_gate_writes_nothing_in_a_run(llama, tmp_path):
-    """SPEC.md:878 [FZ8] through the engine, a swap via an unfitted gate (θ = 0, hard mask zero) leaves the base
+    """SPEC.md:898 [FZ8] through the engine, a swap via an unfitted gate (θ = 0, hard mask zero) leaves the base
     run's numbers; a features subset of identity touches only those units."""
     def gate(raw):
         raw["featurizers"] = {"mask": {"kind": "gate"}}
@@ -131,14 +131,14 @@ def test_an_unfitted_gate_writes_nothing_in_a_run(llama, tmp_path):
 
 
 def test_the_shipped_sae_is_its_deterministic_build():
-    """SPEC.md:961 [FZ31] documents/artifacts/sae.safetensors is exactly what bundles.example_sae builds (seeded,
+    """SPEC.md:981 [FZ31] documents/artifacts/sae.safetensors is exactly what bundles.example_sae builds (seeded,
     canonical bytes): shipped, never hand-edited."""
     from causalab_ref.featurizers import bundles
     assert (ROOT / bundles.EXAMPLE_SAE).read_bytes() == bundles.example_sae()
 
 
 def test_an_sae_write_of_its_own_latents_changes_nothing(llama, tmp_path):
-    """SPEC.md:871 [FZ6] through the engine, swapping the SAE's latents with themselves returns decode(f) + err = x:
+    """SPEC.md:891 [FZ6] through the engine, swapping the SAE's latents with themselves returns decode(f) + err = x:
     the numbers are the unwritten model's; zeroing an active latent moves them, an inactive one does not."""
     raw = json.loads((ROOT / "documents" / "sae_ablation.json").read_text())
     raw["interventions"]["ablation"]["writes"]["zero"]["features"] = [0]
