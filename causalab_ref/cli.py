@@ -299,18 +299,25 @@ def describe_components(eng) -> dict:
 
 def _component_lines(answers: dict) -> list[str]:
     """A line per place that resolves; a refusal once per component and text, with the layers it applies to
-    (`mlp_activation[0-9]  --  ...`), where its first layer's line would be (SPEC.md L25)."""
+    (`mlp_activation[0-9]  --  ...`), where its first layer's line would be; a text that names its own layer
+    (`layer 3 is a post-norm block`) is one text for every layer, printed as its first layer's (SPEC.md L25)."""
+    import re
+
+    def key_of(label: str, why: str) -> tuple[str, str]:
+        component, _, layer = label.partition("[")
+        return component, re.sub(rf"\blayer {layer[:-1]}\b", "layer <i>", why) if layer else why
+
     refused: dict[tuple[str, str], list[int]] = {}
     for label, a in answers.items():
         if not a["resolves"]:
-            component, _, layer = label.partition("[")
-            refused.setdefault((component, a["why"]), []).append(int(layer[:-1]) if layer else -1)
+            layer = label.partition("[")[2]
+            refused.setdefault(key_of(label, a["why"]), []).append(int(layer[:-1]) if layer else -1)
     lines, done = [], set()
     for label, a in answers.items():
         if a["resolves"]:
             lines.append(_component_line(label, a))
             continue
-        key = (label.partition("[")[0], a["why"])
+        key = key_of(label, a["why"])
         if key not in done:
             done.add(key)
             layers = refused[key]

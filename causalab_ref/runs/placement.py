@@ -2,10 +2,12 @@
 
 A `Pass` is one window of one observe step's rows with everything its forwards share (the engine, the
 featurizers, the memo, the published values, whether gradients flow). Placing a forward resolves each
-prompt-frame tap's positions against the model's tokenizer (locate.py) and applies the run-time
-refusals of SPEC.md §2.9 Eligibility: a read may skip a row, a write may not, a fixed-width cut that does
-not fit is refused. A write's operand is then a read of this pass (its windows checked row by row), a
-published value, a number, or nothing. The pass loop (passes.py) and the decode (decode.py) call it:
+prompt-frame tap's positions against the model's tokenizer (locate.py) and applies the refusals of
+SPEC.md §2.9 Eligibility: a read may skip a row, a write may not, a fixed-width cut that does not fit is
+refused. A write's operand is then a read of this pass (its windows checked row by row), a published
+value, a number, or nothing. Compile places every step's prompt frame the same way first (`check_step`,
+P58), so what the rows decide is refused before any weights load. The pass loop (passes.py) and the
+decode (decode.py) call the rest:
 
     p = Pass(engine, step, path="interventions.patching")
     resolved = resolve_taps(p, step.forwards[0])           # {tap name: Resolved}
@@ -106,7 +108,7 @@ def place(frame, taps, dynamic: bool, path: str, offset: int = 0, stage: str = "
 
 def check_step(tok, step: ObservePlan, path: str, frames: dict) -> None:
     """What the run's placement refuses that the rows and the tokenizer decide, refused at compile with the
-    run's own lines, so that validate and explain refuse what run would (SPEC.md P28, P29, P31, P51): every
+    run's own lines, so that validate and explain refuse what run would (SPEC.md P58): every
     prompt-frame tap placed over the step's rows, each write fed by a read checked against the read's
     windows, each metric's rows. `frames` (compile's, by the run's key) keeps every frame built, for the run's
     memo to start from (share.Memo)."""

@@ -438,7 +438,7 @@ def test_a_head_or_unit_past_the_end_is_refused_at_compile_against_the_real_coun
 
 
 def test_a_write_and_operand_of_different_widths_are_refused_at_compile(llama_engine_meta):
-    """SPEC.md:391 [L26] 64 mlp_activation features cannot land in a 16-wide block_output: refused when
+    """SPEC.md:392 [L26] 64 mlp_activation features cannot land in a 16-wide block_output: refused when
     compiled, naming both places."""
     doc = copy.deepcopy(PATCHING)
     doc["sites"]["act"] = {"component": "mlp_activation", "layers": [0]}
@@ -583,7 +583,7 @@ LINEAR = ("component '{name}': layer 0 is a linear-attention layer (Qwen3NextGat
 
 
 def test_a_hybrids_linear_attention_layer_has_no_attention_place(eager):
-    """seed 004:228 / SPEC.md:394 [L30] — Qwen3-Next, layer 0 linear (Gated DeltaNet), layer 1 softmax: every
+    """seed 004:228 / SPEC.md:395 [L30] — Qwen3-Next, layer 0 linear (Gated DeltaNet), layer 1 softmax: every
     attention_* place at layer 0 is refused with the seed's sentence naming the layer; the block boundaries
     and the MLP's places resolve there, and every place of layer 1 resolves (but the MoE pair); all of them
     read in one trace, the pattern of layer 1 included."""
@@ -601,7 +601,7 @@ def test_a_hybrids_linear_attention_layer_has_no_attention_place(eager):
 
 
 def test_nnterp_alone_cannot_load_the_hybrid_and_the_loader_can():
-    """SPEC.md:405 [L31] — nnterp 1.3.0's StandardizedTransformer refuses the hybrid (it checks self_attn on
+    """SPEC.md:406 [L31] — nnterp 1.3.0's StandardizedTransformer refuses the hybrid (it checks self_attn on
     layer 0); the loader gives it ignore_attn and checks the pattern at the first softmax layer."""
     from nnterp import StandardizedTransformer
     from nnterp.rename_utils import RenamingError
@@ -614,7 +614,7 @@ def test_nnterp_alone_cannot_load_the_hybrid_and_the_loader_can():
 
 
 def test_gated_attention_premix_is_z_scaled_by_a_gate(eager):
-    """SPEC.md:411 [L32] — on Qwen3-Next's softmax layer o_proj reads flat(attention_z) * sigmoid(gate):
+    """SPEC.md:412 [L32] — on Qwen3-Next's softmax layer o_proj reads flat(attention_z) * sigmoid(gate):
     not z's numbers, each ratio strictly between 0 and 1."""
     _, g = _read_all(eager("qwen3next"), 1)
     z, premix = g["attention_z"].flatten(2), g["attention_premix"]
@@ -625,7 +625,7 @@ def test_gated_attention_premix_is_z_scaled_by_a_gate(eager):
 
 
 def test_mlp_widths_are_read_off_the_down_projection(eager):
-    """SPEC.md:416 [L33] — GPT-2's config says intermediate_size 37 (a stray key); the module tree builds 128,
+    """SPEC.md:417 [L33] — GPT-2's config says intermediate_size 37 (a stray key); the module tree builds 128,
     and both MLP-inner places are 128 wide; on Llama they are its down_proj's in_features, 64."""
     gpt2 = eager("gpt2")
     assert gpt2.config.intermediate_size == 37
