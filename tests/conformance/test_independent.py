@@ -28,7 +28,7 @@ def folders(tmp_path_factory):
 
 
 def test_the_independent_implementation_imports_nothing_of_causalab_ref():
-    """SPEC.md:623 [C30] the second implementation is independent: no import of causalab_ref at any depth."""
+    """SPEC.md:0 [C30] the second implementation is independent: no import of causalab_ref at any depth."""
     imported = set()
     for node in ast.walk(ast.parse(SCRIPT.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
@@ -40,7 +40,7 @@ def test_the_independent_implementation_imports_nothing_of_causalab_ref():
 
 
 def test_every_run_case_is_reproduced_by_the_independent_implementation(folders):
-    """SPEC.md:623 [C30] every `run` case passes under the independent script, none skipped."""
+    """SPEC.md:0 [C30] every `run` case passes under the independent script, none skipped."""
     cases = _run_cases()
     assert len(cases) >= 30
     proc = subprocess.run([sys.executable, str(SCRIPT), "--fixtures", str(folders), *map(str, cases)],
