@@ -116,18 +116,51 @@ SHOWN = 5
 
 
 def summary_line(path: Path) -> str:
-    """One line per written metric table: the mean over scored rows, their count, and its first values."""
+    """One line per written metric table: the mean over scored rows, their count, why the others were not
+    scored, and its first values; one line per tensor file: each tensor's shape and dtype (SPEC.md S19)."""
+    if path.suffix == ".safetensors":
+        return f"{path}: {tensors_line(path)}"
     if path.name in ("document.json", "run.json") or path.suffix != ".json":
         return ""
     rows = json.loads(path.read_text(encoding="utf-8"))
     values = [r["value"] for r in rows]
     scored = [v for v in values if v is not None]
+    unscored = _unscored(rows)
     if not scored:
-        return f"{path}: no row scored"
+        return f"{path}: no row scored{f' ({unscored})' if unscored else ''}"
     shown = ", ".join("null" if v is None else f"{v:.6g}" for v in values[:SHOWN])
     more = f", ... {len(values) - SHOWN} more" if len(values) > SHOWN else ""
+    why = f"; not scored: {unscored}" if unscored else ""
     return (f"{path}: {rows[0]['metric']} mean {sum(scored) / len(scored):.6g} over {len(scored)} of "
-            f"{len(rows)} rows ({rows[0]['unit']}); rows [{shown}{more}]")
+            f"{len(rows)} rows ({rows[0]['unit']}){why}; rows [{shown}{more}]")
+
+
+def _unscored(rows: list[dict]) -> str:
+    """The rows with no value counted by their reason (`2 alignment_missing, 1 column-ineligible`): a
+    position's reason where the read was not placed, else the answer columns' half (SPEC.md P30)."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        if row["value"] is None:
+            reason = row.get("reason") or "column-ineligible"
+            counts[reason] = counts.get(reason, 0) + 1
+    return ", ".join(f"{n} {reason}" for reason, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def tensors_line(path: Path) -> str:
+    """A safetensors file's tensors as `name (d0, d1) float32, ...`, read from its header alone (no torch)."""
+    try:
+        with path.open("rb") as file:
+            size = int.from_bytes(file.read(8), "little")
+            header = json.loads(file.read(size)) if 0 < size <= 100_000_000 else None
+    except (OSError, ValueError):
+        header = None
+    if not isinstance(header, dict):
+        return "not a safetensors file"
+    dtypes = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64", "I64": "int64",
+              "I32": "int32", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+    tensors = [f"{name} {tuple(t['shape'])} {dtypes.get(t['dtype'], t['dtype'])}".replace(",)", ")")
+               for name, t in sorted(header.items()) if name != "__metadata__" and isinstance(t, dict)]
+    return ", ".join(tensors) if tensors else "no tensors"
 
 
 def cmd_vocab(args):
@@ -220,11 +253,15 @@ def cmd_tokens(args):
     for r, text in enumerate(args.texts):
         # pieces cut by the run's character map, so a piece keeps the space a lone decode drops
         pieces = [f"{k}:{locate.tokens_of(frame, (k,), r)}" for k in range(frame.starts[r], frame.ends[r])]
-        # the metric-column rule (space_prefixed): one space before the stripped text, no specials
-        n = len(tok.encode(" " + text.lstrip(), add_special_tokens=False))
-        lines.append(f"{text!r}  {n} token(s){'  <- not usable as a metric column' if n != 1 else ''}")
+        # the metric-column rule (space_prefixed): one space before the stripped text, no specials; it may
+        # split the text otherwise than the text as given, whose pieces are the ones listed
+        surface = " " + text.lstrip()
+        n = len(tok.encode(surface, add_special_tokens=False))
+        column = "" if n == len(pieces) else f"; as a metric column it is {surface!r}, {n} token(s)"
+        unusable = "  <- not usable as a metric column" if n != 1 else ""
+        lines.append(f"{text!r}  {len(pieces)} token(s){column}{unusable}")
         lines.append("  " + " ".join(pieces))
-        out[text] = {"tokens": n, "ids": list(ids[r]), "one_token": n == 1}
+        out[text] = {"tokens": len(pieces), "column_tokens": n, "ids": list(ids[r]), "one_token": n == 1}
     return {"text": "\n".join(lines), "key": args.key, "texts": out}
 
 
@@ -256,9 +293,48 @@ def describe_components(eng) -> dict:
             answers[label] = {"resolves": True, "width": a.width, "op": a.op, **eng.detail(a)}
     tok = eng.tokenizer
     lines = [f"{eng.spec.key} via {eng.name}: {eng.num_layers} layers, padding_side={tok.padding_side}, "
-             f"{eng.attention()} attention", *(_component_line(label, a) for label, a in answers.items())]
+             f"{eng.attention()} attention", *_component_lines(answers)]
     return {"text": "\n".join(lines), "key": eng.spec.key, "engine": eng.name, "num_layers": eng.num_layers,
             "padding_side": tok.padding_side, "components": answers}
+
+
+def _component_lines(answers: dict) -> list[str]:
+    """A line per place that resolves; a refusal once per component and text, with the layers it applies to
+    (`mlp_activation[0-9]  --  ...`), where its first layer's line would be; a text that names its own layer
+    (`layer 3 is a post-norm block`) is one text for every layer, printed as its first layer's (SPEC.md L25)."""
+    import re
+
+    def key_of(label: str, why: str) -> tuple[str, str]:
+        component, _, layer = label.partition("[")
+        return component, re.sub(rf"\blayer {layer[:-1]}\b", "layer <i>", why) if layer else why
+
+    refused: dict[tuple[str, str], list[int]] = {}
+    for label, a in answers.items():
+        if not a["resolves"]:
+            layer = label.partition("[")[2]
+            refused.setdefault(key_of(label, a["why"]), []).append(int(layer[:-1]) if layer else -1)
+    lines, done = [], set()
+    for label, a in answers.items():
+        if a["resolves"]:
+            lines.append(_component_line(label, a))
+            continue
+        key = key_of(label, a["why"])
+        if key not in done:
+            done.add(key)
+            layers = refused[key]
+            lines.append(_component_line(key[0] if layers == [-1] else f"{key[0]}[{_runs(layers)}]", a))
+    return lines
+
+
+def _runs(layers: list[int]) -> str:
+    """Layer numbers as runs: [0, 1, 2, 5] -> `0-2, 5`."""
+    runs: list[list[int]] = []
+    for n in layers:
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
 def _component_line(label: str, answer: dict) -> str:

@@ -49,6 +49,17 @@ class Refusal(Exception):
         return f"{self.path}: {self.message}" if self.path else self.message
 
 
+def nearest(name: Any, known) -> str:
+    """A refusal's tail for a name it does not know: `; did you mean 'x'?` naming the known names closest to
+    it (difflib's, at most three, best first), or '' when none is close (SPEC.md D22)."""
+    import difflib
+
+    if not isinstance(name, str):
+        return ""
+    close = difflib.get_close_matches(name, [str(k) for k in known], n=3)
+    return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+
+
 # ---------------------------------------------------------------- positions
 
 FRAMES = ("prompt", "generated")

@@ -12,6 +12,7 @@ import copy
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -214,7 +215,7 @@ def test_model_answers_every_component_at_every_layer():
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("fixture:tiny-gptoss via nnterp: 2 layers, padding_side=left")
-    rows = {line.split()[0]: line for line in lines[1:]}
+    rows = _per_place(lines[1:])
     labels = [n if not r.layered else f"{n}[{i}]" for n, r in address.TABLE.items()
               for i in (range(2) if r.layered else [0])]
     assert sorted(rows) == sorted(labels)
@@ -235,6 +236,21 @@ def test_model_answers_every_component_at_every_layer():
     assert sorted(answers) == sorted(labels)
     assert answers["attention_key[1]"] == {"resolves": True, "width": 32, "op": "attention_interface_0"}
     assert not answers["mlp_activation[1]"]["resolves"]
+
+
+def _per_place(lines: list[str]) -> dict[str, str]:
+    """The `model` text's lines by place: a refusal printed once as `name[0-1]` stands for each of its layers."""
+    rows = {}
+    for line in lines:
+        label = re.match(r"  (\S+?(?:\[[^\]]*\])?)\s+(?:ok|--)", line).group(1)
+        name, _, layers = label.partition("[")
+        if not layers:
+            rows[name] = line
+            continue
+        for run in layers[:-1].split(", "):
+            first, _, last = run.partition("-")
+            rows.update({f"{name}[{k}]": line for k in range(int(first), int(last or first) + 1)})
+    return rows
 
 
 def test_tokens_shows_each_texts_pieces_with_indices_and_column_usability(capsys):
@@ -292,3 +308,253 @@ def test_a_refusal_at_the_read_and_validation_stages_imports_no_torch(tmp_path):
         proc = subprocess.run([sys.executable, "-c", probe, str(doc)], capture_output=True, text=True, timeout=120)
         assert proc.stdout.strip() == "2 []", proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1 and words in proc.stderr
+
+
+# ================================================================ what a user hears (issue 25)
+
+
+def _main(capsys, *argv: str) -> tuple[int, str, str]:
+    """`python -m causalab_ref *argv` in this process: (status, stdout, stderr)."""
+    from causalab_ref import cli as entry
+    status = entry.main(list(argv))
+    out = capsys.readouterr()
+    return status, out.out, out.err
+
+
+def _refused(capsys, *argv: str) -> str:
+    """The one refusal line a verb prints (status 2, nothing on stdout)."""
+    status, out, err = _main(capsys, *argv)
+    assert (status, out) == (2, ""), err
+    assert len(err.strip().splitlines()) == 1, err
+    return err.strip()
+
+
+def _doc(tmp_path, mutate, base=None) -> str:
+    raw = copy.deepcopy(SHIPPED if base is None else base)
+    mutate(raw)
+    path = tmp_path / "doc.json"
+    path.write_text(json.dumps(raw), encoding="utf-8")
+    return str(path)
+
+
+def test_an_unknown_key_names_the_nearest_allowed_one(tmp_path, capsys):
+    """SPEC.md:0 [D22] a misspelt key is refused with the allowed keys and then the nearest of them."""
+    def mutate(raw):
+        raw["interventions"]["patching"]["reads"]["v_cf"]["positon"] = -1
+    line = _refused(capsys, "validate", _doc(tmp_path, mutate))
+    assert line == ("validation: interventions.patching.reads.v_cf.positon: unknown key 'positon'; allowed here: "
+                    "['featurizer', 'input', 'model', 'pos', 'site', 'view']; did you mean 'pos'?")
+
+
+def test_an_unknown_mechanism_metric_kind_or_metric_name_names_the_nearest(tmp_path, capsys):
+    """SPEC.md:0 [D22] a mechanism, a metric kind and a saved metric that are not known are each refused ending
+    with the nearest known names."""
+    iv = SHIPPED["interventions"]["patching"]
+    cases = [
+        (lambda raw: raw["interventions"]["patching"]["writes"]["patch"].update(mechanism="swp"),
+         "interventions.patching.writes.patch.mechanism", "; did you mean 'swap'?"),
+        (lambda raw: raw["interventions"]["patching"]["metrics"]["iia"].update(kind="mach"),
+         "interventions.patching.metrics.iia.kind", "; did you mean 'match'?"),
+        (lambda raw: raw["steps"]["score"]["saves"][1].update(value="logit_dif"),
+         "steps.score.saves.1.value", "; did you mean 'logit_diff'?"),
+    ]
+    assert set(iv["metrics"]) == {"iia", "logit_diff"}  # the names the suggestions come from
+    for mutate, path, tail in cases:
+        line = _refused(capsys, "validate", _doc(tmp_path, mutate))
+        assert line.startswith(f"validation: {path}: ") and line.endswith(tail), line
+
+
+def test_a_name_close_to_no_known_one_gets_no_suggestion(tmp_path, capsys):
+    """SPEC.md:0 [D22] with nothing close, the message ends where it did: no `did you mean`."""
+    def mutate(raw):
+        raw["interventions"]["patching"]["writes"]["patch"]["mechanism"] = "qqqqqq"
+    line = _refused(capsys, "validate", _doc(tmp_path, mutate))
+    assert line == ("validation: interventions.patching.writes.patch.mechanism: 'qqqqqq' is not one of "
+                    "['swap', 'add_scaled', 'lerp', 'gaussian', 'clamp', 'renormalize']")
+
+
+def test_an_unknown_component_names_the_nearest_and_no_python_only_option(tmp_path, capsys):
+    """SPEC.md:0 [L17] / SPEC.md:0 [D22] a component the table lacks is refused listing the table's names, then the
+    nearest of them; a JSON author is not pointed at the load's Python-only `extra` argument."""
+    from causalab_ref.locations import address
+
+    def mutate(raw):
+        raw["sites"]["target"]["component"] = "block_outpt"
+    line = _refused(capsys, "validate", _doc(tmp_path, mutate))
+    assert line == ("compile: sites.target: component 'block_outpt' has no address here, and this model's "
+                    f"internals have no accessor of that name either. causalab_ref's are {list(address.NAMES)}; "
+                    "did you mean 'block_output' or 'block_input' or 'mlp_output'?")  # difflib's three, best first
+    assert "extra" not in line
+
+
+def test_a_range_swept_in_place_of_the_layers_list_is_refused_with_the_forms_that_sweep(tmp_path, capsys):
+    """SPEC.md:0 [D23] `{"sweep": {"range": [0, 5]}}` at `layers` sweeps bare integers: the first point is refused
+    with the value it got and the two spellings that sweep one-element lists."""
+    def mutate(raw):
+        raw["sites"]["target"]["layers"] = {"sweep": {"range": [0, 5]}}
+    line = _refused(capsys, "validate", _doc(tmp_path, mutate))
+    assert line == ('validation: sites.target.layers: layers is a one-element list, [i], got 0; a sweep of layers '
+                    'sweeps such lists: {"sweep": [[0], [1]]} or [{"sweep": {"range": [0, 2]}}]')
+
+
+def test_both_layer_sweep_spellings_of_the_format_sweep_one_layer_per_point(tmp_path, capsys):
+    """SPEC.md:0 [D23] F§11's two spellings, `{"sweep": [[0], [1]]}` and `[{"sweep": {"range": [0, 2]}}]`, each give
+    the points layers=0 and layers=1, whose taps at the site are at layers 0 and 1."""
+    for layers in ({"sweep": [[0], [1]]}, [{"sweep": {"range": [0, 2]}}]):
+        path = _doc(tmp_path, lambda raw: raw["sites"]["target"].update(layers=layers))
+        status, out, err = _main(capsys, "--json", "explain", path)
+        assert status == 0, err
+        plan = json.loads(out)["plan"]
+        assert [leaf["label"] for leaf in plan] == ["layers=0", "layers=1"]
+        at_target = [{tap["layer"] for step in leaf["steps"] for forward in step["forwards"] for tap in forward["taps"]
+                      if tap["site"] == "target"} for leaf in plan]
+        assert at_target == [{0}, {1}]
+
+
+def test_model_prints_each_refusal_once_with_the_layers_it_applies_to(capsys):
+    """SPEC.md:0 [L25] on a 5-layer checkpoint, the sdpa refusal of the attention pattern is one line per
+    component labelled `[0-4]`, and every (component, reason) of `--json model` is one line of the text."""
+    status, out, err = _main(capsys, "model", "fixture:tiny-gpt2")
+    assert status == 0, err
+    text = out.splitlines()[1:]
+    status, out, err = _main(capsys, "--json", "model", "fixture:tiny-gpt2")
+    answers = json.loads(out)["components"]
+    refused = {(label.partition("[")[0], a["why"]) for label, a in answers.items() if not a["resolves"]}
+    assert {label for label, a in answers.items() if not a["resolves"]} == {
+        f"{c}[{k}]" for c in ("attention_scores", "attention_probs") for k in range(5)}
+    for component, why in refused:
+        assert [line for line in text if why in line] == [f"  {component + '[0-4]':24s} --   {why}"]
+    assert len(text) == len(answers) - 10 + 2  # ten places refused, printed as two lines
+
+
+def test_model_prints_a_reason_naming_its_own_layer_once_for_its_layers(capsys):
+    """SPEC.md:0 [L25] OLMo-2's post-norm refusal names each layer (`layer 0 is ...`, `layer 1 is ...` in
+    `--json model`); the text prints it once per component, labelled [0-1], as layer 0's."""
+    status, out, err = _main(capsys, "--json", "model", "fixture:tiny-olmo2")
+    assert status == 0, err
+    answers = json.loads(out)["components"]
+    whys = [answers[f"attention_input_norm[{k}]"]["why"] for k in (0, 1)]
+    assert "layer 0 is a post-norm block" in whys[0] and whys[1] == whys[0].replace("layer 0", "layer 1")
+    status, out, err = _main(capsys, "model", "fixture:tiny-olmo2")
+    norm = [line for line in out.splitlines() if line.startswith("  attention_input_norm")]
+    assert norm == [f"  {'attention_input_norm[0-1]':24s} --   {whys[0]}"]
+
+
+def test_model_layer_runs_are_printed_as_ranges():
+    """SPEC.md:0 [L25] layers a reason applies to print as runs: 0-2 and 5 as `0-2, 5`, one layer alone."""
+    from causalab_ref import cli as entry
+    assert entry._runs([0, 1, 2, 5]) == "0-2, 5"
+    assert entry._runs([3]) == "3"
+    assert entry._runs([0, 2, 3]) == "0, 2-3"
+
+
+def test_tokens_counts_the_pieces_it_lists(capsys):
+    """SPEC.md:0 [R19] the count is the number of pieces listed for the text as given; where the metric-column
+    spelling (one space before the stripped text) splits otherwise, that count is said apart. On GPT-2's BPE
+    'If today is Monday, tomorrow is' is 9 pieces and ' If today ...' 10 tokens (the seed's 'If' is two)."""
+    status, out, err = _main(capsys, "tokens", "fixture:tiny-gpt2", "If today is Monday, tomorrow is", " Tuesday")
+    assert status == 0, err
+    lines = out.splitlines()
+    assert re.findall(r"(\d+):'", lines[1]) == [str(k) for k in range(9)]  # the nine pieces listed, indices 0-8
+    assert lines[0] == ("'If today is Monday, tomorrow is'  9 token(s); as a metric column it is "
+                        "' If today is Monday, tomorrow is', 10 token(s)  <- not usable as a metric column")
+    assert lines[2:] == ["' Tuesday'  1 token(s)", "  8:' Tuesday'"]  # left-padded to the batch's 9
+    status, out, err = _main(capsys, "--json", "tokens", "fixture:tiny-gpt2", "If today is Monday, tomorrow is")
+    got = json.loads(out)["texts"]["If today is Monday, tomorrow is"]
+    assert (got["tokens"], got["column_tokens"], got["one_token"]) == (9, 10, False)
+
+
+def test_the_summary_line_counts_the_unscored_rows_by_reason(tmp_path):
+    """SPEC.md:0 [S19] rows without a value are counted by their reason: a position's reason where the read was
+    not placed, `column-ineligible` where it was placed and the answer columns held no answer."""
+    from causalab_ref import cli as entry
+    rows = [{"metric": "iia", "value": v, "unit": "fraction", "reason": why}
+            for v, why in ((1.0, ""), (None, "alignment_missing"), (0.0, ""), (None, "alignment_missing"),
+                           (None, ""), (None, "alignment_ambiguous"))]
+    (tmp_path / "iia.json").write_text(json.dumps(rows), encoding="utf-8")
+    assert entry.summary_line(tmp_path / "iia.json") == (
+        f"{tmp_path / 'iia.json'}: iia mean 0.5 over 2 of 6 rows (fraction); not scored: 2 alignment_missing, "
+        "1 alignment_ambiguous, 1 column-ineligible; rows [1, null, 0, null, null, ... 1 more]")
+
+
+def test_a_safetensors_save_gets_a_line_with_each_tensors_shape_and_dtype(tmp_path):
+    """SPEC.md:0 [S19] a tensor file written by a run gets its line too: each tensor's name, shape and dtype,
+    read from the file's header (here written by safetensors itself)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from causalab_ref import cli as entry
+    save_file({"weight": torch.zeros(16, 4), "bias": torch.zeros(3, dtype=torch.bfloat16)}, str(tmp_path / "w.safetensors"))
+    assert entry.summary_line(tmp_path / "w.safetensors") == (
+        f"{tmp_path / 'w.safetensors'}: bias (3) bfloat16, weight (16, 4) float32")
+
+
+def test_a_missing_table_names_the_data_root_and_its_flag(tmp_path, capsys):
+    """SPEC.md:0 [D9] a dataset ref with no table under the data root is refused naming that root and
+    `--data-root`, which a relative root (the default `documents/data` included) is resolved from."""
+    empty = tmp_path / "data"
+    empty.mkdir()
+    line = _refused(capsys, "validate", str(REPO / "documents" / "patching.json"), "--data-root", str(empty))
+    assert line == (f"compile: steps.score.rows.base: dataset ref 'weekdays/train': no table at "
+                    f"{empty / 'weekdays' / 'train.json'}; dataset refs are read under the data root {empty}, which "
+                    "--data-root names (a relative one from the current directory)")
+
+
+def test_a_key_without_a_path_prefix_is_a_hub_key_and_its_refusal_says_how_to_name_a_folder(tmp_path, monkeypatch,
+                                                                                              capsys):
+    """SPEC.md:0 [X17] `fx/tiny-gpt2` is a hub key even where a folder of that name is beside the current
+    directory: offline, it is refused saying a folder's key starts with ./, ../ or /, and naming `./fx/tiny-gpt2`."""
+    from huggingface_hub import constants
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    (tmp_path / "fx" / "tiny-gpt2").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    line = _refused(capsys, "model", "fx/tiny-gpt2")
+    assert line.startswith("compile: model.key: model 'fx/tiny-gpt2' at revision 'main' could not be found: tried ")
+    assert line.endswith("; a checkpoint directory's key is a path that must start with ./, ../ or /, so "
+                         "'fx/tiny-gpt2' is a hub key (the folder here is './fx/tiny-gpt2')")
+
+
+def _absent_anchor(tmp_path) -> tuple[str, str]:
+    """entity_patch.json on rows whose row 1 names an entity its prompt does not hold: (document, data root)."""
+    rows = json.loads((REPO / "documents" / "data" / "weekdays" / "train.json").read_text(encoding="utf-8"))
+    rows[1]["entity"] = "Tuesday"
+    (tmp_path / "data" / "weekdays").mkdir(parents=True)
+    (tmp_path / "data" / "weekdays" / "train.json").write_text(json.dumps(rows), encoding="utf-8")
+    return str(REPO / "documents" / "entity_patch.json"), str(tmp_path / "data")
+
+
+def test_validate_explain_and_run_refuse_a_write_anchored_to_absent_text_with_one_line(tmp_path, capsys):
+    """SPEC.md:0 [P58] SPEC.md:0 [P28] a write whose anchor row 1's prompt lacks is refused before any weights
+    load: validate, explain and run print the same line, whose last words explain `alignment_missing`."""
+    doc, root = _absent_anchor(tmp_path)
+    lines = [_refused(capsys, "validate", doc, "--data-root", root),
+             _refused(capsys, "explain", doc, "--data-root", root),
+             _refused(capsys, "run", doc, "--data-root", root, "--out", str(tmp_path / "out"), "--quiet")]
+    assert lines[0] == lines[1] == lines[2], lines
+    assert lines[0].startswith("compile: interventions.patching.writes.patch.pos: write 'patch' has nothing to write "
+                               "on row(s) {1: 'alignment_missing'}.")
+    assert "`alignment_missing` is an anchor the row's prompt does not hold" in lines[0]
+    assert "alignment_ambiguous" not in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_run_places_with_the_frames_compile_built(llama, monkeypatch, tmp_path):
+    """SPEC.md:0 [Q15] SPEC.md:0 [P58] compile builds each role's frame (with its character map) to place the
+    rows; the plan keeps them, and the run that follows builds none again."""
+    from causalab_ref.positions import locate
+    from causalab_ref.runs import compile as compiler
+    from causalab_ref.runs import run
+
+    raw = json.loads((REPO / "documents" / "entity_patch.json").read_text(encoding="utf-8"))
+    plan = compiler.compile_document(raw, llama, REPO / "documents" / "data")
+    assert sorted(key[-1] for key in plan.frames) == [True, True]  # base and counterfactual, character maps built
+    built = []
+    frame_of_ids = locate.frame_of_ids
+
+    def counted(*args, **kwargs):
+        built.append(kwargs.get("char_map"))
+        return frame_of_ids(*args, **kwargs)
+    monkeypatch.setattr(locate, "frame_of_ids", counted)
+    run.execute(plan, llama, tmp_path / "out", progress=False)
+    assert built == []
+    assert len(json.loads((tmp_path / "out" / "iia.json").read_text())) == 4

@@ -15,7 +15,7 @@ from typing import Any
 
 from .names import one_segment
 from .reader import type_name
-from ..shapes import Refusal
+from ..shapes import Refusal, nearest
 from ..writes.mechanisms import SEED_RANGE
 
 FLOAT32_MAX = 3.4028234663852886e38
@@ -33,7 +33,7 @@ def record(raw: Any, path: str, allowed: tuple, required: tuple = ()) -> dict:
     for key in raw:
         if key not in allowed:
             where = f"{path}.{key}" if path else str(key)
-            _fail(where, f"unknown key '{key}'; allowed here: {sorted(allowed)}")
+            _fail(where, f"unknown key '{key}'; allowed here: {sorted(allowed)}{nearest(key, sorted(allowed))}")
     for key in required:
         if key not in raw:
             where = f"{path}.{key}" if path else key
@@ -65,7 +65,7 @@ def integer(raw: Any, path: str) -> int:
 def choice(raw: Any, path: str, choices: tuple) -> str:
     string(raw, path)
     if raw not in choices:
-        _fail(path, f"'{raw}' is not one of {list(choices)}")
+        _fail(path, f"'{raw}' is not one of {list(choices)}{nearest(raw, choices)}")
     return raw
 
 

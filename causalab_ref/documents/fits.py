@@ -18,7 +18,7 @@ from typing import Any
 from ..featurizers import kinds as featurizer_table
 from . import steps as step_parts
 from .fields import FLOAT32_MAX, FLOAT32_TINY, choice, mapping, number, positive, record, seed, string
-from ..shapes import Fit, Refusal, Weights
+from ..shapes import Fit, Refusal, Weights, nearest
 
 FIT_KEYS = ("kind", "rows", "interventions", "intervention", "params", "objective", "anneal", "epochs", "pairs",
             "seed", "optimizer", "early_stop", "eval", "saves")
@@ -118,12 +118,14 @@ def _check_terms(terms: Terms, metrics: list, declared: dict, step: str, path: s
         _fail(f"{path}.anneal", f"step '{step}': anneals {extra}; only a gate this fit trains has a temperature "
                                 f"(those are {gates})")
     if terms.early_stop[0] not in metrics:
-        _fail(f"{path}.early_stop.metric", f"step '{step}': early_stop watches '{terms.early_stop[0]}', not a metric")
+        _fail(f"{path}.early_stop.metric", f"step '{step}': early_stop watches '{terms.early_stop[0]}', not a metric"
+                                           f"{nearest(terms.early_stop[0], metrics)}")
     allowed = sorted(metrics + [f"{g}.mask" for g in gates])
     for k, (_w, term) in enumerate(terms.objective):
         if term not in allowed:
             _fail(f"{path}.objective.{k}", f"step '{step}': objective names '{term}', which is neither a metric "
-                                           f"nor the mask of a gate this fit trains (one of {allowed})")
+                                           f"nor the mask of a gate this fit trains (one of {allowed})"
+                                           f"{nearest(term, allowed)}")
 
 
 # ---------------------------------------------------------------- fit and weights steps

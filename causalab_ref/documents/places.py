@@ -13,6 +13,7 @@ they depend on the position alone and the intervention's `decode`.
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from ..locations import address
@@ -119,7 +120,9 @@ def site(raw: Any, path: str) -> Site:
     if raw.get("layers") is not None:
         value = raw["layers"]
         if not isinstance(value, list) or not value:
-            _fail(f"{path}.layers", "layers is a one-element list, [i]")
+            got = json.dumps(value)[:40] if isinstance(value, (int, float, str)) or value == [] else type_name(value)
+            _fail(f"{path}.layers", f"layers is a one-element list, [i], got {got}; a sweep of layers sweeps such "
+                                     'lists: {"sweep": [[0], [1]]} or [{"sweep": {"range": [0, 2]}}]')
         if len(value) > 1:
             _fail(f"{path}.layers", "layers must be a one-element band; a band spanning several layers is "
                                      "one address and is not implemented")

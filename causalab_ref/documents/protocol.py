@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 
 from . import sweeps
 from .reader import type_name
-from ..shapes import Refusal
+from ..shapes import Refusal, nearest
 
 VERSION = "3"
 INTERVENTION = "method"
@@ -78,7 +78,8 @@ def _keys(raw: Any, path: str, allowed: tuple, required: tuple = ()) -> dict:
         if key in UNIMPLEMENTED and key not in allowed:
             _fail(f"{path}.{key}" if path else key, UNIMPLEMENTED[key])
         if key not in allowed:
-            _fail(f"{path}.{key}" if path else key, f"unknown key '{key}'; allowed here: {sorted(allowed)}")
+            _fail(f"{path}.{key}" if path else key,
+                  f"unknown key '{key}'; allowed here: {sorted(allowed)}{nearest(key, sorted(allowed))}")
     for key in required:
         if key not in raw:
             _fail(f"{path}.{key}" if path else key, "required field is missing")

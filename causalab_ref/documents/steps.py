@@ -19,7 +19,7 @@ from ..writes import outputs
 from .fields import choice, mapping, record, string
 from .names import colliding, inside_out
 from .reader import type_name
-from ..shapes import Observe, Refusal, Save
+from ..shapes import Observe, Refusal, Save, nearest
 
 
 def _fail(path: str, message: str):
@@ -70,7 +70,7 @@ def saves(raw: Any, path: str, who: str, produced: list, tensors: tuple = (), wh
         record(s, sp, ("value", "file_path"), ("value", "file_path"))
         value, file_path = string(s["value"], f"{sp}.value"), string(s["file_path"], f"{sp}.file_path")
         if value not in produced:
-            tail = f" (it produces {produced})" if what == "it" else ""
+            tail = (f" (it produces {produced})" if what == "it" else "") + nearest(value, produced)
             _fail(f"{sp}.value", f"{who}: saves '{value}', which {what} does not produce{tail}")
         if value in tensors and not file_path.endswith(".safetensors"):
             _fail(f"{sp}.file_path", f"save '{value}': a tensor, not a table; give it a .safetensors path, "

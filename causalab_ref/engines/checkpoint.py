@@ -49,9 +49,7 @@ def where(spec: Model, weights: bool = True) -> tuple[str, dict[str, Any]]:
         return str(folder), exported.provenance(folder) if weights else {}
     if builder.is_fixture(spec.key):
         return str(builder.checkpoint_dir(spec.key)), {"fixture_recipe": builder.recipe_digest(spec.key)}
-    if Path(spec.key).is_dir():
-        return spec.key, exported.provenance(Path(spec.key)) if weights else {}
-    return hub_snapshot(spec), {}
+    return hub_snapshot(spec), {}  # a folder whose key has no path prefix is not looked at (X17)
 
 
 #: the files a hub checkpoint is fetched with: configs, tokenizer files, safetensors weights; never code
@@ -70,7 +68,8 @@ def hub_snapshot(spec: Model) -> str:
         return snapshot_download(spec.key, revision=spec.revision, local_files_only=True, allow_patterns=HUB_FILES)
     except HFValidationError:
         raise Refusal(f"{label} is not a fixture ('fixture:tiny-llama', ...), a checkpoint directory, or a hub "
-                      "key of the form 'owner/name'", path="model.key", stage="compile") from None
+                      f"key of the form 'owner/name'{_path_hint(spec.key)}", path="model.key",
+                      stage="compile") from None
     except (OSError, ValueError) as error:
         tried.append(f"the local hub cache {constants.HF_HUB_CACHE} ({type(error).__name__})")
     unreachable = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else _unreachable(constants.ENDPOINT)
@@ -81,7 +80,18 @@ def hub_snapshot(spec: Model) -> str:
             unreachable = f"{type(error).__name__}: {_first_line(error)}"
     tried.append(f"the hub {constants.ENDPOINT} ({unreachable})")
     raise Refusal(f"{label} could not be found: tried {' and '.join(tried)}; name a fixture, a local checkpoint "
-                  "directory, or a hub key that is cached or reachable", path="model.key", stage="compile")
+                  f"directory, or a hub key that is cached or reachable{_path_hint(spec.key)}", path="model.key",
+                  stage="compile")
+
+
+def _path_hint(key: str) -> str:
+    """A hub key's refusal says how a folder is named: a path key starts with ./, ../ or / (SPEC.md X17), and
+    a folder of the key's name here is named with ./ in front."""
+    try:
+        here = f" (the folder here is './{key}')" if Path(key).is_dir() else ""
+    except (OSError, ValueError):  # a name the file system will not take is no folder here
+        here = ""
+    return f"; a checkpoint directory's key is a path that must start with ./, ../ or /, so '{key}' is a hub key{here}"
 
 
 def _unreachable(endpoint: str) -> str:

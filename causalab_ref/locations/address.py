@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping, NoReturn, Optional
 
-from ..shapes import Address, Refusal
+from ..shapes import Address, Refusal, nearest
 
 # ---------------------------------------------------------------- the table
 
@@ -402,8 +402,7 @@ def find_op(attn_envoy, needle: str = NEEDLE, what: str = "", path: str = "") ->
 
 def _unknown(name: str) -> str:
     return (f"component '{name}' has no address here, and this model's internals have no "
-            f"accessor of that name either. causalab_ref's are {list(NAMES)}; add one at load "
-            f"time with extra addresses: extra={{'{name}': (module path relative to the layer, order)}}")
+            f"accessor of that name either. causalab_ref's are {list(NAMES)}{nearest(name, NAMES)}")
 
 
 def _refuse(message: str, site: str) -> NoReturn:

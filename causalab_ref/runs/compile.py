@@ -4,7 +4,8 @@ The plan is plain data (strings, integers, tuples): every site resolved to an
 address, every prompt tokenized into a left-padded batch, every metric's answer
 column tokenized to one id per row with its column eligibility, the forwards of
 each step in dependency order with their taps in forward order (writes before
-reads at one address). `explain` prints it. SPEC.md §4 Runs (R1-R5).
+reads at one address), each step's prompt frame placed as the run places it
+(placement.check_step, P58). `explain` prints it. SPEC.md §4 Runs (R1-R5).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..featurizers import bundles, fit
-from . import data, memory, share
+from . import data, memory, placement, share
 from ..positions import locate
 from ..documents import metrics, reader, validate
 from ..documents.steps import produced_names
@@ -370,7 +371,7 @@ def compile_point(point: validate.Point, engine, data_root: Path, cache: Optiona
             if len(step.interventions) == 1:  # a step listing several publishes to itself only (M13)
                 ctx.sources.update(published)
     return Plan(label=point.label, digest=digest, raw=raw, steps=tuple(steps),
-                featurizers=tuple(ctx.featurizers.values()), window=ctx.window)
+                featurizers=tuple(ctx.featurizers.values()), window=ctx.window, frames=ctx.cache.get("frames", {}))
 
 
 def _saves_of(step: Observe, i_name: str, interventions: dict) -> tuple:
@@ -458,11 +459,13 @@ def observe_plan(ctx: Context, name: str, i_name: str, rows: StepRows, saves: tu
     kept = tuple((o, out) for o, out in (observe.outputs if observe else ()) if out.read in dict(intervention.reads))
     metric_plans = _metrics(ctx, intervention, base_rows, ipath)
     dynamic = any(tap.pos.dynamic for f in forwards for tap in f.taps)
-    return ObservePlan(name=name, intervention=i_name, forwards=tuple(forwards), metrics=tuple(metric_plans),
+    plan = ObservePlan(name=name, intervention=i_name, forwards=tuple(forwards), metrics=tuple(metric_plans),
                        saves=saves, example_ids=data.example_ids(base_rows), dynamic=dynamic, outputs=kept,
                        publishes=observe is None or len(observe.interventions) == 1,
                        sources=_published(step_name, kept, forwards, len(base_rows)),
                        stamps=_stamps(ctx.doc, kept, forwards, ctx.digest) if kept else ())
+    placement.check_step(ctx.engine.tokenizer, plan, ipath, ctx.cache.setdefault("frames", {}))  # P28-P31, P51
+    return plan
 
 
 def _tap(ctx: Context, entry: tuple[str, str, Any], rows: list, field: str, ipath: str) -> Tap:

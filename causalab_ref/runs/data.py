@@ -49,7 +49,8 @@ def rows_of(ref: str, root: Path, path: str = "") -> list[dict]:
     file, split = table_path(ref, root, path)
     try:
         if not file.is_file():
-            _refuse(f"dataset ref '{ref}': no table at {file}", path)
+            _refuse(f"dataset ref '{ref}': no table at {file}; dataset refs are read under the data root {root}, "
+                    "which --data-root names (a relative one from the current directory)", path)
         text = file.read_text(encoding="utf-8")
     except OSError as error:  # unreadable, or a name the file system will not take
         _refuse(f"dataset ref '{ref}': cannot read {file} ({error.strerror or type(error).__name__})", path)

@@ -21,9 +21,10 @@ from ..writes import outputs
 from ..writes.outputs import Published
 from . import share
 from .decode import decode_forward
-from .placement import Pass, Resolved, check_tokenizer, operand_value, place, resolve_taps, selection_of
+from .placement import (Pass, Resolved, check_tokenizer, eligible_rows, operand_value, place, refuse_metrics_of_nothing,
+                        resolve_taps, selection_of)
 from .plan import Forward, ObservePlan
-from .scoring import eligible_rows, refuse_metrics_of_nothing, score
+from .scoring import score
 from ..shapes import Action, Batch, Refusal
 
 
@@ -106,7 +107,7 @@ def _stitched(step: ObservePlan, parts: list, scored: dict[str, list]) -> StepRe
     positions = ({name: {"rows": r.windows, "reason": r.reasons, "tokens": r.tokens} for name, r in placed.items()}
                  if step.dynamic else {})
     eligible = {m.name: eligible_rows(m, placed[m.of]) for m in step.metrics}
-    refuse_metrics_of_nothing(step, eligible, f"interventions.{step.intervention}")
+    refuse_metrics_of_nothing(step.metrics, eligible, f"interventions.{step.intervention}")
     tables = {m.name: scored[m.name] if m.name in scored else score(m, values[m.of], placed[m.of], eligible[m.name])
               for m in step.metrics}
     made = outputs.publish(step.outputs, values, {k: v.windows for k, v in placed.items()},

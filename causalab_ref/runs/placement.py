@@ -2,10 +2,12 @@
 
 A `Pass` is one window of one observe step's rows with everything its forwards share (the engine, the
 featurizers, the memo, the published values, whether gradients flow). Placing a forward resolves each
-prompt-frame tap's positions against the model's tokenizer (locate.py) and applies the run-time
-refusals of SPEC.md §2.9 Eligibility: a read may skip a row, a write may not, a fixed-width cut that does
-not fit is refused. A write's operand is then a read of this pass (its windows checked row by row), a
-published value, a number, or nothing. The pass loop (passes.py) and the decode (decode.py) call it:
+prompt-frame tap's positions against the model's tokenizer (locate.py) and applies the refusals of
+SPEC.md §2.9 Eligibility: a read may skip a row, a write may not, a fixed-width cut that does not fit is
+refused. A write's operand is then a read of this pass (its windows checked row by row), a published
+value, a number, or nothing. Compile places every step's prompt frame the same way first (`check_step`,
+P58), so what the rows decide is refused before any weights load. The pass loop (passes.py) and the
+decode (decode.py) call the rest:
 
     p = Pass(engine, step, path="interventions.patching")
     resolved = resolve_taps(p, step.forwards[0])           # {tap name: Resolved}
@@ -20,7 +22,7 @@ import torch
 
 from ..positions import locate
 from . import share
-from .plan import Forward, ObservePlan, Tap
+from .plan import Forward, MetricPlan, ObservePlan, Tap
 from ..shapes import Ref, Refusal, Selection
 
 FIXED_WIDTH = ("{kind} '{name}' at {spelling} has no position on row(s) {rows}. A position of a fixed width "
@@ -28,15 +30,24 @@ FIXED_WIDTH = ("{kind} '{name}' at {spelling} has no position on row(s) {rows}. 
                "skipped; a position anchored to the row's own text may skip a row, and says why")
 NOTHING_TO_WRITE = ("write '{name}' has nothing to write on row(s) {rows}. A read may skip a row; a write may "
                     "not — writing nothing somewhere is not an intervention, and the row would score as if one "
-                    "had happened. `alignment_ambiguous` is a value that is in the prompt more than once, and "
-                    "scoping the anchor is what makes it one")
+                    "had happened. {why}")
+#: what each reason a write's row has nothing means, and what makes the row one (NOTHING_TO_WRITE's last words)
+WHY_NOTHING = {
+    "alignment_missing": "`alignment_missing` is an anchor the row's prompt does not hold (a variable's text it "
+                         "does not contain, a turn it does not have): correct the row, or leave it out of the rows "
+                         "the write runs on",
+    "alignment_ambiguous": "`alignment_ambiguous` is a value that is in the prompt more than once, and scoping the "
+                           "anchor is what makes it one",
+    "out_of_range": "`out_of_range` is a cut past the end of the anchored text: a cut within the anchor's tokens "
+                    "is what fits every row",
+}
 RAGGED_MISMATCH = ("write '{name}' covers {want} positions per row but its operand '{operand}' was read over "
                    "{have}; rows {rows} differ. Landing a window of one width in another is a policy this slice "
                    "does not implement — the protocol's `exact_length_buckets` and `padded_masked` — so it refuses")
 
 
-def refuse(message: str, path: str):
-    raise Refusal(message, path=path, stage="run")
+def refuse(message: str, path: str, stage: str = "run"):
+    raise Refusal(message, path=path, stage=stage)
 
 
 @dataclass(frozen=True)
@@ -74,8 +85,9 @@ class Resolved:
     tokens: tuple[str, ...]
 
 
-def place(frame, taps, dynamic: bool, path: str, offset: int = 0) -> dict[str, Resolved]:
-    """Every tap's windows on one frame, with the run-time refusals of SPEC.md §2.9 Eligibility.
+def place(frame, taps, dynamic: bool, path: str, offset: int = 0, stage: str = "run") -> dict[str, Resolved]:
+    """Every tap's windows on one frame, with the refusals of SPEC.md §2.9 Eligibility (at `stage`: compile
+    places the prompt frame of every step before any weights load, check_step).
 
     `offset` is the frame's first row in the document's numbering (a --batch-size window)."""
     out = {}
@@ -85,11 +97,57 @@ def place(frame, taps, dynamic: bool, path: str, offset: int = 0) -> dict[str, R
         bad = {r + offset: reason for r, reason in enumerate(reasons) if reason}
         where = f"{path}.{tap.kind}s.{tap.name}.pos"
         if bad and not tap.pos.uneven:
-            refuse(FIXED_WIDTH.format(kind=tap.kind, name=tap.name, spelling=tap.pos.spelling(), rows=bad), where)
+            refuse(FIXED_WIDTH.format(kind=tap.kind, name=tap.name, spelling=tap.pos.spelling(), rows=bad), where,
+                   stage)
         if bad and tap.kind == "write":
-            refuse(NOTHING_TO_WRITE.format(name=tap.name, rows=bad), where)
+            why = " ".join(WHY_NOTHING.get(reason, f"`{reason}`") for reason in sorted(set(bad.values())))
+            refuse(NOTHING_TO_WRITE.format(name=tap.name, rows=bad, why=why), where, stage)
         out[tap.name] = Resolved(windows=tuple(tuple(w) for w in windows), reasons=tuple(reasons), tokens=tokens)
     return out
+
+
+def check_step(tok, step: ObservePlan, path: str, frames: dict) -> None:
+    """What the run's placement refuses that the rows and the tokenizer decide, refused at compile with the
+    run's own lines, so that validate and explain refuse what run would (SPEC.md P58): every
+    prompt-frame tap placed over the step's rows, each write fed by a read checked against the read's
+    windows, each metric's rows. `frames` (compile's, by the run's key) keeps every frame built, for the run's
+    memo to start from (share.Memo)."""
+    placed: dict[str, Resolved] = {}
+    for forward in step.forwards:
+        key = frame_key(forward, step.dynamic)
+        if key not in frames:
+            frames[key] = build_frame(tok, forward, step.dynamic)
+        taps = [t for t in forward.taps if t.pos.frame == "prompt"]
+        placed.update(place(frames[key], taps, False, path, stage="compile"))
+        for tap in taps:
+            if tap.kind == "write" and isinstance(tap.operand, str) and tap.operand in placed:
+                check_operand_windows(tap, placed[tap.name].windows, placed[tap.operand].windows, path, 0, "compile")
+    metrics = tuple(m for m in step.metrics if m.of in placed)
+    refuse_metrics_of_nothing(metrics, {m.name: eligible_rows(m, placed[m.of]) for m in metrics}, path, "compile")
+
+
+def eligible_rows(metric: MetricPlan, read: Resolved, lo: int = 0) -> tuple[bool, ...]:
+    """A metric's rows lo.. of a window: column-eligible and placed by its read (SPEC.md P30)."""
+    return tuple(col and not reason for col, reason in zip(metric.eligible[lo:lo + len(read.reasons)], read.reasons))
+
+
+def refuse_metrics_of_nothing(metrics: tuple[MetricPlan, ...], eligible: dict, path: str, stage: str = "run") -> None:
+    """A metric no row of which is both column-eligible and placed by its read has no mean (SPEC.md P31)."""
+    for metric in metrics:
+        if not any(eligible[metric.name]):
+            raise Refusal(f"metric '{metric.name}': no row is both column-eligible and placed by its read "
+                          f"'{metric.of}'; a metric of nothing has no mean", path=f"{path}.metrics.{metric.name}",
+                          stage=stage)
+
+
+def frame_key(forward: Forward, dynamic: bool) -> tuple:
+    """What a forward's frame depends on: its rows' ids and mask, their chat segments, whether a character map
+    is built (a dynamic step's; SPEC.md P32)."""
+    return (forward.ids, forward.mask, repr(forward.segments), dynamic)
+
+
+def build_frame(tok, forward: Forward, dynamic: bool):
+    return locate.frame_of_ids(tok, forward.ids, forward.mask, segments=forward.segments, char_map=dynamic)
 
 
 def resolve_taps(p: Pass, forward: Forward) -> dict[str, Resolved]:
@@ -101,9 +159,8 @@ def resolve_taps(p: Pass, forward: Forward) -> dict[str, Resolved]:
     step = p.step
     if forward.input not in p.frames:
         def build():
-            return locate.frame_of_ids(p.engine.tokenizer, forward.ids, forward.mask, segments=forward.segments,
-                                       char_map=step.dynamic)
-        key = (forward.ids, forward.mask, repr(forward.segments), step.dynamic)
+            return build_frame(p.engine.tokenizer, forward, step.dynamic)
+        key = frame_key(forward, step.dynamic)
         p.frames[forward.input] = build() if p.memo is None else p.memo.frame(key, build)
     frame = p.frames[forward.input]
     return place(frame, [t for t in forward.taps if t.pos.frame == "prompt"], step.dynamic, p.path, p.offset)
@@ -145,16 +202,21 @@ def operand_value(p: Pass, tap: Tap, resolved: dict[str, Resolved], values: dict
     if not isinstance(tap.operand, str):
         return fixed_operand(tap, values)
     mine = resolved[tap.name].windows
-    theirs = read_windows[tap.operand]
+    check_operand_windows(tap, mine, read_windows[tap.operand], p.path, p.offset)
+    return in_layout(values[tap.operand], tap.pos.ragged, len(mine))
+
+
+def check_operand_windows(tap: Tap, mine: tuple, theirs: tuple, path: str, offset: int = 0,
+                          stage: str = "run") -> None:
+    """A write fed by a read lands on each row as many positions as the read took there (SPEC.md P51)."""
     # Row by row whichever side is ragged: a bare write fed by an anchored read is refused here
     # when the read skipped a row, not later as a shape the engine cannot land.
     want = [len(w) for w in mine]
     have = [len(w) for w in theirs]
-    rows = [r + p.offset for r, (a, b) in enumerate(zip(want, have)) if a != b]
+    rows = [r + offset for r, (a, b) in enumerate(zip(want, have)) if a != b]
     if rows or len(mine) != len(theirs):
         refuse(RAGGED_MISMATCH.format(name=tap.name, want=want, operand=tap.operand, have=have, rows=rows),
-               f"{p.path}.writes.{tap.name}.pos")
-    return in_layout(values[tap.operand], tap.pos.ragged, len(mine))
+               f"{path}.writes.{tap.name}.pos", stage)
 
 
 def in_layout(value: torch.Tensor, ragged: bool, rows: int) -> torch.Tensor:

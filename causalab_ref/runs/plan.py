@@ -221,6 +221,9 @@ class Plan:
     points: tuple["Plan", ...] = ()
     featurizers: tuple[FeaturizerPlan, ...] = ()
     window: int = 0  # rows per pass when --batch-size is not given: the memory budget's (0: no bound; Q11)
+    # the frames compile built to place the prompt frame (placement.check_step), by the run's key; not data of
+    # the plan, a cache the run's memo starts from (SPEC.md Q15)
+    frames: dict = field(default_factory=dict, compare=False, repr=False)
 
     def lines(self, indent: str = "") -> list[str]:
         out = [f"{indent}{self.label or '<root>'}: Plan"]

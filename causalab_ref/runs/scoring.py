@@ -2,9 +2,10 @@
 
 A metric's row is scored when its answer columns are eligible (compile's half) and its read was placed
 there (the run's half); the kind scores those rows together (documents/metrics.py), one row's value its
-own. The pass loop (passes.py) scores a window or a whole step; a fit keeps the graph (`vector`):
+own. The pass loop (passes.py) scores a window or a whole step; a fit keeps the graph (`vector`); which rows
+both halves admit is placement.py's (`eligible_rows`, with the refusal of a metric of nothing):
 
-    both = eligible_rows(metric, placed[metric.of])
+    both = placement.eligible_rows(metric, placed[metric.of])
     table = score(metric, values[metric.of], placed[metric.of], both)    # [float | None per row]
 
 A scored row whose vector or value is not finite gets None; its table row is ineligible with the
@@ -19,24 +20,9 @@ import torch
 
 from ..documents import metrics
 from .placement import Resolved
-from .plan import MetricPlan, ObservePlan
-from ..shapes import Refusal
+from .plan import MetricPlan
 
 NON_FINITE = "non_finite"  # a table row's reason when the value it scored, or the vector it read, is not finite
-
-
-def eligible_rows(metric: MetricPlan, read: Resolved, lo: int = 0) -> tuple[bool, ...]:
-    """A metric's rows lo.. of a window: column-eligible and placed by its read (SPEC.md P30)."""
-    return tuple(col and not reason for col, reason in zip(metric.eligible[lo:lo + len(read.reasons)], read.reasons))
-
-
-def refuse_metrics_of_nothing(step: ObservePlan, eligible: dict, path: str) -> None:
-    """A metric no row of which is both column-eligible and placed by its read has no mean (SPEC.md P30)."""
-    for metric in step.metrics:
-        if not any(eligible[metric.name]):
-            raise Refusal(f"metric '{metric.name}': no row is both column-eligible and placed by its read "
-                   f"'{metric.of}'; a metric of nothing has no mean", path=f"{path}.metrics.{metric.name}",
-                          stage="run")
 
 
 def _row_index(value: torch.Tensor, resolved: Resolved) -> tuple[torch.Tensor, list[Optional[int]]]:

@@ -111,10 +111,16 @@ class Memo:
         self.kept: dict[tuple, dict[str, Any]] = {}
         self.left: dict[tuple, int] = {}
         self.frames: dict[tuple, Any] = {}  # the last FRAMES frames built, oldest first
+        self.compiled: dict[tuple, Any] = {}  # the frames compile built (the plan holds them): never built again
+        for leaf in plan.leaves():
+            self.compiled.update(leaf.frames)
 
     def frame(self, key: tuple, build: Callable[[], Any]) -> Any:
-        """The frame of a forward's rows (`key`: ids, mask, segments, whether a character map is built), built
-        once for the forwards of any point on the same rows while it is among the last FRAMES used (SPEC.md Q15)."""
+        """The frame of a forward's rows (`key`: ids, mask, segments, whether a character map is built): the one
+        compile built, or built once for the forwards of any point on the same rows while it is among the last
+        FRAMES used (SPEC.md Q15)."""
+        if key in self.compiled:
+            return self.compiled[key]
         frame = self.frames.pop(key, None)
         if frame is None:
             frame = build()

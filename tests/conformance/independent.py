@@ -44,14 +44,12 @@ UNITS = {"match": "fraction", "logit_diff": "logit", "cross_entropy": "nat", "to
          "token_prob": "probability"}
 COLUMNS = {"match": ["expected"], "logit_diff": ["a", "b"], "cross_entropy": ["target"],
            "token_logit": ["token"], "token_prob": ["token"]}
-# Refusal templates, verbatim from SPEC.md section 13 (the run-stage ones the corpus's run cases reach).
+# Refusal templates, verbatim from SPEC.md section 13 (the placement ones the corpus's run cases reach).
 T_FIXED = ("<kind> '<name>' at <spelling> has no position on row(s) <rows>. A position of a fixed width names the "
            "same number of tokens on every row, so a row it does not fit is refused rather than skipped; a position "
            "anchored to the row's own text may skip a row, and says why")
 T_NOTHING = ("write '<name>' has nothing to write on row(s) <rows>. A read may skip a row; a write may not — writing "
-             "nothing somewhere is not an intervention, and the row would score as if one had happened. "
-             "`alignment_ambiguous` is a value that is in the prompt more than once, and scoping the anchor is what "
-             "makes it one")
+             "nothing somewhere is not an intervention, and the row would score as if one had happened. <why>")
 T_RAGGED = ("write '<name>' covers <want> positions per row but its operand '<operand>' was read over <have>; rows "
             "<rows> differ. Landing a window of one width in another is a policy this slice does not implement — the "
             "protocol's `exact_length_buckets` and `padded_masked` — so it refuses")
@@ -843,9 +841,9 @@ class Pass:
             bad = [i for i, w in enumerate(t.windows) if w is None]
             path = f"{self.where}.{t.kind}s.{t.name}.pos"
             if bad and not is_ragged(t.spec["pos"]):
-                raise Refusal("run", path, T_FIXED)  # P29
+                raise Refusal("compile", path, T_FIXED)  # P29, P58: the prompt frame is placed at compile
             if bad and t.kind == "write":
-                raise Refusal("run", path, T_NOTHING)  # P28
+                raise Refusal("compile", path, T_NOTHING)  # P28, P58
         for t in taps:
             if t.kind == "write":
                 self.operand(t)
@@ -877,7 +875,8 @@ class Pass:
             diff = [i for i, (w, v) in enumerate(zip(t.windows, src.values)) if w is not None and v is not None
                     and len(w) != v.shape[0]]
             if diff:
-                raise Refusal("run", f"{self.where}.writes.{t.name}.pos", T_RAGGED)  # P51
+                stage = "run" if src.generated else "compile"  # P58: a continuation read's windows are the run's
+                raise Refusal(stage, f"{self.where}.writes.{t.name}.pos", T_RAGGED)  # P51
 
     def continuations(self, taps, gen, rows, field):
         """P37/P38/P40/P45: each row's continuation frame, cut at its first stop id; stacked reads cut per row."""
@@ -940,7 +939,7 @@ class Pass:
                         "tokens": text, "unit": UNITS[kind], "estimand_version": f"{kind}/v1",
                         "produced_by": self.ctx.produced_by})
         if not vec:
-            raise Refusal("run", f"{self.where}.metrics.{name}", T_EMPTY_METRIC)  # P31
+            raise Refusal("run" if tap.generated else "compile", f"{self.where}.metrics.{name}", T_EMPTY_METRIC)  # P31, P58
         return {"table": out, "vector": torch.stack(vec)}
 
 

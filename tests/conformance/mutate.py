@@ -86,7 +86,7 @@ MUTANTS = [
      '        if bad and tap.kind == "write":', '        if False and bad and tap.kind == "write":'),
     ("skip the fixed-width refusal", "P29", "runs/placement.py",
      "        if bad and not tap.pos.uneven:", "        if False and bad and not tap.pos.uneven:"),
-    ("an excluded read's row stays eligible", "P30", "runs/scoring.py",
+    ("an excluded read's row stays eligible", "P30", "runs/placement.py",
      "return tuple(col and not reason for col, reason in zip(metric.eligible[lo:lo + len(read.reasons)], read.reasons))",
      "return tuple(bool(col) for col, reason in zip(metric.eligible[lo:lo + len(read.reasons)], read.reasons))"),
     ("logit_diff is b - a", "R8", "documents/metrics.py",

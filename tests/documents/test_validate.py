@@ -158,7 +158,7 @@ def test_model_dtype_must_be_fp32_or_bf16():
     raw["model"]["dtype"] = "fp16"
     r = refused(raw)
     assert r.path == "model.dtype"
-    assert r.message == "'fp16' is not one of ['fp32', 'bf16']"
+    assert r.message == "'fp16' is not one of ['fp32', 'bf16']; did you mean 'bf16'?"  # D22's tail
 
 
 def test_attn_implementation_is_eager_sdpa_or_null():
@@ -276,7 +276,8 @@ def test_saves_of_a_thing_not_produced():
     raw["steps"]["score"]["saves"][0]["value"] = "iia2"
     r = refused(raw)
     assert r.path == "steps.score.saves.0.value"
-    assert r.message == "step 'score': saves 'iia2', which it does not produce (it produces ['iia', 'logit_diff'])"
+    assert r.message == ("step 'score': saves 'iia2', which it does not produce (it produces ['iia', 'logit_diff']); "
+                         "did you mean 'iia'?")  # D22's tail
 
 
 def test_metric_save_must_be_a_json_path():

@@ -83,8 +83,8 @@ def test_undeclared_featurizer_and_logits_view_and_metric_of_features_are_refuse
     raw = das()
     raw["interventions"]["das"]["reads"]["logits"]["featurizer"] = "rot"
     r = refused(raw)
-    assert r.path == f"{IV}.metrics.iia.of"
-    assert r.message == (f"{IV}: metric 'iia' reads 'logits' via featurizer 'rot', whose features are not the "
+    assert r.path == f"{IV}.metrics.logit_diff.of"
+    assert r.message == (f"{IV}: metric 'logit_diff' reads 'logits' via featurizer 'rot', whose features are not the "
                          "vocabulary's logits; a metric's read is via 'identity'")
 
 
@@ -97,7 +97,7 @@ def test_fit_refusals_name_what_to_write_instead():
          "step 'fit': early_stop watches 'acc', not a metric"),
         (("objective",), [[1.0, "loss"]], "steps.fit.objective.0",
          "step 'fit': objective names 'loss', which is neither a metric nor the mask of a gate this fit trains "
-         "(one of ['ce', 'iia'])"),
+         "(one of ['ce', 'logit_diff'])"),
         (("anneal",), {"rot": {"start": 1.0, "end": 0.1}}, "steps.fit.anneal",
          "step 'fit': anneals ['rot']; only a gate this fit trains has a temperature (those are [])"),
         (("saves",), [{"value": "rot", "file_path": "r.safetensors"}], "steps.fit.saves.0.value",
@@ -199,7 +199,7 @@ def test_explain_shows_featurizers_fit_and_weights(meta):
     text = compiled(das(), meta).text().splitlines()
     assert text[1:3] == ["  featurizers: Featurizers", "      rot: subspace k=8 d=16 cayley seed=0 trained=True"]
     assert text[3] == ("  fit: Fit  6 epochs x 1 update  lr=0.05 objective=((1.0, 'ce'),) params=('rot',)  "
-                       "early_stop='iia' patience=3")
+                       "early_stop='logit_diff' patience=3")
     assert text[4].startswith("      epochs[0][0]: Observe") and any(t.startswith("      evaluation: Observe")
                                                                       for t in text)
     assert "            write 'patch' at block_output[0] pos={index:-1} swap(v_cf) via 'rot'" in text
@@ -316,7 +316,7 @@ def test_pca_control_swaps_in_the_harvested_basis(harvest, llama, tmp_path):
     assert torch.allclose(after, x + ((y - x) @ q) @ q.T, atol=1e-5)
     assert not torch.allclose(after, y, atol=1e-3)  # not a plain swap: k = 4 of 16
     assert torch.equal(tensor(out / "basis.safetensors")[0], tensor(ROOT / PCA_FILE)[0])
-    assert [r["value"] for r in json.loads((out / "iia.json").read_text())] != [None] * 4
+    assert [r["value"] for r in json.loads((out / "logit_diff.json").read_text())] != [None] * 4
 
 
 @pytest.mark.parametrize("change, wrong", [

@@ -56,7 +56,7 @@ def test_das_fit_lowers_its_loss_and_trains_the_rotation(fitted):
     assert {k: stamp[k] for k in ("kind", "k", "d", "site", "component", "layer", "parametrization", "model_dtype")} \
         == {"kind": "subspace", "k": "8", "d": "16", "site": "target", "component": "block_output", "layer": "0",
             "parametrization": "cayley", "model_dtype": "fp32"}
-    assert stamp["produced_by"] == json.loads((fitted / "held_out_iia.json").read_text())[0]["produced_by"]
+    assert stamp["produced_by"] == json.loads((fitted / "held_out_logit_diff.json").read_text())[0]["produced_by"]
 
 
 def test_a_reloaded_bundle_reproduces_the_last_eval_exactly(fitted, llama, tmp_path):
@@ -66,9 +66,9 @@ def test_a_reloaded_bundle_reproduces_the_last_eval_exactly(fitted, llama, tmp_p
     raw["featurizers"]["rot"] = {"kind": "subspace", "k": 8, "file_path": str(fitted / "rot.safetensors")}
     raw["steps"] = {"apply": {"kind": "observe", "interventions": "das",
                               "rows": raw["steps"]["fit"]["eval"]["rows"],
-                              "saves": [{"value": "iia", "file_path": "iia.json"}]}}
+                              "saves": [{"value": "logit_diff", "file_path": "logit_diff.json"}]}}
     out = execute(raw, llama, tmp_path / "apply")
-    assert table(out / "iia.json") == table(fitted / "held_out_iia.json")
+    assert table(out / "logit_diff.json") == table(fitted / "held_out_logit_diff.json")
 
 
 def test_two_fits_with_one_seed_write_byte_identical_bundles(fitted, llama, tmp_path):
@@ -93,7 +93,7 @@ def test_a_fit_on_the_hooks_engine_trains_what_the_nnterp_engine_trains(fitted, 
         got, want = tensor(out / name)[0], tensor(fitted / name)[0]
         assert got.shape == want.shape and torch.allclose(got, want, atol=1e-6, rtol=0), name
     assert not torch.allclose(tensor(out / "rot.safetensors")[0], kinds.initial_draw(16, 8, 0), atol=1e-3)
-    assert table(out / "held_out_iia.json") == pytest.approx(table(fitted / "held_out_iia.json"), abs=1e-6)
+    assert table(out / "held_out_logit_diff.json") == pytest.approx(table(fitted / "held_out_logit_diff.json"), abs=1e-6)
 
 
 def _patching(llama, tmp_path, name, change):

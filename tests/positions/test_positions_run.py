@@ -172,13 +172,27 @@ def test_a_write_whose_anchor_is_missing_is_refused_with_the_seeds_message(llama
     rows[1]["entity"] = "Tuesday"
     raw, root = _on_rows(ENTITY_PATCH, tmp_path, rows)
     refusal = _refusal(raw, llama, root)
-    assert refusal.stage == "run"
+    assert refusal.stage == "compile"  # P58: the prompt frame is placed at compile
     assert refusal.path == "interventions.patching.writes.patch.pos"
     assert refusal.message == (
         "write 'patch' has nothing to write on row(s) {1: 'alignment_missing'}. A read may skip a row; a write "
         "may not — writing nothing somewhere is not an intervention, and the row would score as if one had "
-        "happened. `alignment_ambiguous` is a value that is in the prompt more than once, and scoping the "
-        "anchor is what makes it one")
+        "happened. `alignment_missing` is an anchor the row's prompt does not hold (a variable's text it does "
+        "not contain, a turn it does not have): correct the row, or leave it out of the rows the write runs on")
+
+
+def test_a_write_whose_anchor_is_ambiguous_keeps_the_seeds_last_sentence(llama, tmp_path):
+    """SPEC.md:0 [P28] the message's last words explain the rows' own reason: a value twice in its prompt is
+    `alignment_ambiguous`, and the seed's sentence about scoping is the one said."""
+    rows = copy.deepcopy(TRAIN)
+    rows[2]["input"] = rows[2]["input"] + " " + rows[2]["entity"]  # row 2's entity now stands twice in its prompt
+    raw, root = _on_rows(ENTITY_PATCH, tmp_path, rows)
+    refusal = _refusal(raw, llama, root)
+    assert (refusal.stage, refusal.path) == ("compile", "interventions.patching.writes.patch.pos")
+    assert refusal.message.startswith("write 'patch' has nothing to write on row(s) {2: 'alignment_ambiguous'}.")
+    assert refusal.message.endswith(". `alignment_ambiguous` is a value that is in the prompt more than once, and "
+                                    "scoping the anchor is what makes it one")
+    assert "alignment_missing" not in refusal.message
 
 
 @pytest.mark.parametrize("kind, name, where, bad", [
@@ -194,9 +208,9 @@ def test_a_fixed_width_cut_that_does_not_fit_is_refused(llama, kind, name, where
     if kind == "read" and "last" in where:
         moved["patch"] = where  # a write and its operand must have the same fixed width
     raw = _variant(PATCHING, **moved)
-    validate.document(raw)  # the document is valid: this is a run-time refusal, where positions resolve
+    validate.document(raw)  # the document is valid: the positions refuse it, where they resolve
     refusal = _refusal(raw, llama)
-    assert refusal.stage == "run"
+    assert refusal.stage == "compile"  # P58: the prompt frame is placed at compile
     assert refusal.path == f"interventions.patching.{kind}s.{name}.pos"
     label = "{" + ", ".join(f"{k}: {v!r}" for k, v in bad.items()) + "}"
     cut = next(iter(where))
@@ -211,7 +225,7 @@ def test_a_metric_none_of_whose_rows_survive_is_refused(llama, tmp_path):
     rows[2]["cf_answer"], rows[3]["cf_answer"] = "", "  "
     raw, root = _on_rows(_variant(PATCHING, logits=ENTITY), tmp_path, rows)
     refusal = _refusal(raw, llama, root)
-    assert refusal.stage == "run"
+    assert refusal.stage == "compile"  # P58
     assert refusal.message.endswith("a metric of nothing has no mean")
     assert "'iia'" in refusal.message and "'logits'" in refusal.message
 
@@ -289,6 +303,8 @@ def test_without_the_sibling_the_top_level_column_is_used(llama, tmp_path):
     the row's top-level entity (the base's), which is then not in the counterfactual prompt."""
     rows = [{k: v for k, v in row.items() if k != "counterfactual_inputs_variables"} for row in TRAIN]
     raw, root = _on_rows(ENTITY_PATCH, tmp_path, rows)
+    # the write lands a number, so the read that finds nothing on these rows feeds nothing compile refuses (P58)
+    raw["interventions"]["patching"]["writes"]["patch"]["operand"] = 0.0
     taps = {tap.name: tap for f in _step(raw, llama, root).forwards for tap in f.taps}
     assert taps["v_cf"].anchors == ("Thursday", "Friday", "Saturday", "Sunday")
 
@@ -311,7 +327,7 @@ def test_a_ragged_write_whose_operand_differs_on_some_row_is_refused(llama):
     row and 1 on the others, so swapping whole entities between rows 0 and 2 is refused naming them."""
     whole = {"all": True, "scope": {"variable": "entity"}}
     refusal = _refusal(_variant(ENTITY_PATCH, v_cf=whole, patch=whole), llama)
-    assert refusal.stage == "run"
+    assert refusal.stage == "compile"  # P58
     assert refusal.message == (
         "write 'patch' covers [3, 1, 1, 1] positions per row but its operand 'v_cf' was read over [1, 1, 3, 1]; "
         "rows [0, 2] differ. Landing a window of one width in another is a policy this slice does not "
@@ -333,12 +349,12 @@ def test_an_anchored_window_and_a_bare_one_of_equal_widths_interchange(llama, re
 
 def test_a_bare_write_fed_by_an_anchored_read_that_skipped_a_row_is_refused(llama, tmp_path):
     """SPEC.md:0 [P51] SPEC.md:0 [P27] — the read may skip counterfactual row 1, but then the write has
-    no value to land there; refused at run naming the row, not as a shape the engine cannot land."""
+    no value to land there; refused naming the row (at compile, P58), not as a shape the engine cannot land."""
     rows = copy.deepcopy(TRAIN)
     rows[1]["counterfactual_inputs_variables"][0]["entity"] = "Tuesday"
     raw, root = _on_rows(_variant(ENTITY_PATCH, patch=-1), tmp_path, rows)
     refusal = _refusal(raw, llama, root)
-    assert refusal.stage == "run"
+    assert refusal.stage == "compile"  # P58
     assert refusal.message.startswith("write 'patch' covers [1, 1, 1, 1] positions per row but its operand "
                                       "'v_cf' was read over [1, 0, 1, 1]; rows [1] differ.")
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -45,13 +46,15 @@ def test_batched_decode_equals_one_pass(llama):
     assert torch.equal(split.values["original.generated"], whole.values["original.generated"])
 
 
-def test_batched_refusals_name_the_documents_rows(llama, tmp_path):
-    """SPEC.md:0 [R11] a refusal in a later window names the row by the document's numbering."""
-    rows = json.loads((DATA / "weekdays" / "train.json").read_text())
-    rows[3]["entity"] = "Tuesday"
-    (tmp_path / "weekdays").mkdir()
-    (tmp_path / "weekdays" / "train.json").write_text(json.dumps(rows))
-    step = _step(llama, ENTITY, tmp_path)
+def test_batched_refusals_name_the_documents_rows(llama):
+    """SPEC.md:0 [R11] a refusal in a later window names the row by the document's numbering. Compile places
+    the prompt frame of every row (P58), so the run's own check is reached by a plan whose write anchors row 3
+    to text its prompt lacks after compile."""
+    step = _step(llama, ENTITY)
+    base = next(f for f in step.forwards if any(t.name == "patch" for t in f.taps))
+    taps = tuple(replace(t, anchors=t.anchors[:3] + ("Tuesday",)) if t.name == "patch" else t for t in base.taps)
+    step = replace(step, forwards=tuple(replace(f, taps=taps) if f is base else f for f in step.forwards))
     with pytest.raises(Refusal) as refusal:
         run.run_step(llama, step, batch_size=2)
+    assert refusal.value.stage == "run"
     assert refusal.value.message.startswith("write 'patch' has nothing to write on row(s) {3: 'alignment_missing'}")

@@ -96,14 +96,15 @@ def test_decode_computes_the_head_at_one_position_per_step(eng):
 def test_estimate_counts_the_head_at_the_positions_read(llama):
     """SPEC.md:0 [Q10] The estimate counts the head at the union of its taps' positions: reading every
     position instead of the last adds 2 x (length - 1) x vocab x 4 bytes of working set per row, and the read
-    kept grows by (length - 1) x vocab x 4."""
+    kept grows by (length - 1) x vocab x 4 (here the last 8, every row's whole content: a cut some row cannot
+    fit is refused at compile, P58)."""
     one = compiler.compile_document(PATCHING, llama, DATA).steps[0]
     doc = copy.deepcopy(PATCHING)
-    doc["interventions"]["patching"]["reads"]["logits"]["pos"] = {"span": [0, 10]}
+    doc["interventions"]["patching"]["reads"]["logits"]["pos"] = {"last": 8}
     doc["interventions"]["patching"]["metrics"] = {}
     doc["steps"]["score"]["saves"] = []
-    ten = compiler.compile_document(doc, llama, DATA).steps[0]
-    assert memory.pass_cost(llama, ten)[0] - memory.pass_cost(llama, one)[0] == 9 * 32000 * 4 * 3
+    eight = compiler.compile_document(doc, llama, DATA).steps[0]
+    assert memory.pass_cost(llama, eight)[0] - memory.pass_cost(llama, one)[0] == 7 * 32000 * 4 * 3
 
 
 def test_rows_are_split_into_passes_under_the_budget(eng, monkeypatch):
@@ -170,14 +171,14 @@ def test_a_memory_budget_that_is_not_a_size_is_refused(capsys):
 
 
 def test_many_rows_run_in_passes_under_the_default_budget(llama, tmp_path):
-    """SPEC.md:0 [S46] Many rows with no --batch-size (1,200 reading the head at 10 positions each): compile
+    """SPEC.md:0 [S46] Many rows with no --batch-size (1,200 reading the head at 8 positions each): compile
     splits them into passes whose estimate fits the default budget (the run takes them, Q11), not one pass."""
     root = tmp_path / "data"
     (root / "weekdays").mkdir(parents=True)
     rows = json.loads((DATA / "weekdays" / "train.json").read_text(encoding="utf-8"))
     (root / "weekdays" / "train.json").write_text(json.dumps(rows * 300), encoding="utf-8")
     doc = copy.deepcopy(PATCHING)
-    doc["interventions"]["patching"]["reads"]["logits"]["pos"] = {"span": [0, 10]}
+    doc["interventions"]["patching"]["reads"]["logits"]["pos"] = {"last": 8}  # every row's content (P58)
     doc["interventions"]["patching"]["metrics"] = {}
     doc["steps"]["score"]["saves"] = []
     plan = compiler.compile_document(doc, llama, root)

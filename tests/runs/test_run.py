@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from causalab_ref.runs import compile as compiler
 from causalab_ref.fixtures import builder
 from causalab_ref.documents import reader
 from causalab_ref.runs import results, run
-from causalab_ref.shapes import Refusal
+from causalab_ref.shapes import Refusal, Where
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "documents" / "data"
@@ -182,12 +183,17 @@ def test_existing_out_is_refused_without_replace(llama, written):
 
 def test_a_refused_run_leaves_no_result_folder(llama, tmp_path):
     """SPEC.md:0 [R10] a run refused mid-way leaves neither --out nor its temporary folder."""
-    doc = copy.deepcopy(PATCHING)
-    doc["interventions"]["patching"]["writes"]["patch"]["pos"] = {"index": 40}
-    plan = compiler.compile_document(doc, llama, DATA)
+    plan = compiler.compile_document(copy.deepcopy(PATCHING), llama, DATA)
+    # A cut no row fits, put into the plan after compile (which would refuse it, P58), so the run refuses it
+    # mid-way, where it places the write.
+    step = plan.steps[0]
+    forwards = tuple(replace(f, taps=tuple(replace(t, pos=Where(index=40)) if t.name == "patch" else t
+                                           for t in f.taps)) for f in step.forwards)
+    plan = replace(plan, steps=(replace(step, forwards=forwards),))
     out = tmp_path / "never"
-    with pytest.raises(Refusal, match="has no position on row"):
+    with pytest.raises(Refusal, match="has no position on row") as refused:
         run.execute(plan, llama, out)
+    assert refused.value.stage == "run"
     assert list(tmp_path.iterdir()) == []
 
 

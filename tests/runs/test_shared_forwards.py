@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import pathlib
+from dataclasses import replace
 
 import pytest
 
 from causalab_ref.runs import compile as compiler
 from causalab_ref.runs import run, share
-from causalab_ref.shapes import Refusal
+from causalab_ref.shapes import Refusal, Where
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DATA = ROOT / "documents" / "data"
@@ -55,12 +56,16 @@ def test_a_forward_shared_by_sweep_points_runs_once_with_each_points_values(llam
             assert got[f"{leaf.label}/{file_path}"] == alone.scores[value], (leaf.label, value)
 
 
-@pytest.mark.parametrize("batch_size, frames", [(None, 2), (3, 4)])
+@pytest.mark.parametrize("batch_size, frames", [(None, 0), (3, 4)])
 def test_sweep_points_on_the_same_rows_build_each_frame_once(llama, monkeypatch, tmp_path, batch_size, frames):
     """SPEC.md:0 [Q15] head_patching's four points on one set of rows build the base and counterfactual
-    frames once per window (2 frames, or 4 in two windows), not at every point; the tables are each point's own."""
+    frames once, not at every point: compile builds the two whole-row frames (P58), one pair for all four
+    points, and the run builds neither again (0), or, in two windows, each window's two (4); the tables are
+    each point's own."""
     from causalab_ref.positions import locate
     plan = compiler.compile_document(_doc("head_patching"), llama, DATA)
+    assert len(plan.leaves()) == 4 and all(leaf.frames is plan.leaves()[0].frames for leaf in plan.leaves())
+    assert len(plan.leaves()[0].frames) == 2
     built = []
     frame_of_ids = locate.frame_of_ids
 
@@ -104,8 +109,14 @@ def test_a_read_that_cannot_be_placed_on_the_shared_rows_runs_its_own_forward(ll
     the forward itself and is refused with its own read's path."""
     raw = _doc("layer_sweep")
     raw["sites"]["resid"]["layers"] = [0]
-    raw["interventions"]["lens"]["reads"]["lens"]["pos"] = {"sweep": [-1, 99]}
+    raw["interventions"]["lens"]["reads"]["lens"]["pos"] = {"sweep": [-1, -2]}
     plan = compiler.compile_document(raw, llama, DATA)
+    # index 99 (past every prompt) put into the second point after compile, which would refuse it (P58)
+    leaf = plan.points[1]
+    step = leaf.steps[0]
+    forwards = tuple(replace(f, taps=tuple(replace(t, pos=Where(index=99)) if t.name == "lens" else t
+                                           for t in f.taps)) for f in step.forwards)
+    plan = replace(plan, points=(plan.points[0], replace(leaf, steps=(replace(step, forwards=forwards),))))
     first, second = (leaf.steps[0] for leaf in plan.leaves())
     assert first.forwards[0].computation and first.forwards[0].computation == second.forwards[0].computation
     memo = share.Memo(plan)

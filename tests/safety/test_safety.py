@@ -409,7 +409,7 @@ def test_the_summary_line_shows_the_mean_the_count_and_a_few_values(tmp_path):
     rows = [{"metric": "iia", "value": v, "unit": "fraction"} for v in values]
     (tmp_path / "iia.json").write_text(json.dumps(rows), encoding="utf-8")
     line = cli.summary_line(tmp_path / "iia.json")
-    want = "iia mean 5 over 11 of 12 rows (fraction); rows [0, 1, 2, 3, 4, ... 7 more]"
+    want = "iia mean 5 over 11 of 12 rows (fraction); not scored: 1 column-ineligible; rows [0, 1, 2, 3, 4, ... 7 more]"
     assert line == f"{tmp_path / 'iia.json'}: {want}"
 
 
