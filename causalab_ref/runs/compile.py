@@ -1,11 +1,9 @@
 """Compile: a validated document + a weightless model + the rows on disk -> a plan (plan.py).
 
-The plan is plain data (strings, integers, tuples): every site resolved to an
-address, every prompt tokenized into a left-padded batch, every metric's answer
-column tokenized to one id per row with its column eligibility, the forwards of
-each step in dependency order with their taps in forward order (writes before
-reads at one address), each step's prompt frame placed as the run places it
-(placement.check_step, P58). `explain` prints it. SPEC.md §4 Runs (R1-R5).
+The plan is plain data: every site resolved to an address, every prompt tokenized into a left-padded batch,
+every metric's answer column tokenized to one id per row with its column eligibility, each step's forwards in
+dependency order with their taps in forward order (writes before reads at one address), each step's prompt
+frame placed as the run places it (placement.check_step, P58). `explain` prints it. SPEC.md §4 (R1-R5).
 """
 from __future__ import annotations
 
