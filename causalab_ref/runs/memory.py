@@ -26,10 +26,11 @@ def parse_budget(text: Optional[str]) -> int:
     if text is None:
         return DEFAULT_BUDGET
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(KiB|MiB|GiB)?\s*", str(text))
-    if not match or float(match.group(1)) * UNITS[match.group(2) or ""] < 1:
+    size = float(match.group(1)) * UNITS[match.group(2) or ""] if match else 0.0
+    if not 1 <= size < float("inf"):  # 5000 nines is a float past any: not a size either
         raise Refusal(f"--memory-budget '{text}' is not a size; write a number of bytes, or a number with KiB, "
                       "MiB or GiB (the default is 1GiB)", path="--memory-budget", stage="validation")
-    return int(float(match.group(1)) * UNITS[match.group(2) or ""])
+    return int(size)
 
 
 def _config(engine, *names: str, default: int = 0) -> int:
