@@ -75,3 +75,17 @@ def test_a_timeout_of_1e308_waits_for_the_implementation_without_overflowing(tmp
     from causalab_ref.conformance.invoke import Subprocess
     call = Subprocess([sys.executable, "-c", "import sys; print('hi'); sys.exit(3)"], {}, 1e308)
     assert call(["validate", "doc.json"], tmp_path) == (3, "hi\n", "")
+
+
+def test_a_case_whose_rules_are_null_is_reported_not_an_internal_error(tmp_path):
+    """SPEC.md:0 [C19] A case file with `"rules": null` (fuzz case 158, case: an internal TypeError in the
+    report once) is checked and reported in its line, the rules shown as `?`."""
+    import inprocess
+    source = fuzz_surfaces.CORPUS / "model_components_gpt2.json"
+    folder = fuzz_surfaces._corpus_copy(tmp_path, [source])
+    case = json.loads(source.read_text(encoding="utf-8"))
+    case["rules"] = None
+    (folder / source.name).write_text(json.dumps(case), encoding="utf-8")
+    done = inprocess.cli("conform", "--cases", str(folder))
+    assert "internal error" not in done.stderr, done.stderr
+    assert "PASS model_components_gpt2  [model; ?]" in done.stdout, done.stdout
