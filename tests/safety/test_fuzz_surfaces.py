@@ -78,7 +78,7 @@ def test_a_timeout_of_1e308_waits_for_the_implementation_without_overflowing(tmp
 
 
 def test_a_case_whose_rules_are_null_is_reported_not_an_internal_error(tmp_path):
-    """SPEC.md:0 [C19] A case file with `"rules": null` (fuzz case 158, case: an internal TypeError in the
+    """SPEC.md:606 [C19] A case file with `"rules": null` (fuzz case 158, case: an internal TypeError in the
     report once) is checked and reported in its line, the rules shown as `?`."""
     import inprocess
     source = fuzz_surfaces.CORPUS / "model_components_gpt2.json"
