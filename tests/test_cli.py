@@ -51,7 +51,7 @@ def assert_refusal(proc: subprocess.CompletedProcess, line: str, *, only_line: b
 
 
 def test_unknown_key_exits_2_with_its_dotted_path(tmp_path):
-    """SPEC.md:19 [D4] One stderr line `<stage>: <path>: <message>`, status 2, no traceback; D2's path."""
+    """SPEC.md:0 [D4] One stderr line `<stage>: <path>: <message>`, status 2, no traceback; D2's path."""
     def mutate(raw):
         raw["interventions"]["patching"]["reads"]["v_cf"]["position"] = -1
     proc = cli("validate", write_doc(tmp_path, mutate))
@@ -59,13 +59,13 @@ def test_unknown_key_exits_2_with_its_dotted_path(tmp_path):
 
 
 def test_missing_required_block_exits_2_with_its_path(tmp_path):
-    """SPEC.md:17 [D3] A missing required block is refused at validation naming it, on the CLI too."""
+    """SPEC.md:0 [D3] A missing required block is refused at validation naming it, on the CLI too."""
     proc = cli("validate", write_doc(tmp_path, lambda raw: raw.pop("roles")))
     assert_refusal(proc, "validation: roles: required field is missing")
 
 
 def test_wrong_type_exits_2_with_its_path(tmp_path):
-    """SPEC.md:17 [D3] A wrong type is refused with its dotted path, on the CLI too."""
+    """SPEC.md:0 [D3] A wrong type is refused with its dotted path, on the CLI too."""
     def mutate(raw):
         raw["sites"]["target"]["layers"] = "0"
     proc = cli("validate", write_doc(tmp_path, mutate))
@@ -73,7 +73,7 @@ def test_wrong_type_exits_2_with_its_path(tmp_path):
 
 
 def test_broken_json_exits_2(tmp_path):
-    """SPEC.md:19 [D4] Broken JSON is a refusal (line and column), not a traceback."""
+    """SPEC.md:0 [D4] Broken JSON is a refusal (line and column), not a traceback."""
     path = tmp_path / "broken.json"
     path.write_text('{"model": {"key": "fixture:tiny-llama",\n', encoding="utf-8")
     proc = cli("validate", str(path))
@@ -82,7 +82,7 @@ def test_broken_json_exits_2(tmp_path):
 
 
 def test_run_of_a_malformed_document_writes_nothing(tmp_path):
-    """SPEC.md:430 [R10] A refused run leaves no result folder (and no temporary one beside it); D4."""
+    """SPEC.md:0 [R10] A refused run leaves no result folder (and no temporary one beside it); D4."""
     def mutate(raw):
         raw["interventions"]["patching"]["writes"]["patch"]["mechanism"] = "lerp"
     doc = write_doc(tmp_path, mutate)
@@ -96,7 +96,7 @@ def test_run_of_a_malformed_document_writes_nothing(tmp_path):
 
 
 def test_unknown_fixture_key_is_refused_naming_it(tmp_path):
-    """SPEC.md:25 [D6] A `fixture:` key that is not one of the fixtures is refused naming the key."""
+    """SPEC.md:0 [D6] A `fixture:` key that is not one of the fixtures is refused naming the key."""
     def mutate(raw):
         raw["model"]["key"] = "fixture:tiny-nope"
     proc = cli("validate", write_doc(tmp_path, mutate))
@@ -105,7 +105,7 @@ def test_unknown_fixture_key_is_refused_naming_it(tmp_path):
 
 
 def test_unloadable_hub_key_is_refused_naming_it(tmp_path):
-    """SPEC.md:25 [D6] A hub key that cannot be loaded (offline here) is refused naming the key, status 2."""
+    """SPEC.md:0 [D6] A hub key that cannot be loaded (offline here) is refused naming the key, status 2."""
     def mutate(raw):
         raw["model"]["key"] = "nobody/none"
     proc = cli("validate", write_doc(tmp_path, mutate), timeout=120)
@@ -117,7 +117,7 @@ def test_unloadable_hub_key_is_refused_naming_it(tmp_path):
 
 
 def test_validate_shipped_document():
-    """SPEC.md:393 [R1] `validate` compiles against the model shell with no weights and says ok."""
+    """SPEC.md:0 [R1] `validate` compiles against the model shell with no weights and says ok."""
     proc = inprocess.cli("validate", "documents/patching.json")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok: documents/patching.json is a valid plan-shaped document, 1 step"
@@ -135,14 +135,14 @@ EXPLAIN_LINES = [
 
 
 def test_explain_prints_the_plan():
-    """SPEC.md:400 [R5] `explain` prints the plan: step, forwards with rows x tokens, taps with address and pos."""
+    """SPEC.md:0 [R5] `explain` prints the plan: step, forwards with rows x tokens, taps with address and pos."""
     proc = inprocess.cli("explain", "documents/patching.json")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.rstrip("\n").splitlines() == EXPLAIN_LINES
 
 
 def test_explain_json():
-    """SPEC.md:400 [R5] `--json` prints the verb's result as JSON: the plan text and the step names."""
+    """SPEC.md:0 [R5] `--json` prints the verb's result as JSON: the plan text and the step names."""
     proc = inprocess.cli("--json", "explain", "documents/patching.json")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
@@ -154,7 +154,7 @@ def test_explain_json():
 
 
 def test_data_lists_rows_columns_and_splits():
-    """SPEC.md:453 [R18] SPEC.md:31 [D9] `data <dir>/<table>` reads documents/data/<dir>/<table>.json: rows, columns, splits."""
+    """SPEC.md:0 [R18] SPEC.md:0 [D9] `data <dir>/<table>` reads documents/data/<dir>/<table>.json: rows, columns, splits."""
     proc = cli("data", "weekdays/train")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
@@ -166,7 +166,7 @@ def test_data_lists_rows_columns_and_splits():
 
 
 def test_data_json():
-    """SPEC.md:31 [D9] `--json data` carries the same facts as data."""
+    """SPEC.md:0 [D9] `--json data` carries the same facts as data."""
     proc = cli("data", "weekdays/train", "--json")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
@@ -175,7 +175,7 @@ def test_data_json():
 
 
 def test_vocab_lists_21_components_and_the_position_forms():
-    """SPEC.md:451 [R17] SPEC.md:263 [L5] `vocab` lists the 21 components (B2) and the seed's position forms; seed 000:11, seed 004:175."""
+    """SPEC.md:0 [R17] SPEC.md:0 [L5] `vocab` lists the 21 components (B2) and the seed's position forms; seed 000:11, seed 004:175."""
     proc = cli("vocab")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
@@ -205,7 +205,7 @@ def test_vocab_lists_21_components_and_the_position_forms():
 
 
 def test_model_answers_every_component_at_every_layer():
-    """SPEC.md:358 [L25] seed 004:183-228 — `model fixture:tiny-gptoss` loads no weights and answers every
+    """SPEC.md:0 [L25] seed 004:183-228 — `model fixture:tiny-gptoss` loads no weights and answers every
     component at every layer: width and operation where it resolves, the reason where it does not (the
     mixture-of-experts refusal at each layer); `--json` carries the same answers."""
     from causalab_ref.locations import address
@@ -238,7 +238,7 @@ def test_model_answers_every_component_at_every_layer():
 
 
 def test_tokens_shows_each_texts_pieces_with_indices_and_column_usability(capsys):
-    """SPEC.md:455 [R19] `tokens KEY TEXT…` prints the content tokens with their padded-batch indices and
+    """SPEC.md:0 [R19] `tokens KEY TEXT…` prints the content tokens with their padded-batch indices and
     says when a text is not usable as a metric column (seed 000:179: " Tuesday" is three tokens)."""
     from causalab_ref import cli as cli_module
     assert cli_module.main(["tokens", "fixture:tiny-llama", " Tuesday", " Monday"]) == 0
@@ -261,7 +261,7 @@ SEED_LANDS_LLAMA = {  # seed 004:57-79: module and io at layer 0 on the tiny Lla
 
 
 def test_model_lands_prints_the_seeds_where_each_one_lands_table(capsys):
-    """SPEC.md:307 [L18] `model KEY --lands` prints every name's rank, io and module (or operation) at layer 0;
+    """SPEC.md:0 [L18] `model KEY --lands` prints every name's rank, io and module (or operation) at layer 0;
     on the Llama fixture the modules and io are the seed's (seed 004:45-82) and ranks are in forward order."""
     from causalab_ref import cli as cli_module
     assert cli_module.main(["--json", "model", "fixture:tiny-llama", "--lands", "--attn-implementation",
@@ -278,7 +278,7 @@ def test_model_lands_prints_the_seeds_where_each_one_lands_table(capsys):
 
 
 def test_a_refusal_at_the_read_and_validation_stages_imports_no_torch(tmp_path):
-    """SPEC.md:1235 [Q17] malformed JSON and an unknown key are refused by a new process that never imports torch,
+    """SPEC.md:0 [Q17] malformed JSON and an unknown key are refused by a new process that never imports torch,
     transformers, nnsight or nnterp (each refusal is the usual one line)."""
     import subprocess
     import sys

@@ -23,7 +23,7 @@ def _step(llama, doc, root=DATA):
 
 @pytest.mark.parametrize("size", [1, 3])
 def test_batched_results_equal_one_pass(llama, size):
-    """SPEC.md:433 [R11] windows of rows give one pass's positions, tokens, reasons and eligibility, and
+    """SPEC.md:0 [R11] windows of rows give one pass's positions, tokens, reasons and eligibility, and
     its values to float32 rounding."""
     step = _step(llama, ENTITY)
     whole = run.run_step(llama, step)
@@ -37,7 +37,7 @@ def test_batched_results_equal_one_pass(llama, size):
 
 
 def test_batched_decode_equals_one_pass(llama):
-    """SPEC.md:433 [R11] a decoding pass split in windows keeps its steps, tokens and generated ids."""
+    """SPEC.md:0 [R11] a decoding pass split in windows keeps its steps, tokens and generated ids."""
     step = _step(llama, GENERATED)
     whole = run.run_step(llama, step)
     split = run.run_step(llama, step, batch_size=3)
@@ -46,7 +46,7 @@ def test_batched_decode_equals_one_pass(llama):
 
 
 def test_batched_refusals_name_the_documents_rows(llama, tmp_path):
-    """SPEC.md:433 [R11] a refusal in a later window names the row by the document's numbering."""
+    """SPEC.md:0 [R11] a refusal in a later window names the row by the document's numbering."""
     rows = json.loads((DATA / "weekdays" / "train.json").read_text())
     rows[3]["entity"] = "Tuesday"
     (tmp_path / "weekdays").mkdir()
