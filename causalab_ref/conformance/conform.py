@@ -379,8 +379,10 @@ def checkpoint_folders(cases: list[dict], folder: Path) -> dict[str, str]:
 
 def _report(case: dict, verdict: str, diffs: list[str], seconds: float, quiet: bool, stream) -> None:
     label = {"pass": "PASS", "fail": "FAIL", "n/a": "N/A "}[verdict]
+    rules = case.get("rules")  # only shown: a case whose `rules` is not a list (null, fuzz case 158) still reports
+    rules = ", ".join(map(str, rules)) if isinstance(rules, list) else "?"
     if verdict != "pass" or not quiet:
-        print(f"{label} {case['name']}  [{case.get('verb', '?')}; {', '.join(map(str, case.get('rules', [])))}]  "
+        print(f"{label} {case['name']}  [{case.get('verb', '?')}; {rules}]  "
               f"{seconds:.1f}s", file=stream)
     for line in diffs[:25]:
         print(f"       {line}", file=stream)

@@ -26,6 +26,7 @@ from typing import Callable, Optional
 from ..fixtures import exported
 
 TIMEOUT = 300.0  # seconds one call of the implementation may take (--timeout)
+POLL = 3600.0  # seconds one wait for output may take: a --timeout of 1e308 is waited in such steps
 CAP = 16 * 2 ** 20  # bytes read back of its stdout, and of its stderr, per call
 CHUNK = 2 ** 16
 
@@ -119,7 +120,7 @@ class Subprocess:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise CaseError(self._late(verb))
-                for key, _events in selector.select(left):
+                for key, _events in selector.select(min(left, POLL)):
                     data = os.read(key.fd, CHUNK)
                     if not data:
                         selector.unregister(key.fd)

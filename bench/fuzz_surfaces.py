@@ -1,0 +1,67 @@
+"""Fuzz every input surface but documents and tables: bundles, case files, --impl outputs, flags, caches.
+
+    python bench/fuzz_surfaces.py [N=2000] [--seed S] [--shard I/M] [--surface NAME] [--minutes M] [--verbose]
+
+Each case (tests/fuzz_surfaces.py) mutates one surface and runs the verbs that read it in this
+process, checking the invariant: no internal error, no eligible metric row with a non-finite or
+null value, nothing written outside --out (its staging and lock names) or the cache, no case past
+its time bound. Prints the count of cases per surface and every violation; exits 1 when there is
+any. `--shard I/M` runs only the cases k with k % M == I. Not a test: tests/safety/
+test_fuzz_surfaces.py runs a few seeded cases of each surface in CI.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import pathlib
+import random
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import fuzz_surfaces  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("n", nargs="?", type=int, default=2000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--shard", default="0/1", help="I/M: only the cases k with k %% M == I")
+    parser.add_argument("--surface", choices=fuzz_surfaces.SURFACES, default=None)
+    parser.add_argument("--minutes", type=float, default=None, help="stop after this many minutes")
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args()
+    shard, shards = (int(part) for part in args.shard.split("/"))
+    os.chdir(ROOT)
+    counts: collections.Counter = collections.Counter()
+    found: list[tuple] = []
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="fuzz-surfaces-") as tmp:
+        for k in range(shard, args.n, shards):
+            if args.minutes is not None and time.perf_counter() - started > 60 * args.minutes:
+                break
+            rng = random.Random(args.seed * 1_000_003 + k)
+            surface, results = fuzz_surfaces.run_case(rng, pathlib.Path(tmp), args.surface)
+            counts[surface] += 1
+            for argv, status, broken, stderr in results:
+                if broken or args.verbose:
+                    print(f"case {k} {surface}: {argv} -> {status}: {broken}\n  {stderr}", flush=True)
+                if broken:
+                    found.append((k, surface, argv, broken))
+            if (k // shards + 1) % 100 == 0:
+                print(f"{k // shards + 1} cases, {len(found)} violation(s), {time.perf_counter() - started:.0f} s",
+                      flush=True)
+    n = sum(counts.values())
+    print(f"fuzz surfaces: {n} cases{f' (shard {args.shard})' if shards > 1 else ''} {dict(sorted(counts.items()))} "
+          f"in {time.perf_counter() - started:.0f} s; {len(found)} violation(s)")
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,502 @@
+"""Surface mutations for tests/safety/test_fuzz_surfaces.py and `bench/fuzz.py --surfaces`.
+
+tests/fuzzing.py mutates documents and data tables; this module mutates every other input
+surface and checks one invariant per case:
+
+* bundle: a featurizer bundle (documents/artifacts/*.safetensors, the corpus's files/) with its
+  shapes, dtypes, values (NaN, inf), header, metadata or length changed, loaded by a document;
+* case: a corpus case file mutated (tests/fuzzing.py's tree edits and broken text), run by
+  `conform --cases DIR` in this process;
+* impl: `conform --impl` against a fake implementation that misbehaves at random (exit codes, junk
+  stdout, junk files under --out, sleeping past --timeout, flooding);
+* flags: random values of --memory-budget, --batch-size, --device-map, --out, --data-root, --timeout;
+* cache: a copy of a built fixture folder under a temporary $CAUSALAB_REF_CACHE with files added,
+  removed, truncated or replaced by links.
+
+The invariant (`violations`): no `internal error` or traceback; no metric-table row that is
+eligible with a non-finite or null value; no file of a sentinel folder or of the cwd written or
+truncated (the run's --out, its staging and lock names aside); no case past its time bound.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import pathlib
+import random
+import shutil
+import stat
+import struct
+import sys
+import time
+from typing import Any, Callable, Optional
+
+import fuzzing
+import inprocess
+
+REPO = fuzzing.REPO
+CORPUS = REPO / "causalab_ref" / "conformance" / "corpus"
+BUNDLES = sorted((REPO / "documents" / "artifacts").glob("*.safetensors")) + sorted(
+    (CORPUS / "files").rglob("*.safetensors"))
+BUNDLE_DOCS = {"pca": REPO / "documents" / "pca_control.json", "sae": REPO / "documents" / "sae_ablation.json"}
+PATCHING = REPO / "documents" / "patching.json"
+CACHE_KEY = "tiny-llama"
+SURFACES = ("bundle", "case", "impl", "flags", "cache")
+BOUND = 60.0  # seconds one case may take (a --timeout'd fake sleeps at most a few seconds)
+DTYPES = ["F16", "BF16", "F64", "I64", "I32", "I8", "U8", "BOOL", "F8_E4M3", "X9"]
+
+
+# ---------------------------------------------------------------- bundle files
+
+def _split(raw: bytes) -> tuple[dict, bytes]:
+    n = struct.unpack("<Q", raw[:8])[0]
+    return json.loads(raw[8:8 + n]), raw[8 + n:]
+
+
+def _join(header: Any, data: bytes, pad: bool = True) -> bytes:
+    text = json.dumps(header, allow_nan=True).encode("utf-8", "surrogatepass")
+    if pad:
+        text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + data
+
+
+def _tensor_edit(rng: random.Random, header: dict, data: bytes) -> tuple[dict, bytes]:
+    """Change one tensor's shape, dtype or values (NaN, inf, huge) with offsets kept or broken."""
+    names = [k for k in header if k != "__metadata__" and isinstance(header[k], dict)]
+    if not names or not all(isinstance(header[n].get(f), list) for n in names for f in ("shape", "data_offsets")):
+        return header, data
+    name = rng.choice(names)
+    entry = header[name]
+    op = rng.randrange(6)
+    if op == 0:
+        entry["shape"] = rng.choice([list(reversed(entry["shape"])), entry["shape"][:-1], entry["shape"] + [1], [0],
+                                     [], [entry["shape"][0] + 1] + entry["shape"][1:], [-1], [2 ** 62]])
+    elif op == 1:
+        entry["dtype"] = rng.choice(DTYPES)
+    elif op == 2:
+        start, end = entry["data_offsets"]
+        value = rng.choice([float("nan"), float("inf"), float("-inf"), 3e38, -0.0])
+        count = rng.choice([1, (end - start) // 4])
+        buf = bytearray(data)
+        for i in range(count):
+            at = start + 4 * rng.randrange(max((end - start) // 4, 1))
+            buf[at:at + 4] = struct.pack("<f", value)
+        data = bytes(buf)
+    elif op == 3:
+        entry["data_offsets"] = rng.choice([[0, 0], [entry["data_offsets"][0], 10 ** 12], [-4, 4],
+                                            list(reversed(entry["data_offsets"])), [0, len(data) + 4]])
+    elif op == 4:
+        header[rng.choice(fuzzing.WEIRD_STRINGS + ["W_enc", "weight", "b_dec"])] = header.pop(name)
+    else:
+        del header[name]
+    return header, data
+
+
+def _metadata_edit(rng: random.Random, header: dict) -> dict:
+    meta = header.setdefault("__metadata__", {})
+    if not isinstance(meta, dict):
+        meta = header["__metadata__"] = {}
+    key = rng.choice(sorted(meta) + ["extra"]) if meta else "k"
+    op = rng.randrange(7)
+    if op < 5:
+        meta[key] = rng.choice(["", "null", "-1", "0", "999999999999", "nan", "inf", "1.5", "x", "fixture:tiny-gpt2",
+                                "bf16", "pca", "sae", "das", "\u00e9", "a" * 5000])
+    elif op == 1:
+        meta.pop(key, None)
+    else:
+        header["__metadata__"] = rng.choice([None, [], "x", {"k": 1}, {"d": None}])
+    return header
+
+
+def mutated_bundle(rng: random.Random, raw: bytes) -> bytes:
+    """One to three edits of a .safetensors file: tensors, metadata, the header's text, the length."""
+    header, data = _split(raw)
+    for _ in range(rng.choice([1, 1, 2, 3])):
+        which = rng.random()
+        if which < 0.5:
+            header, data = _tensor_edit(rng, header, data)
+        elif which < 0.92:
+            header = _metadata_edit(rng, header)
+        else:
+            header = fuzzing.mutate_tree(rng, header, fuzzing._keys(header))
+    if not isinstance(header, dict) or rng.random() < 0.15:
+        out = _join(header, data, pad=rng.random() < 0.5)
+    else:
+        out = _join(header, data)
+    cut = rng.random()
+    if cut < 0.06:  # truncated anywhere
+        out = out[:rng.randrange(len(out))]
+    elif cut < 0.09:  # a header length past the file
+        out = struct.pack("<Q", rng.choice([len(out), 2 ** 63, 2 ** 40])) + out[8:]
+    elif cut < 0.12:  # the header not JSON
+        out = out[:8] + out[8:].replace(b"{", b"[", 1)
+    return out
+
+
+def bundle_case(rng: random.Random, tmp: pathlib.Path) -> list[list[str]]:
+    source = rng.choice(BUNDLES)
+    file = tmp / "bundle.safetensors"
+    file.write_bytes(mutated_bundle(rng, source.read_bytes()))
+    kind = rng.choice(sorted(BUNDLE_DOCS))
+    raw = json.loads(BUNDLE_DOCS[kind].read_text(encoding="utf-8"))
+    for featurizer in raw["featurizers"].values():
+        if "file_path" in featurizer:
+            featurizer["file_path"] = str(file)
+    doc = tmp / "doc.json"
+    doc.write_text(json.dumps(raw), encoding="utf-8")
+    root = ["--data-root", str(fuzzing.DATA)]
+    argvs = [["validate", str(doc)] + root, ["explain", str(doc)] + root]
+    if rng.random() < 0.3:
+        argvs.append(["run", str(doc), "--out", str(tmp / "out"), "--replace", "--quiet"] + root)
+    return argvs
+
+
+# ---------------------------------------------------------------- case files and implementations
+
+def _corpus_copy(tmp: pathlib.Path, cases: list[pathlib.Path]) -> pathlib.Path:
+    folder = tmp / "cases"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir()
+    for sub in ("data", "files"):
+        shutil.copytree(CORPUS / sub, folder / sub)
+    shutil.copy(CORPUS / "case.schema.json", folder / "case.schema.json")
+    for case in cases:
+        shutil.copy(case, folder / case.name)
+    return folder
+
+
+def _cheap_cases() -> list[pathlib.Path]:
+    """Cases that do not run a model (validate, explain, refusals) or run patching-sized documents."""
+    return sorted(p for p in CORPUS.glob("*.json") if p.name != "case.schema.json")
+
+
+def case_case(rng: random.Random, tmp: pathlib.Path) -> list[list[str]]:
+    chosen = rng.sample(_cheap_cases(), rng.choice([1, 1, 2]))
+    folder = _corpus_copy(tmp, chosen)
+    target = folder / chosen[0].name
+    raw = json.loads(target.read_text(encoding="utf-8"))
+    raw = fuzzing.mutate_tree(rng, raw, fuzzing._keys(raw) + ["document", "expect", "data", "files", "verb"])
+    target.write_bytes(fuzzing._text(rng, raw).encode("utf-8", "surrogatepass"))
+    return [["conform", "--cases", str(folder), "--quiet"]]
+
+
+FAKE_IMPL = r'''
+import os, random, sys, time
+seed, behaviour = int(sys.argv[1]), sys.argv[2]
+argv = sys.argv[3:]
+rng = random.Random(seed)
+out = argv[argv.index("--out") + 1] if "--out" in argv else None
+if behaviour == "exit":
+    sys.exit(rng.choice([0, 1, 2, 3, 4, 127, 255]))
+if behaviour == "junk":
+    sys.stdout.write(rng.choice(["", "{", "null", "NaN", "\x00\xff", '{"plan": NaN}', "[]" * 1000]))
+    sys.stderr.write(rng.choice(["", "run: x: y", "validation: \n\n", "\x1b[2J"]))
+    sys.exit(rng.choice([0, 2]))
+if behaviour == "files" and out:
+    os.makedirs(out, exist_ok=True)
+    name = os.path.join(out, rng.choice(["t.json", "a/b.json", "run.json", "document.json", "x.safetensors"]))
+    os.makedirs(os.path.dirname(name), exist_ok=True)
+    what = rng.randrange(5)
+    if what == 0:
+        open(name, "w").write(rng.choice(["", "{", "NaN", '[{"value": NaN, "eligible": true}]', "[1, 2]",
+                                          '[{"metric": "m", "value": null, "eligible": true}]', "\ud800"[:0]]))
+    elif what == 1:
+        os.symlink(rng.choice(["/etc/passwd", "/nonexistent", ".."]), name)
+    elif what == 2:
+        os.makedirs(name, exist_ok=True)
+    elif what == 3:
+        open(name, "wb").write(os.urandom(rng.choice([1, 100, 5000])))
+    else:
+        open(name, "w").write('[{"metric": "m", "value": 1e999, "eligible": true}]' * rng.choice([1, 2]))
+    sys.exit(rng.choice([0, 0, 1]))
+if behaviour == "sleep":
+    time.sleep(float(os.environ.get("FAKE_SLEEP", "5")))
+    sys.exit(0)
+if behaviour == "flood":
+    chunk = ("x" * 1023 + "\n") * 1024
+    stream = sys.stdout if rng.random() < 0.5 else sys.stderr
+    for _ in range(rng.choice([2, 40])):
+        stream.write(chunk)
+    sys.exit(0)
+sys.exit(3)
+'''
+BEHAVIOURS = ("exit", "junk", "files", "sleep", "flood", "na")
+
+
+def impl_case(rng: random.Random, tmp: pathlib.Path, fixtures: pathlib.Path) -> list[list[str]]:
+    chosen = rng.sample(_cheap_cases(), rng.choice([1, 2, 3]))
+    folder = _corpus_copy(tmp, chosen)
+    script = tmp / "fake_impl.py"
+    script.write_text(FAKE_IMPL, encoding="utf-8")
+    behaviour = rng.choice(BEHAVIOURS)
+    timeout = rng.choice(["0.5", "1", "2"])
+    impl = f"{sys.executable} {script} {rng.randrange(10 ** 6)} {behaviour}"
+    return [["conform", "--impl", impl, "--cases", str(folder), "--fixtures", str(fixtures), "--timeout", timeout,
+             "--quiet"]]
+
+
+# ---------------------------------------------------------------- command-line flags
+
+BUDGETS = ["0", "-1", "1", "1KiB", "1 GiB", "1GiB", "1gib", "nan", "inf", "1e400", "9" * 5000, "", " ", "1TiB",
+           "0.5", "1e3", "10EiB", "-0", "1MiB", "\u0661"]
+BATCHES = ["0", "-1", "1", "2", "3", "1000000", str(10 ** 30), "x", "1.5", "", "\u0661"]
+DEVICE_MAPS = ["cpu", "cuda", "auto", "meta", "disk", "", "{}", '{"": "cpu"}', '{"": "meta"}', "[", "null",
+               "cuda:9", "mps", "balanced", '{"model": 0}']
+TIMEOUTS = ["0", "-1", "nan", "inf", "-inf", "1e308", "1e-9", "x", "", "0.5", "1e999", "10"]
+
+
+def _weird_path(rng: random.Random, tmp: pathlib.Path, sentinel: pathlib.Path) -> str:
+    return rng.choice(["", ".", "..", "/", str(sentinel), str(sentinel / "keep.txt"), str(tmp / "new" / "deep"),
+                       "rel_out", "a" * 300, str(tmp / ("b" * 256)), "/proc/self", "/dev/null", str(REPO),
+                       str(sentinel / "link"), "-", "x\ny", str(tmp / "out")])
+
+
+def flags_case(rng: random.Random, tmp: pathlib.Path, sentinel: pathlib.Path,
+               fixtures: pathlib.Path) -> list[list[str]]:
+    if rng.random() < 0.15:  # conform's --timeout, against a fake that answers "not applicable"
+        folder = _corpus_copy(tmp, rng.sample(_cheap_cases(), 1))
+        script = tmp / "fake_impl.py"
+        script.write_text(FAKE_IMPL, encoding="utf-8")
+        return [["conform", "--impl", f"{sys.executable} {script} 0 na", "--cases", str(folder), "--fixtures",
+                 str(fixtures), "--timeout=" + rng.choice(TIMEOUTS), "--quiet"]]
+    verb = rng.choice(["validate", "explain", "run", "run"])
+    argv = [verb, str(PATCHING)]
+    options = {"--memory-budget": BUDGETS, "--device-map": DEVICE_MAPS}
+    if verb == "run":
+        options["--batch-size"] = BATCHES
+    for flag, values in options.items():
+        if rng.random() < 0.5:
+            argv.append(f"{flag}={rng.choice(values)}")
+    root = _weird_path(rng, tmp, sentinel) if rng.random() < 0.4 else str(fuzzing.DATA)
+    argv.append(f"--data-root={root}")
+    if verb == "run":
+        out = _weird_path(rng, tmp, sentinel) if rng.random() < 0.6 else str(tmp / "out")
+        argv += [f"--out={out}", "--quiet"] + (["--replace"] if rng.random() < 0.5 else [])
+    return [argv]
+
+
+# ---------------------------------------------------------------- fixture cache folders
+
+def _built_folder() -> pathlib.Path:
+    from causalab_ref.fixtures import builder
+    home = pathlib.Path(os.environ.get(builder.CACHE_ENV) or pathlib.Path.home() / ".cache/causalab_ref/fixtures")
+    found = sorted(home.glob(f"{CACHE_KEY}-*"))
+    if not found:
+        raise RuntimeError(f"no built {CACHE_KEY} fixture under {home}: run any test that loads it first")
+    return found[0]
+
+
+def damaged_cache(rng: random.Random, tmp: pathlib.Path, sentinel: pathlib.Path) -> pathlib.Path:
+    """A copy of the built fixture folder in tmp/cache with one to three files added, removed, truncated,
+    replaced by links (to the sentinel, to a sibling, dangling) or by a folder."""
+    source = _built_folder()
+    cache = tmp / "cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    cache.mkdir()
+    folder = cache / source.name
+    shutil.copytree(source, folder)
+    for _ in range(rng.randrange(1, 4)):
+        files = sorted(p for p in folder.iterdir()) or [folder / "x"]
+        file = rng.choice(files)
+        op = rng.randrange(7)
+        with contextlib.suppress(OSError):
+            if op == 0:
+                (folder / rng.choice(["tokenizer.json", "extra.bin", "model.py", ".hidden"])).write_text("{}")
+            elif op == 1:
+                file.unlink()
+            elif op == 2:
+                with open(file, "r+b") as handle:
+                    handle.truncate(rng.randrange(max(file.stat().st_size, 1)))
+            elif op == 3:
+                file.unlink()
+                file.symlink_to(rng.choice([sentinel / "keep.txt", source / file.name, "/nonexistent", folder]))
+            elif op == 4:
+                file.unlink()
+                file.mkdir()
+            elif op == 5:
+                with open(file, "r+b") as handle:
+                    handle.write(os.urandom(16))
+            else:
+                os.link(sentinel / "keep.txt", folder / "config.json.extra")
+    if rng.random() < 0.2:  # the whole cache a file, or a link (to a folder: a cache as good as any)
+        shutil.rmtree(cache)
+        if rng.random() < 0.5:
+            cache.write_text("not a folder")
+        else:
+            (tmp / "elsewhere").mkdir(exist_ok=True)
+            cache.symlink_to(rng.choice([tmp / "elsewhere", tmp / "nowhere", sentinel / "keep.txt"]))
+    return cache
+
+
+def cache_case(rng: random.Random, tmp: pathlib.Path, sentinel: pathlib.Path) -> list[list[str]]:
+    return [[rng.choice(["validate", "explain"]), str(PATCHING), "--data-root", str(fuzzing.DATA)]]
+
+
+# ---------------------------------------------------------------- the invariant
+
+def snapshot(folder: pathlib.Path, skip: Callable[[pathlib.Path], bool] = lambda p: False) -> dict:
+    """{path: (kind, size, digest)} of everything under `folder` (links not followed)."""
+    seen: dict = {}
+    if not folder.exists():
+        return seen
+    for path in sorted(folder.rglob("*")):
+        if skip(path):
+            continue
+        info = path.lstat()
+        if stat.S_ISREG(info.st_mode):
+            seen[str(path)] = ("file", info.st_size, hashlib.sha256(path.read_bytes()).hexdigest())
+        elif stat.S_ISLNK(info.st_mode):
+            seen[str(path)] = ("link", os.readlink(path), "")
+        else:
+            seen[str(path)] = ("dir", 0, "")
+    return seen
+
+
+def bad_rows(out: pathlib.Path) -> list[str]:
+    """Metric-table rows under `out` that are eligible with a non-finite or null value."""
+    found: list[str] = []
+    try:
+        if not out.is_dir() or out.is_symlink():
+            return found
+        tables = sorted(out.rglob("*.json"))
+    except OSError:  # a name the file system will not take: nothing was written there
+        return found
+    for table in tables:
+        if table.name in ("document.json", "run.json") or table.is_symlink():
+            continue
+        try:
+            rows = json.loads(table.read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError):
+            continue
+        for row in rows if isinstance(rows, list) else []:
+            if isinstance(row, dict) and row.get("eligible") is True and "value" in row:
+                value = row["value"]
+                values = value if isinstance(value, list) else [value]
+                if any(v is None or (isinstance(v, float) and not math.isfinite(v)) for v in values):
+                    found.append(f"{table}: {row.get('example_id')}: value {value!r} eligible")
+    return found
+
+
+def _out_of(argv: list[str]) -> Optional[pathlib.Path]:
+    if argv[0] != "run":
+        return None
+    for i, word in enumerate(argv):
+        if word == "--out":
+            return pathlib.Path(argv[i + 1])
+        if word.startswith("--out="):
+            return pathlib.Path(word[len("--out="):])
+    return None
+
+
+def _allowed(out: Optional[pathlib.Path], cwd: pathlib.Path) -> Callable[[pathlib.Path], bool]:
+    """True for a path a run may write: its --out, and the staging and lock names beside it."""
+    if out is None or str(out) in ("", ".", "..", "/"):
+        return lambda p: False
+    full = out if out.is_absolute() else cwd / out
+    parent, name = full.parent, full.name
+
+    def allowed(path: pathlib.Path) -> bool:
+        return (path == full or full in path.parents
+                or (path.parent == parent and path.name.startswith(f".{name}.")))
+    return allowed
+
+
+def violations(argv: list[str], status: int, text: str, seconds: float, before: dict, after: dict,
+               cwd: pathlib.Path) -> list[str]:
+    """What one call broke of the invariant."""
+    found = []
+    if "internal error" in text or "Traceback" in text or status == -1:
+        found.append(f"internal error (status {status}): {text.strip().splitlines()[-1:] if text.strip() else ''}")
+    out = _out_of(argv)
+    if out is not None and status == 0:  # a refused run leaves --out as it was
+        found += bad_rows(out if out.is_absolute() else cwd / out)
+    allowed = _allowed(out, cwd)
+    changed = [p for p in sorted(set(before) | set(after)) if before.get(p) != after.get(p)
+               and not allowed(pathlib.Path(p))]
+    if changed:
+        found.append(f"changed outside --out: {changed[:5]}")
+    if seconds > BOUND:
+        found.append(f"took {seconds:.0f} s (bound {BOUND:.0f} s)")
+    return found
+
+
+# ---------------------------------------------------------------- running one case
+
+def _sentinel(tmp: pathlib.Path) -> pathlib.Path:
+    sentinel = tmp / "sentinel"
+    if not sentinel.exists():
+        sentinel.mkdir()
+        (sentinel / "keep.txt").write_text("keep me\n")
+        (sentinel / "sub").mkdir()
+        (sentinel / "sub" / "run.json").write_text("{}")
+        (sentinel / "link").symlink_to(sentinel / "keep.txt")
+    return sentinel
+
+
+def fixtures_folder(tmp: pathlib.Path) -> pathlib.Path:
+    """The exported fixture folders a fake --impl is handed (exported once per session)."""
+    folder = tmp / "exported"
+    if not (folder / "manifest.json").exists():
+        done = inprocess.cli("fixtures", "export", str(folder), "--key", "fixture:tiny-llama", "--key",
+                             "fixture:tiny-gpt2")
+        if done.returncode != 0:
+            raise RuntimeError(f"fixtures export failed: {done.stderr}")
+    return folder
+
+
+@contextlib.contextmanager
+def _environment(cache: Optional[pathlib.Path], sleep: str):
+    saved = {k: os.environ.get(k) for k in ("CAUSALAB_REF_CACHE", "FAKE_SLEEP")}
+    os.environ["FAKE_SLEEP"] = sleep
+    if cache is not None:
+        os.environ["CAUSALAB_REF_CACHE"] = str(cache)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _argvs(surface: str, rng: random.Random, case_dir: pathlib.Path, sentinel: pathlib.Path,
+           fixtures: pathlib.Path) -> tuple[list[list[str]], Optional[pathlib.Path]]:
+    if surface == "bundle":
+        return bundle_case(rng, case_dir), None
+    if surface == "case":
+        return case_case(rng, case_dir), None
+    if surface == "impl":
+        return impl_case(rng, case_dir, fixtures), None
+    if surface == "flags":
+        return flags_case(rng, case_dir, sentinel, fixtures), None
+    return cache_case(rng, case_dir, sentinel), damaged_cache(rng, case_dir, sentinel)
+
+
+def run_case(rng: random.Random, tmp: pathlib.Path, surface: Optional[str] = None) -> tuple[str, list[tuple]]:
+    """One case of `surface` (drawn when None); returns (surface, [(argv, status, violations)])."""
+    surface = surface or rng.choice(SURFACES)
+    sentinel, fixtures = _sentinel(tmp), fixtures_folder(tmp)
+    case_dir = tmp / "case"
+    shutil.rmtree(case_dir, ignore_errors=True)
+    case_dir.mkdir()
+    cwd = case_dir / "cwd"
+    cwd.mkdir()
+    (cwd / "here.txt").write_text("cwd sentinel\n")
+    argvs, cache = _argvs(surface, rng, case_dir, sentinel, fixtures)
+    results = []
+    loads = contextlib.nullcontext() if surface == "cache" else fuzzing.cached_loads()
+    with _environment(cache, rng.choice(["3", "5"])), loads:
+        for argv in argvs:
+            def watched() -> dict:
+                return {**snapshot(sentinel), **snapshot(cwd), **snapshot(CORPUS), **snapshot(REPO / "documents")}
+            before = watched()
+            started = time.monotonic()
+            done = inprocess.cli(*argv, cwd=cwd)
+            seconds = time.monotonic() - started
+            found = violations(argv, done.returncode, done.stderr, seconds, before,
+                               watched(), cwd)
+            results.append((argv, done.returncode, found, done.stderr.strip()[-600:]))
+    return surface, results
