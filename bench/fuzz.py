@@ -28,13 +28,18 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import fuzzing  # noqa: E402
 
 
-def main() -> int:
+def shared_arguments(default_n: int) -> argparse.ArgumentParser:
+    """The arguments every fuzz script takes: how many cases, the seed, the shard, --verbose."""
     parser = argparse.ArgumentParser()
-    parser.add_argument("n", nargs="?", type=int, default=10_000)
+    parser.add_argument("n", nargs="?", type=int, default=default_n)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--shard", default="0/1", help="I/M: only the cases k with k %% M == I")
     parser.add_argument("--verbose", action="store_true")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> int:
+    args = shared_arguments(10_000).parse_args()
     shard, shards = (int(part) for part in args.shard.split("/"))
     os.chdir(ROOT)
     foreign: dict = collections.defaultdict(list)

@@ -11,31 +11,22 @@ test_fuzz_surfaces.py runs a few seeded cases of each surface in CI.
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import os
 import pathlib
 import random
-import sys
 import tempfile
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+from fuzz import ROOT, shared_arguments  # bench/fuzz.py: the tests on sys.path, offline, the common arguments
 
 import fuzz_surfaces  # noqa: E402
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("n", nargs="?", type=int, default=2000)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--shard", default="0/1", help="I/M: only the cases k with k %% M == I")
+    parser = shared_arguments(2000)
     parser.add_argument("--surface", choices=fuzz_surfaces.SURFACES, default=None)
     parser.add_argument("--minutes", type=float, default=None, help="stop after this many minutes")
-    parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args()
     shard, shards = (int(part) for part in args.shard.split("/"))
     os.chdir(ROOT)
