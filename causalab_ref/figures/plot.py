@@ -209,9 +209,10 @@ def panels(out: Path, plan: Optional[list[dict]] = None) -> list[Panel]:
         raise _fail(f"{out} is a sweep over {len(points[0][0])} axes; plot draws at most {MOST_AXES} (a heatmap); "
                     "sweep fewer fields, or plot each point's folder")
     found: list[Panel] = []
-    names = sorted({t for _axes, folder in points for t in _tables(folder)})
+    read = {tuple(v for _a, v in axes): _tables(folder) for axes, folder in points}  # each folder's files read once
+    names = sorted({t for tables in read.values() for t in tables})
     for table in names:
-        rows_of = {tuple(v for _a, v in axes): _tables(folder).get(table, []) for axes, folder in points}
+        rows_of = {values: tables.get(table, []) for values, tables in read.items()}
         if points[0][0]:
             found.append(_heatmap(points, rows_of, plan_tokens(plan or [])))
         else:

@@ -154,12 +154,13 @@ def clean_stale(out: Path) -> None:
 
 
 def alive(pid: int) -> bool:
-    """Whether a process with this id exists (a staging folder's writer)."""
+    """Whether a process with this id may exist (a staging folder's writer); a number no process can have (past
+    what the system call takes) counts as alive, so its folder is not ours to touch."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except OSError:
+    except (OSError, OverflowError):
         return True
     return True
 

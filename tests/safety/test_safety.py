@@ -764,3 +764,13 @@ def test_a_killed_builds_staging_folder_is_removed_by_the_next_build(tmp_path, m
     assert builder.checkpoint_dir("fixture:tiny-gpt2") == tmp_path / "cache" / name
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [name]
 
+
+
+def test_a_stale_folder_named_with_a_pid_past_any_process_is_left_and_raises_nothing(tmp_path):
+    """SPEC.md:768 [S7] `.<out>.partial-pid<P>-<8>` whose P is too large for the system call: not a process this
+    tool can judge dead, so the folder is kept, and the cleanup raises nothing (it once raised OverflowError)."""
+    out = tmp_path / "out"
+    huge = tmp_path / f".out.partial-pid{10 ** 30}-abcd1234"
+    huge.mkdir()
+    results.clean_stale(out)
+    assert huge.is_dir() and results.alive(10 ** 30)
