@@ -124,6 +124,13 @@ def _inside(base: Path, rel: str, what: str) -> Path:
     return target
 
 
+def _as_written(value: Any) -> str:
+    """A case's document or table as the JSON text the implementation reads: the same values, with every
+    non-ASCII character escaped, so a string that is JSON but not text (a lone surrogate) reaches the
+    implementation as the case holds it, to be refused there (SPEC.md C19)."""
+    return json.dumps(value, indent=1, ensure_ascii=True)
+
+
 def _write_data(case: dict, data_root: Path) -> None:
     """The case's tables, and nothing else, under the data root: a list is the rows themselves, a
     string names a table file of the corpus (relative to the case's folder) (SPEC.md C10)."""
@@ -139,7 +146,7 @@ def _write_data(case: dict, data_root: Path) -> None:
                 raise CaseError(f"data file {table!r} is not in the corpus ({corpus})")
             target.write_bytes(source.read_bytes())
         else:
-            target.write_text(json.dumps(table, indent=1, ensure_ascii=False), encoding="utf-8")
+            target.write_text(_as_written(table), encoding="utf-8")
 
 
 def _prepare(case: dict, tmp: Path) -> tuple[list[str], Path]:
@@ -158,7 +165,7 @@ def _prepare(case: dict, tmp: Path) -> tuple[list[str], Path]:
     verb = case["verb"]
     if verb == "model":
         return ["--json", "model", case["fixture"]["key"]], out
-    doc.write_text(json.dumps(case["document"], indent=1, ensure_ascii=False), encoding="utf-8")
+    doc.write_text(_as_written(case["document"]), encoding="utf-8")
     if verb == "run":
         return ["run", str(doc), "--out", str(out), "--data-root", str(data_root)], out
     if verb == "explain":

@@ -7,6 +7,7 @@ fixture (its recipe digest, so the runner checks them), written into a corpus fo
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import shlex
@@ -57,7 +58,7 @@ def _conform_cli(argv: list[str], capsys) -> tuple[int, str, str]:
 
 @pytest.mark.parametrize("impl", ["", "   "], ids=["empty", "blank"])
 def test_a_blank_impl_is_a_usage_error_and_runs_nothing(impl, capsys):
-    """SPEC.md:692 [C20] an empty or blank --impl (an unset variable) is a usage error in one line, exit 2;
+    """SPEC.md:694 [C20] an empty or blank --impl (an unset variable) is a usage error in one line, exit 2;
     causalab_ref is not checked in its place and no verb is run as the program."""
     status, out, err = _conform_cli(["--impl", impl, "--only", "refuse_unknown_key"], capsys)
     assert status == 2 and out == ""
@@ -65,14 +66,14 @@ def test_a_blank_impl_is_a_usage_error_and_runs_nothing(impl, capsys):
 
 
 def test_a_missing_cases_folder_is_a_usage_error(tmp_path, capsys):
-    """SPEC.md:692 [C20] --cases of a folder that is not there exits 2 with one line naming it."""
+    """SPEC.md:694 [C20] --cases of a folder that is not there exits 2 with one line naming it."""
     status, out, err = _conform_cli(["--cases", str(tmp_path / "nowhere")], capsys)
     assert status == 2 and out == ""
     assert err.count("\n") == 1 and "nowhere" in err and "is not a folder" in err
 
 
 def test_only_matching_nothing_exits_1_saying_so(capsys):
-    """SPEC.md:692 [C20] --only that matches no case is a run that checked nothing: exit 1 and a line why."""
+    """SPEC.md:694 [C20] --only that matches no case is a run that checked nothing: exit 1 and a line why."""
     status, out, err = _conform_cli(["--only", "no_case_is_named_like_this"], capsys)
     assert status == 1
     assert "conform: 0 passed, 0 failed, 0 not applicable" in out
@@ -80,7 +81,7 @@ def test_only_matching_nothing_exits_1_saying_so(capsys):
 
 
 def test_an_implementation_answering_3_to_every_case_is_not_a_pass(tmp_path):
-    """SPEC.md:692 [C20] every case not applicable is not a pass: ok is false and `why` says so."""
+    """SPEC.md:694 [C20] every case not applicable is not a pass: ok is false and `why` says so."""
     corpus = _corpus(tmp_path / "corpus", _case("a"), _case("b"))
     result = conform.conform(options=conform.Options(cases_dir=str(corpus)), main=lambda argv: 3)
     assert (result["passed"], result["not_applicable"], result["failed"], result["ok"]) == (0, 2, [], False)
@@ -88,7 +89,7 @@ def test_an_implementation_answering_3_to_every_case_is_not_a_pass(tmp_path):
 
 
 def test_an_implementation_answering_3_to_every_case_exits_1(tmp_path, capsys):
-    """SPEC.md:692 [C20] the same through the CLI and a real subprocess --impl: exit 1, the line on stderr."""
+    """SPEC.md:694 [C20] the same through the CLI and a real subprocess --impl: exit 1, the line on stderr."""
     corpus = _corpus(tmp_path / "corpus", _case("a"))
     impl = _script(tmp_path, "na.py", "sys.exit(3)\n")
     status, out, err = _conform_cli(["--impl", impl, "--cases", str(corpus), "--fixtures", str(tmp_path / "fx")],
@@ -97,7 +98,7 @@ def test_an_implementation_answering_3_to_every_case_exits_1(tmp_path, capsys):
 
 
 def test_a_run_that_passed_a_case_and_failed_none_is_ok(tmp_path):
-    """SPEC.md:692 [C20] the one green run: some case passed, none failed (a not-applicable one aside)."""
+    """SPEC.md:694 [C20] the one green run: some case passed, none failed (a not-applicable one aside)."""
     corpus = _corpus(tmp_path / "corpus", _case("a"), _case("b"))
     answers = iter([0, 3])
     result = conform.conform(options=conform.Options(cases_dir=str(corpus)), main=lambda argv: next(answers))
@@ -185,3 +186,25 @@ def test_junk_under_out_fails_that_case_in_one_line(junk, says, tmp_path):
     case = dict(_case("junk", verb="run", expect={"status": 0, "tables": {}}), _file=str(tmp_path / "junk.json"))
     verdict, diffs, _got = conform.check(case, _writes(junk))
     assert verdict == "fail" and len(diffs) == 1 and diffs[0].startswith(says), diffs
+
+
+def test_a_lone_surrogate_in_a_case_reaches_the_implementation_escaped(tmp_path):
+    """SPEC.md:685 [C19] a case whose document holds "\\ud800" is written as the case holds it (escaped, the
+    same JSON value) and answered by the implementation; causalab_ref itself refuses it at the read stage."""
+    seen = []
+
+    def impl(argv, cwd):
+        seen.append(Path(argv[1]).read_text(encoding="utf-8"))
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            status = cli.main(argv)
+        return status, "", err.getvalue()
+
+    refusal = {"stage": "validation", "path": "",
+               "message": "<file> holds a string that is not valid Unicode text (<why>)"}
+    case = dict(_case("surrogate", expect={"status": 2, "refusal": refusal}), document={"model": "\ud800"},
+                _file=str(tmp_path / "surrogate.json"))
+    verdict, diffs, got = conform.check(case, impl)
+    assert seen and '"\\ud800"' in seen[0] and json.loads(seen[0]) == {"model": "\ud800"}
+    assert got["refusal"]["stage"] == "validation" and "not valid Unicode text" in got["refusal"]["message"]
+    assert verdict == "pass", diffs
