@@ -60,6 +60,21 @@ def nearest(name: Any, known) -> str:
     return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
 
+def alive(pid: int) -> bool:
+    """Whether a process with this id may exist: the writer of a staging folder a killed run, build or export
+    left (SPEC.md S7, S26). A number no process can have (past what the system call takes) counts as alive, so
+    its folder is not this tool's to touch."""
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (OSError, OverflowError):
+        return True
+    return True
+
+
 # ---------------------------------------------------------------- positions
 
 FRAMES = ("prompt", "generated")

@@ -61,14 +61,9 @@ def weird_value(rng: random.Random, depth: int = 0) -> Any:
 
 
 def _paths(node: Any, here: tuple = ()) -> list[tuple]:
-    out = [here]
-    if isinstance(node, dict):
-        for k, v in node.items():
-            out += _paths(v, here + (k,))
-    elif isinstance(node, list):
-        for k, v in enumerate(node):
-            out += _paths(v, here + (k,))
-    return out
+    """Every path into a JSON tree, the root's `()` first, parents before their children."""
+    children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    return [here] + [path for key, child in children for path in _paths(child, here + (key,))]
 
 
 def _get(node: Any, path: tuple) -> Any:

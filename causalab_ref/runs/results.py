@@ -3,7 +3,7 @@
 This module owns the results folder (`Folder`): the staging folder beside --out, the
 refusals of a destination that is not a new folder (or a replaceable one), confinement
 of every file a document names (`confined`), the cleanup of staging folders a killed
-run left (`clean_stale`, `alive`), writing JSON (`dump`, `dumps`), the move into place; and what
+run left (`clean_stale`), writing JSON (`dump`, `dumps`), the move into place; and what
 run.json says about this package (`package_digest`, `versions`) and the progress bar
 (`progress`). The run (run.py) hands it plain data and never touches a path. SPEC.md §4 Runs.
 """
@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
-from ..shapes import Refusal
+from ..shapes import Refusal, alive
 
 
 def dump(path: Path, obj: Any) -> None:
@@ -152,17 +152,6 @@ def clean_stale(out: Path) -> None:
             else:
                 shutil.rmtree(old, ignore_errors=True)
 
-
-def alive(pid: int) -> bool:
-    """Whether a process with this id may exist (a staging folder's writer); a number no process can have (past
-    what the system call takes) counts as alive, so its folder is not ours to touch."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (OSError, OverflowError):
-        return True
-    return True
 
 
 def progress(total: int, show: bool, what: str):

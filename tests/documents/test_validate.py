@@ -48,6 +48,23 @@ def refused(raw, call=validate.document) -> Refusal:
     return caught.value
 
 
+def patched(dotted: str, value) -> dict:
+    """The shipped document with its intervention's `dotted` field (`writes.patch.pos`) set to `value`."""
+    raw = doc()
+    *parents, last = dotted.split(".")
+    node = iv(raw)
+    for key in parents:
+        node = node[key]
+    node[last] = value
+    return raw
+
+
+def said(raw) -> tuple[str, str]:
+    """The refusal of a document: (its path, its message)."""
+    r = refused(raw)
+    return r.path, r.message
+
+
 def refused_where(raw, path: str = "p") -> Refusal:
     return refused(raw, lambda r: places.where(r, path))
 
@@ -68,20 +85,16 @@ def test_shipped_document_validates():
 
 def test_unknown_key_is_refused_with_its_dotted_path():
     """SPEC.md:15 [D2] An unknown key at any depth is refused naming its dotted path (F§2 example)."""
-    raw = doc()
-    iv(raw)["reads"]["v_cf"]["position"] = -1
-    r = refused(raw)
-    assert r.path == f"{IV}.reads.v_cf.position"
-    assert r.message.startswith("unknown key 'position'")
+    path, message = said(patched("reads.v_cf.position", -1))
+    assert path == f"{IV}.reads.v_cf.position" and message.startswith("unknown key 'position'")
 
 
 def test_unknown_top_level_key_is_refused():
     """SPEC.md:15 [D2] The top-level object rejects a key it does not know, path = the key."""
     raw = doc()
     raw["protocol_version"] = "3"
-    r = refused(raw)
-    assert r.path == "protocol_version"
-    assert "unknown key 'protocol_version'" in r.message
+    path, message = said(raw)
+    assert path == "protocol_version" and "unknown key 'protocol_version'" in message
 
 
 def test_unknown_key_inside_a_scope_is_refused():
@@ -102,36 +115,29 @@ def test_missing_model_block_is_refused():
     """SPEC.md:17 [D3] A missing required block is refused at validation with its path."""
     raw = doc()
     del raw["model"]
-    r = refused(raw)
-    assert r.path == "model"
-    assert r.message == "required field is missing"
+    assert said(raw) == ("model", "required field is missing")
 
 
 def test_missing_metric_column_is_refused_with_its_path():
     """SPEC.md:17 [D3] A metric without the column field its kind needs is refused at that field (F§20)."""
     raw = doc()
     del iv(raw)["metrics"]["iia"]["expected"]
-    r = refused(raw)
-    assert r.path == f"{IV}.metrics.iia.expected"
-    assert r.message == "required field is missing"
+    assert said(raw) == (f"{IV}.metrics.iia.expected", "required field is missing")
 
 
 def test_wrong_type_is_refused():
     """SPEC.md:17 [D3] A value of the wrong type is refused with its dotted path."""
     raw = doc()
     raw["model"]["revision"] = 7
-    r = refused(raw)
-    assert r.path == "model.revision"
-    assert r.message == "expected a string, got an integer"
+    assert said(raw) == ("model.revision", "expected a string, got an integer")
 
 
 def test_wrong_type_of_a_block_is_refused():
     """SPEC.md:17 [D3] A block of the wrong shape (sites as a list) is refused at the block's path."""
     raw = doc()
     raw["sites"] = [raw["sites"]["target"]]
-    r = refused(raw)
-    assert r.path == "sites"
-    assert "got a list" in r.message
+    path, message = said(raw)
+    assert path == "sites" and "got a list" in message
 
 
 def test_boolean_is_not_an_integer():
@@ -156,9 +162,8 @@ def test_model_dtype_must_be_fp32_or_bf16():
     """SPEC.md:23 [D5] `dtype` is fp32|bf16; anything else is refused at model.dtype."""
     raw = doc()
     raw["model"]["dtype"] = "fp16"
-    r = refused(raw)
-    assert r.path == "model.dtype"
-    assert r.message == "'fp16' is not one of ['fp32', 'bf16']; did you mean 'bf16'?"  # D22's tail
+    # the message ends in D22's tail
+    assert said(raw) == ("model.dtype", "'fp16' is not one of ['fp32', 'bf16']; did you mean 'bf16'?")
 
 
 def test_attn_implementation_is_eager_sdpa_or_null():
@@ -172,68 +177,42 @@ def test_attn_implementation_is_eager_sdpa_or_null():
     assert refused(raw).path == "model.attn_implementation"
 
 
-def test_undeclared_site_is_refused():
-    """SPEC.md:37 [D10] A read names a declared site (F§20 text)."""
+# (where in the intervention, the key, the undeclared name, the refused path under it, the message after
+# `interventions.patching: `): each the F§20 text of its rule.
+UNDECLARED = {
+    "site": (("reads", "v_cf"), "site", "targit", "reads.v_cf.site", "read 'v_cf': undeclared site 'targit'"),
+    "role": (("reads", "v_cf"), "input", "source", "reads.v_cf.input", "read 'v_cf': undeclared role 'source'"),
+    "model": (("reads", "logits"), "model", "steered", "reads.logits.model",
+              "read 'logits': model 'steered' is neither 'original' nor declared"),
+    "write": (("models", "patched"), "writes", ["patch", "ablate"], "models.patched.writes.1",
+              "model 'patched': undeclared write 'ablate'"),
+    "operand": (("writes", "patch"), "operand", "mean", "writes.patch.operand",
+                "write 'patch': operand 'mean' is not a read of this intervention; a value from an earlier step "
+                "is {\"ref\": …}"),
+}
+
+
+@pytest.mark.parametrize("what", list(UNDECLARED))
+def test_an_undeclared_name_is_refused_at_its_path_with_its_text(what):
+    """SPEC.md:37 [D10] a read names a declared site, role and model; SPEC.md:41 [D11] a write's operand is a
+    read of the same intervention; SPEC.md:45 [D13] a model's writes are declared writes."""
+    (block, name), key, value, path, message = UNDECLARED[what]
     raw = doc()
-    iv(raw)["reads"]["v_cf"]["site"] = "targit"
+    iv(raw)[block][name][key] = value
     r = refused(raw)
-    assert r.path == f"{IV}.reads.v_cf.site"
-    assert r.message == "interventions.patching: read 'v_cf': undeclared site 'targit'"
-
-
-def test_undeclared_role_is_refused():
-    """SPEC.md:37 [D10] A read's `input` is a declared role (F§20 `read '<r>': undeclared role '<x>'`)."""
-    raw = doc()
-    iv(raw)["reads"]["v_cf"]["input"] = "source"
-    r = refused(raw)
-    assert r.path == f"{IV}.reads.v_cf.input"
-    assert r.message == "interventions.patching: read 'v_cf': undeclared role 'source'"
-
-
-def test_undeclared_model_is_refused():
-    """SPEC.md:37 [D10] A read's `model` is 'original' or declared (F§8.4 text)."""
-    raw = doc()
-    iv(raw)["reads"]["logits"]["model"] = "steered"
-    r = refused(raw)
-    assert r.path == f"{IV}.reads.logits.model"
-    assert r.message == "interventions.patching: read 'logits': model 'steered' is neither 'original' nor declared"
+    assert (r.path, r.message) == (f"{IV}.{path}", f"{IV}: {message}")
 
 
 def test_read_of_an_intervened_model_takes_its_input():
     """SPEC.md:37 [D10] Reading: a read of model M on a role M does not run on is refused."""
-    raw = doc()
-    iv(raw)["reads"]["logits"]["input"] = "counterfactual"
-    r = refused(raw)
-    assert r.path == f"{IV}.reads.logits.input"
-    assert "model 'patched' runs on 'base'" in r.message
-
-
-def test_undeclared_write_in_a_model_is_refused():
-    """SPEC.md:45 [D13] An intervened model's `writes` name declared writes (F§8.4 text)."""
-    raw = doc()
-    iv(raw)["models"]["patched"]["writes"] = ["patch", "ablate"]
-    r = refused(raw)
-    assert r.path == f"{IV}.models.patched.writes.1"
-    assert r.message == "interventions.patching: model 'patched': undeclared write 'ablate'"
+    path, message = said(patched("reads.logits.input", "counterfactual"))
+    assert path == f"{IV}.reads.logits.input" and "model 'patched' runs on 'base'" in message
 
 
 def test_original_is_a_reserved_model_name():
     """SPEC.md:45 [D13] `original` is reserved and has no writes."""
-    raw = doc()
-    iv(raw)["models"]["original"] = {"input": "base", "writes": ["patch"]}
-    r = refused(raw)
-    assert r.path == f"{IV}.models.original"
-    assert "reserved" in r.message
-
-
-def test_operand_that_is_not_a_read_is_refused():
-    """SPEC.md:41 [D11] A write's operand is a read of the same intervention (F§20 text)."""
-    raw = doc()
-    iv(raw)["writes"]["patch"]["operand"] = "mean"
-    r = refused(raw)
-    assert r.path == f"{IV}.writes.patch.operand"
-    assert r.message == ("interventions.patching: write 'patch': operand 'mean' is not a read of this "
-                         "intervention; a value from an earlier step is {\"ref\": …}")
+    path, message = said(patched("models.original", {"input": "base", "writes": ["patch"]}))
+    assert path == f"{IV}.models.original" and "reserved" in message
 
 
 def test_numeric_operand_is_accepted():
@@ -254,29 +233,21 @@ def test_write_without_operand_is_refused():
 
 def test_metric_of_must_name_a_read():
     """SPEC.md:47 [D14] A metric's `of` is a read of the same intervention (F§20 text)."""
-    raw = doc()
-    iv(raw)["metrics"]["iia"]["of"] = "v_cf_logits"
-    r = refused(raw)
-    assert r.path == f"{IV}.metrics.iia.of"
-    assert r.message == "interventions.patching: metric 'iia': `of` must be a read name, got 'v_cf_logits'"
+    assert said(patched("metrics.iia.of", "v_cf_logits")) == (f"{IV}.metrics.iia.of", "interventions.patching: metric 'iia': `of` must be a read name, got 'v_cf_logits'")
 
 
 def test_metric_takes_only_its_kinds_columns():
     """SPEC.md:47 [D14] match takes `expected`; a logit_diff column on it is an unknown key."""
-    raw = doc()
-    iv(raw)["metrics"]["iia"]["a"] = "cf_answer"
-    r = refused(raw)
-    assert r.path == f"{IV}.metrics.iia.a"
-    assert r.message.startswith("unknown key 'a'")
+    path, message = said(patched("metrics.iia.a", "cf_answer"))
+    assert path == f"{IV}.metrics.iia.a" and message.startswith("unknown key 'a'")
 
 
 def test_saves_of_a_thing_not_produced():
     """SPEC.md:52 [D16] A save names a metric this step produces (F§20 text)."""
     raw = doc()
     raw["steps"]["score"]["saves"][0]["value"] = "iia2"
-    r = refused(raw)
-    assert r.path == "steps.score.saves.0.value"
-    assert r.message == ("step 'score': saves 'iia2', which it does not produce (it produces ['iia', 'logit_diff']); "
+    path, message = said(raw)
+    assert path == "steps.score.saves.0.value" and message == ("step 'score': saves 'iia2', which it does not produce (it produces ['iia', 'logit_diff']); "
                          "did you mean 'iia'?")  # D22's tail
 
 
@@ -308,9 +279,7 @@ def test_undeclared_intervention_in_a_step_is_refused():
     """SPEC.md:52 [D16] A step runs declared interventions (F§20 `undeclared intervention … declared: [...]`)."""
     raw = doc()
     raw["steps"]["score"]["interventions"] = "pathcing"
-    r = refused(raw)
-    assert r.path == "steps.score.interventions"
-    assert r.message == "step 'score': undeclared intervention 'pathcing'; declared: ['patching']"
+    assert said(raw) == ("steps.score.interventions", "step 'score': undeclared intervention 'pathcing'; declared: ['patching']")
 
 
 def _two_interventions(saves):
@@ -360,11 +329,8 @@ def test_two_steps_may_not_save_to_one_file():
 
 def test_unknown_mechanism_is_refused():
     """SPEC.md:43 [D12] A mechanism the format does not have is refused listing the format's names."""
-    raw = doc()
-    iv(raw)["writes"]["patch"]["mechanism"] = "replace"
-    r = refused(raw)
-    assert r.path == f"{IV}.writes.patch.mechanism"
-    assert r.message.startswith("'replace' is not one of ['swap', 'add_scaled'")
+    path, message = said(patched("writes.patch.mechanism", "replace"))
+    assert path == f"{IV}.writes.patch.mechanism" and message.startswith("'replace' is not one of ['swap', 'add_scaled'")
 
 
 # ================================================================ positions
@@ -393,11 +359,7 @@ def test_no_cut_is_refused_with_seed_text():
 
 def test_two_cuts_in_a_document_are_refused_at_the_pos_path():
     """SPEC.md:101 [P4] The refusal carries the document path of the `pos`; seed 000:3."""
-    raw = doc()
-    iv(raw)["writes"]["patch"]["pos"] = {"span": [0, 2], "all": True}
-    r = refused(raw)
-    assert r.path == f"{IV}.writes.patch.pos"
-    assert r.message == "a position names exactly one of index/span/last/all, got ['span', 'all']"
+    assert said(patched("writes.patch.pos", {"span": [0, 2], "all": True})) == (f"{IV}.writes.patch.pos", "a position names exactly one of index/span/last/all, got ['span', 'all']")
 
 
 def test_last_zero_is_refused():
@@ -476,24 +438,13 @@ def test_frame_must_be_prompt_or_generated():
 # ================================================================ width: metrics and writes
 
 
-def test_metric_over_a_window_of_three_is_refused():
-    """SPEC.md:267 [P49] A metric reads width 1; `last: 3` is refused with A11's text; seed 000:330."""
-    raw = doc()
-    iv(raw)["reads"]["logits"]["pos"] = {"last": 3}
-    r = refused(raw)
-    assert r.path == f"{IV}.metrics.iia.of"
-    assert r.message == ("interventions.patching: metric 'iia' reads 'logits', a window of 3 positions; "
-                         "a metric scores one position per row")
-
-
-def test_metric_over_a_varying_window_is_refused():
-    """SPEC.md:267 [P49] `{"all": true}` under a metric is `a window of varying positions`; seed 000:330."""
-    raw = doc()
-    iv(raw)["reads"]["logits"]["pos"] = {"all": True}
-    r = refused(raw)
-    assert r.path == f"{IV}.metrics.iia.of"
-    assert r.message == ("interventions.patching: metric 'iia' reads 'logits', a window of varying positions; "
-                         "a metric scores one position per row")
+@pytest.mark.parametrize("pos, window", [({"last": 3}, "a window of 3 positions"),
+                                         ({"all": True}, "a window of varying positions")], ids=["last3", "all"])
+def test_metric_over_a_window_wider_than_one_is_refused(pos, window):
+    """SPEC.md:267 [P49] A metric reads width 1: `last: 3`, and `{"all": true}` (`a window of varying
+    positions`), are refused with A11's text; seed 000:330."""
+    assert said(patched("reads.logits.pos", pos)) == (f"{IV}.metrics.iia.of", (
+        f"interventions.patching: metric 'iia' reads 'logits', {window}; a metric scores one position per row"))
 
 
 def test_metric_over_a_ragged_width_one_read_is_accepted():
@@ -509,12 +460,9 @@ def test_metric_over_a_ragged_width_one_read_is_accepted():
 
 def test_write_operand_width_mismatch_is_refused():
     """SPEC.md:269 [P50] A write and its operand with different fixed widths are refused with A11's text."""
-    raw = doc()
-    iv(raw)["writes"]["patch"]["pos"] = {"last": 2}
-    r = refused(raw)
-    assert r.path == f"{IV}.writes.patch.pos"
-    assert r.message == ("interventions.patching: write 'patch' covers 2 position(s) but its operand 'v_cf' "
-                         "was read over 1; the windows must match")
+    assert said(patched("writes.patch.pos", {"last": 2})) == (f"{IV}.writes.patch.pos", (
+        "interventions.patching: write 'patch' covers 2 position(s) but its operand 'v_cf' "
+        "was read over 1; the windows must match"))
 
 
 def test_ragged_write_width_is_left_to_the_run():
@@ -542,24 +490,33 @@ def _generated(decode: int, write_pos=None, read_pos=None) -> dict:
     return raw
 
 
-def test_generated_position_needs_decode():
-    """SPEC.md:234 [P42] A generated position with `decode: 0` is refused, for a read and a write (A9); seed 000:275."""
-    r = refused(_generated(0, read_pos={"frame": "generated", "index": 0}))
-    assert r.path == f"{IV}.reads.v_cf.pos"
-    assert r.message == "interventions.patching: read 'v_cf': a generated position needs `decode` > 0"
-    r = refused(_generated(0, write_pos={"frame": "generated", "index": 0}))
-    assert r.path == f"{IV}.writes.patch.pos"
-    assert r.message == "interventions.patching: write 'patch': a generated position needs `decode` > 0"
+# (decode, read or write, the generated step, the refused path under the intervention, the message after
+# `interventions.patching: `): a step the decode never reaches, for a read and for a write (A9).
+UNREACHED = {
+    "read-no-decode": (0, "read", 0, "reads.v_cf.pos", "read 'v_cf': a generated position needs `decode` > 0"),
+    "write-no-decode": (0, "write", 0, "writes.patch.pos",
+                        "write 'patch': a generated position needs `decode` > 0"),
+    "write-past": (3, "write", 3, "writes.patch.pos", "write 'patch': step 3 of a 3-token decode"),
+    "read-past": (2, "read", 5, "reads.v_cf.pos", "read 'v_cf': step 5 of a 2-token decode"),
+}
+
+
+@pytest.mark.parametrize("case", list(UNREACHED))
+def test_a_generated_step_the_decode_does_not_reach_is_refused(case):
+    """SPEC.md:234 [P42] A generated position with `decode: 0`, and a step past the decode bound, are refused,
+    for a read and a write (A9); seed 000:275."""
+    decode, side, step, path, message = UNREACHED[case]
+    pos = {"frame": "generated", "index": step}
+    raw = _generated(decode, **({"read_pos": pos} if side == "read" else {"write_pos": pos}))
+    assert said(raw) == (f"{IV}.{path}", f"{IV}: {message}")
 
 
 def test_generated_write_at_index_minus_one_is_refused():
     """SPEC.md:234 [P42] A write names a reached step; `{generated index:-1}` is a cut to read (A9); seed 000:275."""
-    r = refused(_generated(3, write_pos={"frame": "generated", "index": -1}))
-    assert r.path == f"{IV}.writes.patch.pos"
-    assert r.message == (
+    assert said(_generated(3, write_pos={"frame": "generated", "index": -1})) == (f"{IV}.writes.patch.pos", (
         "interventions.patching: write 'patch': a write in the continuation frame is at a step the decode has "
         "reached — {'index': k} with k >= 0, or {'all': true}. {generated index:-1} names a cut of the finished "
-        "continuation, which is something to read and not something to write into")
+        "continuation, which is something to read and not something to write into"))
 
 
 def test_generated_write_of_last_n_is_refused():
@@ -571,20 +528,10 @@ def test_generated_write_of_last_n_is_refused():
 
 def test_generated_write_with_scope_is_refused():
     """SPEC.md:234 [P42] A write in the continuation frame takes no scope (A9); seed 000:275."""
-    r = refused(_generated(3, write_pos={"frame": "generated", "index": 0, "scope": {"segment": "eos"}}))
-    assert r.path == f"{IV}.writes.patch.pos"
-    assert r.message == ("interventions.patching: write 'patch': a write in the continuation frame takes no scope; "
-                         "{generated index:0 scope:{segment:eos}} is only known once the decode has finished")
-
-
-def test_generated_step_past_the_bound_is_refused():
-    """SPEC.md:234 [P42] A step past the decode bound is refused, write and read (A9)."""
-    r = refused(_generated(3, write_pos={"frame": "generated", "index": 3}))
-    assert r.path == f"{IV}.writes.patch.pos"
-    assert r.message == "interventions.patching: write 'patch': step 3 of a 3-token decode"
-    r = refused(_generated(2, read_pos={"frame": "generated", "index": 5}))
-    assert r.path == f"{IV}.reads.v_cf.pos"
-    assert r.message == "interventions.patching: read 'v_cf': step 5 of a 2-token decode"
+    scoped = {"frame": "generated", "index": 0, "scope": {"segment": "eos"}}
+    assert said(_generated(3, write_pos=scoped)) == (f"{IV}.writes.patch.pos", (
+        "interventions.patching: write 'patch': a write in the continuation frame takes no scope; "
+        "{generated index:0 scope:{segment:eos}} is only known once the decode has finished"))
 
 
 def test_generated_write_at_a_step_or_all_is_accepted():
@@ -613,28 +560,23 @@ def test_layers_with_two_entries_is_refused():
     """SPEC.md:281 [L2] A multi-layer band is refused with B11's text; seed 004:33."""
     raw = doc()
     raw["sites"]["target"]["layers"] = [0, 1]
-    r = refused(raw)
-    assert r.path == "sites.target.layers"
-    assert r.message == ("layers must be a one-element band; a band spanning several layers is one address "
-                         "and is not implemented")
+    assert said(raw) == ("sites.target.layers", (
+        "layers must be a one-element band; a band spanning several layers is one address "
+        "and is not implemented"))
 
 
 def test_per_layer_component_without_layers_is_refused():
     """SPEC.md:285 [L4] A per-layer component with no layer is refused (reference's reading of B4); seed 004:90."""
     raw = doc()
     del raw["sites"]["target"]["layers"]
-    r = refused(raw)
-    assert r.path == "sites.target"
-    assert r.message == "'block_output' is addressed at one layer: say which with \"layers\": [i]"
+    assert said(raw) == ("sites.target", "'block_output' is addressed at one layer: say which with \"layers\": [i]")
 
 
 def test_whole_model_component_with_layers_is_refused():
     """SPEC.md:285 [L4] A whole-model component with a layer is refused; seed 004:90."""
     raw = doc()
     raw["sites"]["head"]["layers"] = [0]
-    r = refused(raw)
-    assert r.path == "sites.head.layers"
-    assert r.message == "'lm_head' is one per model and takes no layers"
+    assert said(raw) == ("sites.head.layers", "'lm_head' is one per model and takes no layers")
 
 
 def test_unknown_component_is_left_to_compile():
@@ -648,20 +590,17 @@ def test_heads_and_units_together_are_refused():
     """SPEC.md:323 [L14] `heads` and `units` together are refused with B11's text; seed 004:159."""
     raw = doc()
     raw["sites"]["target"] = {"component": "attention_z", "layers": [0], "heads": [0], "units": [1]}
-    r = refused(raw)
-    assert r.path == "sites.target"
-    assert r.message == "a site names heads or units, not both: they slice the same axis"
+    assert said(raw) == ("sites.target", "a site names heads or units, not both: they slice the same axis")
 
 
 def test_heads_at_block_output_is_refused():
     """SPEC.md:323 [L14] `heads` only at a per-head tensor, B11's text with the sorted per-head names."""
     raw = doc()
     raw["sites"]["target"]["heads"] = [0]
-    r = refused(raw)
-    assert r.path == "sites.target.heads"
-    assert r.message == ("'block_output' is not a per-head tensor; `heads` applies at ['attention_key', "
-                         "'attention_premix', 'attention_probs', 'attention_query', 'attention_scores', "
-                         "'attention_z']")
+    assert said(raw) == ("sites.target.heads", (
+        "'block_output' is not a per-head tensor; `heads` applies at ['attention_key', "
+        "'attention_premix', 'attention_probs', 'attention_query', 'attention_scores', "
+        "'attention_z']"))
 
 
 def test_heads_at_a_per_head_tensor_is_accepted():
@@ -694,9 +633,8 @@ def test_write_at_input_ids_is_refused():
     """SPEC.md:300 [L8] `input_ids` is read-only; B11's full validate text; seed 004:92."""
     raw = doc()
     raw["sites"]["target"] = {"component": "input_ids"}
-    r = refused(raw)
-    assert r.path == f"{IV}.writes.patch.site"
-    assert str(r.message) == ("interventions.patching: write 'patch': 'input_ids' is read-only — the model's "
+    path, message = said(raw)
+    assert path == f"{IV}.writes.patch.site" and str(message) == ("interventions.patching: write 'patch': 'input_ids' is read-only — the model's "
                               "input, not an activation")
 
 
@@ -712,13 +650,10 @@ def test_read_at_input_ids_is_accepted():
 
 def test_view_logits_off_the_residual_stream_is_refused():
     """SPEC.md:305 [L10] `view: logits` only on the residual stream; F§20/B11 full text; seed 004:41."""
-    raw = doc()
-    iv(raw)["reads"]["logits"]["view"] = "logits"
-    r = refused(raw)
-    assert r.path == f"{IV}.reads.logits.view"
-    assert r.message == ("interventions.patching: read 'logits': view 'logits' projects the residual stream "
-                         "through the head, and 'lm_head' is not the residual stream (one of ['block_input', "
-                         "'block_output', 'embeddings', 'ln_final'])")
+    assert said(patched("reads.logits.view", "logits")) == (f"{IV}.reads.logits.view", (
+        "interventions.patching: read 'logits': view 'logits' projects the residual stream "
+        "through the head, and 'lm_head' is not the residual stream (one of ['block_input', "
+        "'block_output', 'embeddings', 'ln_final'])"))
 
 
 def test_view_logits_on_the_residual_stream_is_accepted():
@@ -734,12 +669,9 @@ def test_view_logits_on_the_residual_stream_is_accepted():
 
 def test_logits_view_is_not_an_operand():
     """SPEC.md:305 [L10] A logits view is vocabulary-wide and cannot be written back (F§8.2 text)."""
-    raw = doc()
-    iv(raw)["reads"]["v_cf"]["view"] = "logits"
-    r = refused(raw)
-    assert r.path == f"{IV}.writes.patch.operand"
-    assert r.message == ("interventions.patching: write 'patch': operand 'v_cf' is a logits view, which is "
-                         "vocabulary-wide and cannot be written back at a site")
+    assert said(patched("reads.v_cf.view", "logits")) == (f"{IV}.writes.patch.operand", (
+        "interventions.patching: write 'patch': operand 'v_cf' is a logits view, which is "
+        "vocabulary-wide and cannot be written back at a site"))
 
 
 # ================================================================ sweeps
@@ -846,11 +778,8 @@ def test_document_that_is_itself_a_sweep_is_refused():
 
 def test_unlowered_wrapper_is_refused_by_document():
     """SPEC.md:58 [D17] Wrappers are lowered first; `document` refuses one that was not."""
-    raw = doc()
-    iv(raw)["reads"]["logits"]["pos"] = {"sweep": [-1, -2]}
-    r = refused(raw)
-    assert r.path == f"{IV}.reads.logits.pos"
-    assert "lowered" in r.message
+    path, message = said(patched("reads.logits.pos", {"sweep": [-1, -2]}))
+    assert path == f"{IV}.reads.logits.pos" and "lowered" in message
 
 
 # ================================================================ digest

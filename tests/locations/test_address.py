@@ -375,23 +375,24 @@ def test_query_write_replaces_the_call_inputs(eager, family):
     assert torch.all(spread.abs() < 1e-5)
 
 
+def _written_then_read(m, write_at: tuple, read_at: tuple, make):
+    """In one forward of INPUTS, replace the tensor at `write_at` by `make(it)` and return what `read_at` holds."""
+    w, r = address.locate(m, *write_at), address.locate(m, *read_at)
+    with m.trace(INPUTS):
+        nnterp.assign(m, w, make(nnterp.value(m, w)))
+        got = nnterp.value(m, r).save()
+    return got
+
+
 def test_z_write_reaches_premix(eager):
     """SPEC.md:314 [L12] — writing attention_z (replacing the call's output) is what o_proj reads."""
-    m = eager("llama")
-    z, pre = address.locate(m, "attention_z", 1), address.locate(m, "attention_premix", 1)
-    with m.trace(INPUTS):
-        nnterp.assign(m, z, torch.ones_like(nnterp.value(m, z)))
-        got = nnterp.value(m, pre).save()
+    got = _written_then_read(eager("llama"), ("attention_z", 1), ("attention_premix", 1), torch.ones_like)
     assert torch.all(got == 1)
 
 
 def test_scores_write_changes_the_pattern(eager):
     """seed 004:122 / SPEC.md:314 [L12] — a write at the softmax's argument is what the pattern comes from."""
-    m = eager("llama")
-    s, p = address.locate(m, "attention_scores", 0), address.locate(m, "attention_probs", 0)
-    with m.trace(INPUTS):
-        nnterp.assign(m, s, torch.zeros_like(nnterp.value(m, s)))
-        probs = nnterp.value(m, p).save()
+    probs = _written_then_read(eager("llama"), ("attention_scores", 0), ("attention_probs", 0), torch.zeros_like)
     t = IDS.shape[1]
     assert torch.allclose(probs[0, 0, -1], torch.full((t,), 1.0 / t))
 
@@ -510,19 +511,29 @@ def _neox(tmp_path, parallel: bool) -> str:
     return str(where)
 
 
+def _refusals_at_every_layer(m, names) -> dict:
+    """{(name, layer): the refusal's message} for each name at each of the model's two layers; a name that
+    resolves at a layer is missing from the map (so the comparison fails)."""
+    said = {}
+    for name in names:
+        for layer in range(2):
+            try:
+                address.locate(m, name, layer)
+            except Refusal as refusal:
+                said[(name, layer)] = refusal.message
+    return said
+
+
 def test_a_parallel_block_has_no_block_mid_and_no_mlp_input_norm(tmp_path):
     """seed 004:230 / SPEC.md:359 [L22] — GPT-NeoX with use_parallel_residual loads in nnterp 1.3.0; its
     layers keep a post_attention_layernorm, but it norms the block input, so the config flag decides:
     block_mid and mlp_input_norm are refused with a sentence at every layer, the rest resolves. Without
     the flag the same module tree resolves both, and block_mid == block_input + attention_output."""
     m = checkpoint.standardized(_neox(tmp_path, parallel=True), weights=False)
-    for layer in range(2):
-        for name in ("block_mid", "mlp_input_norm"):
-            with pytest.raises(Refusal) as e:
-                address.locate(m, name, layer)
-            assert e.value.message == (
-                f"component '{name}': layer {layer} is a parallel block, where attention and the MLP both read "
-                "the block input: there is no residual stream between them, so there is no such place")
+    assert _refusals_at_every_layer(m, ("block_mid", "mlp_input_norm")) == {
+        (name, layer): f"component '{name}': layer {layer} is a parallel block, where attention and the MLP both "
+        "read the block input: there is no residual stream between them, so there is no such place"
+        for name in ("block_mid", "mlp_input_norm") for layer in range(2)}
     assert address.locate(m, "attention_premix", 0).module == "self_attn.dense"
     assert address.locate(m, "mlp_neuron_output", 0).module == "mlp.dense_4h_to_h"
     refused = [n for n, a in address.where_each_lands(m) if isinstance(a, str)]
@@ -560,13 +571,10 @@ def test_a_post_norm_block_refuses_the_two_input_norms_and_places_the_rest(eager
     mlp_input_norm are refused with a sentence at every layer; block_mid is the MLP's input, attention_output
     and mlp_output the post-norms' outputs, so block_output == block_input + attention_output + mlp_output."""
     m = eager("olmo2")
-    for layer in range(2):
-        for name in ("attention_input_norm", "mlp_input_norm"):
-            with pytest.raises(Refusal) as e:
-                address.locate(m, name, layer)
-            assert e.value.message == (
-                f"component '{name}': layer {layer} is a post-norm block, where each sublayer reads the residual "
-                "stream itself and the norm comes after: there is no such place")
+    assert _refusals_at_every_layer(m, ("attention_input_norm", "mlp_input_norm")) == {
+        (name, layer): f"component '{name}': layer {layer} is a post-norm block, where each sublayer reads the "
+        "residual stream itself and the norm comes after: there is no such place"
+        for name in ("attention_input_norm", "mlp_input_norm") for layer in range(2)}
     got = {n: (address.locate(m, n, 1).module, address.locate(m, n, 1).io)
            for n in ("block_mid", "attention_output", "mlp_output")}
     assert got == {"block_mid": ("mlp", "input"), "attention_output": ("post_attention_layernorm", "output"),
