@@ -11,7 +11,10 @@ surface and checks one invariant per case:
   stdout, junk files under --out, sleeping past --timeout, flooding);
 * flags: random values of --memory-budget, --batch-size, --device-map, --out, --data-root, --timeout;
 * cache: a copy of a built fixture folder under a temporary $CAUSALAB_REF_CACHE with files added,
-  removed, truncated or replaced by links.
+  removed, truncated or replaced by links;
+* results: a copy of a run's results folder (a swept patching run, a fit with its loss curve) with
+  its tables, document.json, run.json, tensor files and point folders edited, broken, removed or
+  replaced by links, drawn by `plot` to a figure path that may be a link, a folder or a file.
 
 The invariant (`violations`): no `internal error` or traceback; no metric-table row that is
 eligible with a non-finite or null value; no file of a sentinel folder or of the cwd written or
@@ -43,7 +46,7 @@ BUNDLES = sorted((REPO / "documents" / "artifacts").glob("*.safetensors")) + sor
 BUNDLE_DOCS = {"pca": REPO / "documents" / "pca_control.json", "sae": REPO / "documents" / "sae_ablation.json"}
 PATCHING = REPO / "documents" / "patching.json"
 CACHE_KEY = "tiny-llama"
-SURFACES = ("bundle", "case", "impl", "flags", "cache")
+SURFACES = ("bundle", "case", "impl", "flags", "cache", "results")
 BOUND = 60.0  # seconds one case may take (a --timeout'd fake sleeps at most a few seconds)
 DTYPES = ["F16", "BF16", "F64", "I64", "I32", "I8", "U8", "BOOL", "F8_E4M3", "X9"]
 
@@ -277,6 +280,94 @@ def flags_case(rng: random.Random, tmp: pathlib.Path, sentinel: pathlib.Path,
     return [argv]
 
 
+# ---------------------------------------------------------------- results folders (plot's input)
+
+def _tracing_document() -> dict:
+    """patching.json swept over two layers and two positions (read and write move together)."""
+    doc = json.loads(PATCHING.read_text(encoding="utf-8"))
+    doc["sites"]["target"]["layers"] = {"sweep": [[0], [1]]}
+    patching = doc["interventions"]["patching"]
+    for place in (patching["reads"]["v_cf"], patching["writes"]["patch"]):
+        place["pos"] = {"sweep": [-2, -1], "as": "pos"}
+    return doc
+
+
+def results_bases(tmp: pathlib.Path) -> list[pathlib.Path]:
+    """Two results folders a run wrote (run once per session): a swept patching run and a fit's run."""
+    fit = json.loads((CORPUS / "run_tiny_das_fit.json").read_text(encoding="utf-8"))["document"]
+    bases = []
+    for name, doc in (("tracing", _tracing_document()), ("fit", fit)):
+        out = tmp / "results" / name
+        if not (out / "run.json").exists():
+            path = tmp / "results" / f"{name}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(doc), encoding="utf-8")
+            done = inprocess.cli("run", str(path), "--data-root", str(fuzzing.DATA), "--out", str(out), "--quiet")
+            if done.returncode != 0:
+                raise RuntimeError(f"the {name} run failed: {done.stderr}")
+        bases.append(out)
+    return bases
+
+
+def _damage_entry(rng: random.Random, entry: pathlib.Path, sentinel: pathlib.Path) -> None:
+    """One file or folder of a results copy edited, broken, removed or replaced."""
+    op = rng.randrange(7)
+    if op == 0 and entry.suffix == ".json" and entry.is_file():
+        try:
+            raw = json.loads(entry.read_text(encoding="utf-8"))
+        except ValueError:
+            raw = None
+        raw = fuzzing.mutate_tree(rng, raw, fuzzing._keys(raw) + ["value", "eligible", "metric", "steps", "saves"])
+        entry.write_bytes(fuzzing._text(rng, raw).encode("utf-8", "surrogatepass"))
+    elif op == 1 and entry.is_file():
+        raw = entry.read_bytes()
+        entry.write_bytes(rng.choice([raw[:rng.randrange(len(raw) + 1)], b"", b"NaN", b"[1e999]", os.urandom(64),
+                                      b"[" * 5000]))
+    elif op == 2 and entry.suffix == ".safetensors" and entry.is_file():
+        entry.write_bytes(mutated_bundle(rng, entry.read_bytes()))
+    elif op == 3:
+        _remove_entry(entry)
+        entry.symlink_to(rng.choice([str(sentinel / "keep.txt"), str(sentinel), "/etc/passwd", "/nonexistent",
+                                     entry.name, ".."]))
+    elif op == 4:
+        _remove_entry(entry)
+        entry.mkdir()
+    elif op == 5:
+        _remove_entry(entry)
+    else:
+        entry.rename(entry.with_name(rng.choice(["layers=9,pos=-1", "layers=[0],pos=x", "x.json", ".hidden"])))
+
+
+def _remove_entry(entry: pathlib.Path) -> None:
+    if entry.is_dir() and not entry.is_symlink():
+        shutil.rmtree(entry)
+    else:
+        entry.unlink(missing_ok=True)
+
+
+def results_case(rng: random.Random, tmp: pathlib.Path, sentinel: pathlib.Path) -> list[list[str]]:
+    """`plot` of a damaged copy of a results folder, to a figure path that may not be a new file."""
+    base = rng.choice(results_bases(tmp.parent))
+    folder = tmp / "results" / base.name
+    shutil.copytree(base, folder, symlinks=True)
+    for _ in range(rng.choice([0, 1, 1, 2, 3])):
+        entries = sorted(folder.rglob("*"))
+        if entries:
+            with contextlib.suppress(OSError):  # a damage the file system will not take (a rename onto a folder)
+                _damage_entry(rng, rng.choice(entries), sentinel)
+    if rng.random() < 0.1:
+        shutil.copyfile(rng.choice(BUNDLES), folder / rng.choice(["x.safetensors", "train_loss.safetensors"]))
+    argv = ["plot", str(folder), "--data-root", str(fuzzing.DATA)]
+    target = rng.choice([None, tmp / "fig.png", tmp / "fig.svg", tmp / "fig.pdf", tmp / "new" / "fig.png",
+                         sentinel / "keep.txt", sentinel / "link", sentinel, tmp / ("c" * 300 + ".png"),
+                         folder / "run.json"])
+    if target is not None:
+        argv.append(f"--out={target}")
+    if rng.random() < 0.3 and (target is None or tmp in target.parents):
+        argv.append("--replace")
+    return [argv]
+
+
 # ---------------------------------------------------------------- fixture cache folders
 
 def _built_folder() -> pathlib.Path:
@@ -380,7 +471,9 @@ def bad_rows(out: pathlib.Path) -> list[str]:
 
 
 def _out_of(argv: list[str]) -> Optional[pathlib.Path]:
-    if argv[0] != "run":
+    if argv[0] == "plot" and not any(word.startswith("--out") for word in argv):
+        return pathlib.Path(f"{argv[1]}.png")  # FG6: the default figure beside the folder
+    if argv[0] not in ("run", "plot"):
         return None
     for i, word in enumerate(argv):
         if word == "--out":
@@ -472,6 +565,8 @@ def _argvs(surface: str, rng: random.Random, case_dir: pathlib.Path, sentinel: p
         return impl_case(rng, case_dir, fixtures), None
     if surface == "flags":
         return flags_case(rng, case_dir, sentinel, fixtures), None
+    if surface == "results":
+        return results_case(rng, case_dir, sentinel), None
     return cache_case(rng, case_dir, sentinel), damaged_cache(rng, case_dir, sentinel)
 
 
@@ -491,7 +586,8 @@ def run_case(rng: random.Random, tmp: pathlib.Path, surface: Optional[str] = Non
     with _environment(cache, rng.choice(["3", "5"])), loads:
         for argv in argvs:
             def watched() -> dict:
-                return {**snapshot(sentinel), **snapshot(cwd), **snapshot(CORPUS), **snapshot(REPO / "documents")}
+                return {**snapshot(sentinel), **snapshot(cwd), **snapshot(CORPUS), **snapshot(REPO / "documents"),
+                        **snapshot(case_dir / "results")}  # plot reads a results folder and writes only its figure
             before = watched()
             started = time.monotonic()
             done = inprocess.cli(*argv, cwd=cwd)

@@ -57,7 +57,7 @@ def _points(out: Path) -> list[tuple[tuple, Path]]:
     try:
         raw = json.loads((out / "document.json").read_text(encoding="utf-8"))
         lowered = sweeps.points(raw)
-    except (OSError, ValueError, Refusal):
+    except (OSError, ValueError, RecursionError, Refusal):
         raise _fail(f"{out} holds no document.json a run wrote; plot draws the folder a run wrote "
                     "(its --out)") from None
     if len(lowered) == 1 and not lowered[0][0]:
@@ -89,7 +89,7 @@ def _tables(folder: Path) -> dict[str, list[dict]]:
             continue
         try:
             rows = json.loads(file.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):  # not JSON, or nested past what the reader takes
             continue
         if isinstance(rows, list) and rows and all(isinstance(r, dict) and "metric" in r and "value" in r
                                                    for r in rows):
@@ -101,12 +101,14 @@ def _curves(folder: Path) -> dict[str, list[float]]:
     """The loss curves one point's fits saved: {save's file: losses}, from its document's saves of `<fit>/loss`."""
     try:
         doc = json.loads((folder / "document.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
+    steps = doc.get("steps") if isinstance(doc, dict) else None
     curves = {}
-    for step in (doc.get("steps") or {}).values():
-        for save in (step.get("saves") or []) if isinstance(step, dict) else []:
-            value, file = save.get("value", ""), save.get("file_path", "")
+    for step in steps.values() if isinstance(steps, dict) else ():
+        saves = step.get("saves") if isinstance(step, dict) else None
+        for save in saves if isinstance(saves, list) else ():
+            value, file = (save.get("value", ""), save.get("file_path", "")) if isinstance(save, dict) else ("", "")
             if isinstance(value, str) and value.endswith("/loss") and str(file).endswith(".safetensors"):
                 losses = _tensor_values(folder / file)
                 if losses is not None:
@@ -172,7 +174,7 @@ def _axis_ticks(points, axis: int, landed: dict[str, list[tuple[tuple, str]]]) -
 
 def _heatmap(points, rows_of: dict, landed: dict) -> Panel:
     names = [a for a, _v in points[0][0]]
-    first = next(iter(rows_of.values()))[0]
+    first = next(rows for rows in rows_of.values() if rows)[0]  # a point may lack the table (FG2)
     title = f"{first['metric']} ({first.get('unit', '')}): mean over eligible rows"
     across, xticks = _axis_ticks(points, len(names) - 1, landed)
     down, yticks = _axis_ticks(points, 0, landed) if len(names) == 2 else ([""], ("",))
@@ -282,11 +284,20 @@ def _target(target: Path, replace: bool) -> Path:
     """A figure's file: .png or .svg, never through a link, an existing file only with --replace (FG5)."""
     if target.suffix.lower() not in SUFFIXES:
         raise _fail(f"--out {target}: a figure is a .png or a .svg file; name one", path="--out")
-    if target.is_symlink() or (target.exists() and not target.is_file()):
+    try:
+        link, exists, is_file = target.is_symlink(), target.exists(), target.is_file()
+    except OSError as error:  # a name the file system will not take (too long)
+        raise _unwritable(target, error) from None
+    if link or (exists and not is_file):
         raise _fail(f"--out {target} is a link or a folder; name a new file", path="--out")
-    if target.exists() and not replace:
+    if exists and not replace:
         raise _fail(f"--out {target} already exists; choose a new file or say --replace", path="--out")
     return target
+
+
+def _unwritable(target: Path, error: OSError) -> Refusal:
+    return _fail(f"cannot write the figure {target}: {error.strerror or type(error).__name__}; name a file "
+                 "in a folder that exists and can be written", path="--out")
 
 
 def draw(out: Path, target: Optional[Path] = None, replace: bool = False, plan: Optional[list[dict]] = None) -> Path:
@@ -301,8 +312,7 @@ def draw(out: Path, target: Optional[Path] = None, replace: bool = False, plan: 
             fig.savefig(handle, format=target.suffix.lower().lstrip("."), dpi=120)
         os.replace(staged, target)
     except OSError as error:
-        raise _fail(f"cannot write the figure {target}: {error.strerror or type(error).__name__}; name a file "
-                    "in a folder that exists and can be written", path="--out") from None
+        raise _unwritable(target, error) from None
     finally:
         if staged is not None and os.path.exists(staged):
             os.unlink(staged)

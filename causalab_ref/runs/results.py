@@ -166,7 +166,7 @@ def record_of(folder: Path) -> Optional[dict]:
     """The run.json of a folder a run of this tool wrote (it names this package's digest), else None."""
     try:
         record = json.loads((folder / "run.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     return record if isinstance(record, dict) and isinstance(record.get("causalab_ref"), str) else None
 

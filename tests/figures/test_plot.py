@@ -44,7 +44,7 @@ def _mean(file: Path) -> float:
 
 
 def test_a_two_axis_sweep_is_a_heatmap_of_each_points_mean(tracing):
-    """SPEC.md:1802 [FG2] the first axis down, the second across, each cell the mean over the point's eligible rows
+    """SPEC.md:1803 [FG2] the first axis down, the second across, each cell the mean over the point's eligible rows
     (recomputed here from each point's own table)."""
     panel = next(p for p in plot.panels(tracing) if p.title.startswith("logit_diff"))
     assert panel.kind == "heatmap" and (panel.ylabel, panel.xlabel) == ("layers", "pos")
@@ -52,6 +52,20 @@ def test_a_two_axis_sweep_is_a_heatmap_of_each_points_mean(tracing):
                  for layer in (0, 1))
     assert [len(row) for row in panel.values] == [3, 3]
     assert [v for row in panel.values for v in row] == pytest.approx([v for row in want for v in row], rel=1e-12)
+
+
+def test_a_point_without_the_table_is_an_empty_cell(tracing, tmp_path):
+    """SPEC.md:1803 [FG2] a point whose folder lacks a table (here the first point's, deleted) is an empty cell of
+    that table's heatmap; the other cells keep their means."""
+    import shutil
+
+    copy = tmp_path / "tracing"
+    shutil.copytree(tracing, copy)
+    (copy / "layers=0,pos=-3" / "logit_diff.json").unlink()
+    whole = next(p for p in plot.panels(tracing) if p.title.startswith("logit_diff"))
+    holed = next(p for p in plot.panels(copy) if p.title.startswith("logit_diff"))
+    assert holed.values[0][0] is None and whole.values[0][0] is not None
+    assert [v for row in holed.values for v in row][1:] == [v for row in whole.values for v in row][1:]
 
 
 def _plan(out: Path, capsys) -> list:
@@ -62,7 +76,7 @@ def _plan(out: Path, capsys) -> list:
 
 
 def test_a_position_axis_is_labelled_by_the_decoded_tokens(tracing, capsys):
-    """SPEC.md:1808 [FG3] the axis that moves where a write lands names, under each value, the first row's tokens
+    """SPEC.md:1809 [FG3] the axis that moves where a write lands names, under each value, the first row's tokens
     there (as explain resolves them; seed 000:141 splits 'If today is Thursday, tomorrow is' as [..., ',', 'tom',
     'orrow', 'is']); the layer axis, which moves no position, names its values alone."""
     panel = next(p for p in plot.panels(tracing, _plan(tracing, capsys)) if p.title.startswith("iia"))
@@ -71,7 +85,7 @@ def test_a_position_axis_is_labelled_by_the_decoded_tokens(tracing, capsys):
 
 
 def test_the_drawn_figure_has_the_panels_axes_and_labels(tracing, capsys):
-    """SPEC.md:1802 [FG2] SPEC.md:1808 [FG3] the matplotlib figure: one axes per metric table (and a colorbar each), titled, with
+    """SPEC.md:1803 [FG2] SPEC.md:1809 [FG3] the matplotlib figure: one axes per metric table (and a colorbar each), titled, with
     the sweep's axis names and tick labels."""
     fig = plot.figure(tracing, _plan(tracing, capsys))
     axes = [ax for ax in fig.axes if ax.get_title()]
@@ -82,7 +96,7 @@ def test_the_drawn_figure_has_the_panels_axes_and_labels(tracing, capsys):
 
 
 def test_a_run_with_no_sweep_is_bars_per_row(tmp_path):
-    """SPEC.md:1813 [FG4] no sweep: a bar per row (ineligible rows at 0), titled with how many rows were eligible."""
+    """SPEC.md:1814 [FG4] no sweep: a bar per row (ineligible rows at 0), titled with how many rows were eligible."""
     out = _run(_patching(), tmp_path, "plain")
     panel = next(p for p in plot.panels(out) if p.title.startswith("logit_diff"))
     rows = json.loads((out / "logit_diff.json").read_text(encoding="utf-8"))
@@ -91,7 +105,7 @@ def test_a_run_with_no_sweep_is_bars_per_row(tmp_path):
 
 
 def test_a_fits_loss_curve_is_a_line_over_updates(tmp_path):
-    """SPEC.md:1815 [FG5] a save of `<fit>/loss` is drawn as the losses in update order, read from its tensor file."""
+    """SPEC.md:1816 [FG5] a save of `<fit>/loss` is drawn as the losses in update order, read from its tensor file."""
     from safetensors.torch import load_file
 
     out = tmp_path / "das"
@@ -103,15 +117,16 @@ def test_a_fits_loss_curve_is_a_line_over_updates(tmp_path):
 
 
 def test_the_figure_is_written_whole_as_png_or_svg(tracing, tmp_path):
-    """SPEC.md:1817 [FG6] the file is PNG or SVG by its suffix, and no staging file is left beside it."""
+    """SPEC.md:1818 [FG6] the file is PNG or SVG by its suffix, and no staging file is left beside it."""
     png, svg = plot.draw(tracing, tmp_path / "f.png"), plot.draw(tracing, tmp_path / "f.svg")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and b"<svg" in svg.read_bytes()[:2000]
     assert sorted(os.listdir(tmp_path)) == ["f.png", "f.svg"]
 
 
 def test_plot_refuses_what_it_cannot_draw_in_one_line(tracing, tmp_path, capsys):
-    """SPEC.md:1800 [FG1] SPEC.md:1817 [FG6] a folder no run wrote, a suffix that is no figure, an existing file without --replace,
-    a link: exit 2, one line, nothing written, the link's target unchanged."""
+    """SPEC.md:1801 [FG1] SPEC.md:1818 [FG6] a folder no run wrote, a suffix that is no figure, an existing file without
+    --replace, a link, a name too long for the file system: exit 2, one line, nothing written, the link's target
+    unchanged."""
     (tmp_path / "plain").mkdir()
     victim = tmp_path / "victim.png"
     victim.write_bytes(b"keep")
@@ -120,6 +135,8 @@ def test_plot_refuses_what_it_cannot_draw_in_one_line(tracing, tmp_path, capsys)
              ([str(tracing), "--out", str(tmp_path / "f.txt")], "--out", "a .png or a .svg"),
              ([str(tracing), "--out", str(victim)], "--out", "already exists"),
              ([str(tracing), "--out", str(tmp_path / "link.png"), "--replace"], "--out", "is a link")]
+    cases.append(([str(tracing), "--out", str(tmp_path / ("c" * 300 + ".png"))], "--out",
+                  "cannot write the figure"))  # a name the file system will not take (fuzz surface `results`)
     for argv, path, words in cases:
         assert cli.main(["plot", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
@@ -128,7 +145,7 @@ def test_plot_refuses_what_it_cannot_draw_in_one_line(tracing, tmp_path, capsys)
 
 
 def test_a_sweep_over_three_axes_is_refused(tmp_path):
-    """SPEC.md:1802 [FG2] a heatmap has two axes: a run swept over three is refused, naming the count."""
+    """SPEC.md:1803 [FG2] a heatmap has two axes: a run swept over three is refused, naming the count."""
     doc = _patching()
     doc["sites"]["target"]["layers"] = {"sweep": [[0], [1]]}
     doc["interventions"]["patching"]["metrics"]["logit_diff"]["a"] = {"sweep": ["cf_answer", "answer"]}
@@ -140,7 +157,7 @@ def test_a_sweep_over_three_axes_is_refused(tmp_path):
 
 
 def test_without_matplotlib_plot_names_the_extra(tracing, monkeypatch):
-    """SPEC.md:1821 [FG7] matplotlib is an optional extra: without it, one line naming `causalab_ref[plot]`."""
+    """SPEC.md:1822 [FG7] matplotlib is an optional extra: without it, one line naming `causalab_ref[plot]`."""
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(Refusal) as caught:
         plot.figure(tracing)
@@ -148,7 +165,8 @@ def test_without_matplotlib_plot_names_the_extra(tracing, monkeypatch):
 
 
 def test_what_is_not_a_metric_table_or_a_curve_in_the_folder_is_not_drawn(tmp_path):
-    """SPEC.md:797 [S13] a file that is not JSON, JSON that is not a metric table, a link to a table outside, and a
+    """SPEC.md:798 [S13] a file that is not JSON (or nested too deep to read), JSON that is not a metric table, a link
+    to a table outside, and a
     loss save whose tensor is not 1-D add no panel and raise nothing: the figure is the run's own tables."""
     import shutil
 
@@ -160,6 +178,7 @@ def test_what_is_not_a_metric_table_or_a_curve_in_the_folder_is_not_drawn(tmp_pa
     shutil.copy(out / "iia.json", tmp_path / "outside.json")
     (out / "junk.json").write_bytes(b"\xff{not json")
     (out / "list.json").write_text(json.dumps([{"a": 1}]), encoding="utf-8")
+    (out / "deep.json").write_text("[" * 5000, encoding="utf-8")  # nested past the JSON reader (fuzz `results`)
     os.symlink(tmp_path / "outside.json", out / "linked.json")
     doc = json.loads((out / "document.json").read_text(encoding="utf-8"))
     doc["steps"]["score"]["saves"].append({"value": "fit/loss", "file_path": "loss.safetensors"})

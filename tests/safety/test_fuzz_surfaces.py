@@ -14,7 +14,7 @@ import pytest
 
 import fuzz_surfaces
 
-PER_SURFACE = {"bundle": 6, "case": 6, "impl": 6, "flags": 10, "cache": 3}
+PER_SURFACE = {"bundle": 6, "case": 6, "impl": 6, "flags": 10, "cache": 3, "results": 6}
 
 
 @pytest.fixture(scope="module")
@@ -24,8 +24,9 @@ def session(tmp_path_factory) -> pathlib.Path:
 
 @pytest.mark.parametrize("surface", sorted(PER_SURFACE))
 def test_mutated_surfaces_keep_the_invariant(surface: str, session: pathlib.Path):
-    """SPEC.md:777 [S9] SPEC.md:685 [C19] Whatever a bundle, a case file, an implementation, a flag or a cache
-    folder holds, no call ends in an internal error, writes outside --out, or scores a non-finite row."""
+    """SPEC.md:778 [S9] SPEC.md:685 [C19] SPEC.md:798 [S13] Whatever a bundle, a case file, an implementation, a
+    flag, a cache folder or a results folder `plot` draws holds, no call ends in an internal error, writes outside
+    --out, or scores a non-finite row."""
     broken = []
     for k in range(PER_SURFACE[surface]):
         _, results = fuzz_surfaces.run_case(random.Random(1000 * k + 17), session, surface)
@@ -34,7 +35,7 @@ def test_mutated_surfaces_keep_the_invariant(surface: str, session: pathlib.Path
 
 
 def test_the_invariant_sees_an_internal_error_a_nan_row_and_a_changed_file(tmp_path):
-    """SPEC.md:777 [S9] The checker can fail: an internal error, an eligible NaN row under --out and a changed
+    """SPEC.md:778 [S9] The checker can fail: an internal error, an eligible NaN row under --out and a changed
     file outside it are each reported."""
     out = tmp_path / "out"
     out.mkdir()
@@ -47,7 +48,7 @@ def test_the_invariant_sees_an_internal_error_a_nan_row_and_a_changed_file(tmp_p
 
 
 def test_the_runs_own_out_and_staging_names_are_not_outside(tmp_path):
-    """SPEC.md:758 [S4] A change under --out or at `.<out>.partial-...` beside it is the run's own."""
+    """SPEC.md:759 [S4] A change under --out or at `.<out>.partial-...` beside it is the run's own."""
     out = tmp_path / "out"
     before: dict = {}
     after = {str(out / "run.json"): ("file", 1, "x"), str(tmp_path / ".out.lock"): ("file", 0, ""),
@@ -57,7 +58,7 @@ def test_the_runs_own_out_and_staging_names_are_not_outside(tmp_path):
 
 
 def test_a_memory_budget_of_5000_nines_is_not_a_size():
-    """SPEC.md:895 [S47] A budget whose number is past any float (fuzz case 37, flags: an internal
+    """SPEC.md:896 [S47] A budget whose number is past any float (fuzz case 37, flags: an internal
     OverflowError once) is refused as not a size at validation, not converted."""
     from causalab_ref.runs import memory
     from causalab_ref.shapes import Refusal
