@@ -352,9 +352,15 @@ def completed(case: dict) -> dict:
     tables = dict(case.get("data") or {})
     for text in _strings(case.get("document", {})):
         rel = text.split("#", 1)[0] + ".json"
-        if rel not in tables and "/" in rel and (shipped / rel).is_file():
-            (corpus / "data" / rel).parent.mkdir(parents=True, exist_ok=True)
-            (corpus / "data" / rel).write_bytes((shipped / rel).read_bytes())
+        if rel in tables or "/" not in rel:
+            continue
+        try:  # a string that is not a path inside both folders names no shipped table (S12)
+            source, target = _inside(shipped, rel, "data table"), _inside(corpus / "data", rel, "data table")
+        except CaseError:
+            continue
+        if source.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(source.read_bytes())
             tables[rel] = f"data/{rel}"
     if tables:
         case["data"] = dict(sorted(tables.items()))
@@ -365,9 +371,17 @@ def completed(case: dict) -> dict:
 
 
 def _record(case: dict, got: dict, entries: list) -> None:
+    """Write the case file again with what causalab_ref answered; never through a link (S11)."""
     stored = {k: case[k] for k in ORDER if k in case}
     stored["expect"] = recorded(got, entries)
-    Path(case["_file"]).write_text(json.dumps(stored, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    text = json.dumps(stored, indent=1, ensure_ascii=False) + "\n"
+    try:
+        fd = os.open(case["_file"], os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
+    except OSError as error:
+        raise CaseError(f"{Path(case['_file']).name} cannot be recorded: {error.strerror} (a case file is "
+                        "recorded in place, never through a link)") from None
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
 
 
 # ---------------------------------------------------------------- the verb
@@ -477,7 +491,11 @@ def conform(impl_command: Optional[str] = None, options: Options = Options(),
             verdict, diffs, got = check(case, impl, record=options.record, recipes=recipes, cap=options.cap)
             counts[verdict] += 1
             if options.record and verdict == "pass":
-                _record(case, got, entries)
+                try:
+                    _record(case, got, entries)
+                except CaseError as error:
+                    verdict, diffs = "fail", [str(error)]
+                    counts["pass"], counts["fail"] = counts["pass"] - 1, counts["fail"] + 1
             _report(case, verdict, diffs, time.time() - t, options.quiet, stream)
             if verdict == "fail":
                 failed.append(case["name"])

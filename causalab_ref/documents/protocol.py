@@ -13,13 +13,12 @@ Everything outside the subset is refused by name. SPEC.md §10 (PR1-PR19).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from typing import Any, NoReturn
 
 from . import sweeps
-from .reader import type_name
+from .reader import canonical_sha256, type_name
 from ..shapes import Refusal, nearest
 
 VERSION = "3"
@@ -96,7 +95,7 @@ def digest(raw: dict) -> str:
     """The protocol's produced_by: sha256 of the raw document with its header reduced to
     {"protocol_version": …}, keys sorted, compact separators (F§12, PR15)."""
     body = dict(raw, header={"protocol_version": raw["header"]["protocol_version"]})
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return canonical_sha256(body)
 
 
 def _header(raw: Any) -> dict:

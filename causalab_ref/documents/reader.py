@@ -179,4 +179,9 @@ def digest(raw: Any) -> str:
             return [expand(v) for v in value]
         return value
     body = {k: expand(v, k) for k, v in raw.items() if k != "header"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return canonical_sha256(body)
+
+
+def canonical_sha256(value: Any) -> str:
+    """sha256 of `value` as compact JSON with its keys sorted: the one text every document digest hashes."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()

@@ -93,13 +93,13 @@ class Basis:
         return cayley(weight) if self.rotation else weight
 
     def featurize(self, x: torch.Tensor):
-        q = self.basis(x.device)
-        return x.float() @ q, None
+        q = self.basis(x.device)  # (d, k), orthonormal columns
+        return x.float() @ q, None  # (..., d) @ (d, k) -> (..., k)
 
     def inverse(self, f: torch.Tensor, err, x: torch.Tensor) -> torch.Tensor:
         q = self.basis(x.device)
         x = x.float()
-        return f @ q.T + (x - (x @ q) @ q.T)
+        return f @ q.T + (x - (x @ q) @ q.T)  # (..., k) @ (k, d) + x's part outside span(q): (..., d)
 
     def params(self) -> list:
         return [self.weight]
@@ -162,12 +162,12 @@ class Encoder:
         return {name: value.to(device) for name, value in self.table.items()}
 
     def _decode(self, f: torch.Tensor, t: dict) -> torch.Tensor:
-        return f @ t["W_dec"] + t["b_dec"]
+        return f @ t["W_dec"] + t["b_dec"]  # (..., k) @ (k, d) + (d,) -> (..., d)
 
     def featurize(self, x: torch.Tensor):
         t = self._on(x.device)
         x = x.float()
-        f = (x - t["b_dec"]) @ t["W_enc"] + t["b_enc"]
+        f = (x - t["b_dec"]) @ t["W_enc"] + t["b_enc"]  # (..., d) @ (d, k) + (k,) -> (..., k)
         if self.kind == "sae":
             f = torch.relu(f)
         return f, x - self._decode(f, t)
@@ -240,7 +240,7 @@ def cut(value, width: int, index: Optional[torch.Tensor]):
     when it is a tensor as wide as the space; a literal or an already-cut tensor is used as given."""
     if index is None or not isinstance(value, torch.Tensor) or value.dim() == 0 or value.shape[-1] != width:
         return value
-    return value[..., index.to(value.device)]
+    return value[..., index.to(value.device)]  # (..., width) -> (..., len(index))
 
 
 def _landed(value, like: torch.Tensor) -> torch.Tensor:
@@ -256,9 +256,9 @@ def touch(f: torch.Tensor, features: Optional[tuple[int, ...]], change: Callable
         return _landed(change(f, *operands), f)
     index = torch.tensor(features, dtype=torch.long, device=f.device)
     width = f.shape[-1]
-    part = f[..., index]
+    part = f[..., index]  # (..., width) -> (..., len(features)): gathered
     out = f.clone()
-    out[..., index] = _landed(change(part, *(cut(value, width, index) for value in operands)), part)
+    out[..., index] = _landed(change(part, *(cut(value, width, index) for value in operands)), part)  # scattered
     return out
 
 

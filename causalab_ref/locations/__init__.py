@@ -4,4 +4,6 @@
     select.py    gathering and scattering the positions and features an address's selection names
 
     from causalab_ref.locations import address
+    address.locate(engine.model, "block_output", 1)
+    # Address(component='block_output', layer=1, io='output', seq_axis=1, width=16, ...) on tiny-llama
 """

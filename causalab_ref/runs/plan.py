@@ -272,9 +272,9 @@ def plan_json(plan, engine) -> list[dict]:
     """The compiled plan as plain data: per leaf (sweep point), per step, per forward, per tap.
 
     Prompt-frame taps carry their resolved positions (absolute indices into the padded
-    batch), each row's reason and the repr of the window's decoded text, resolved exactly
-    as the run resolves them but with no refusal; a continuation tap's positions are only
-    known after the decode, so they are null.
+    batch), each row's reason and the repr of the slice of the row's decoded text that the
+    character map gives the window (P34), resolved exactly as the run resolves them but with
+    no refusal; a continuation tap's positions are only known after the decode, so they are null.
     """
     return [{"label": leaf.label, "produced_by": leaf.digest,
              "steps": [_step_json(step, engine.tokenizer) for step in leaf.steps]} for leaf in plan.leaves()]

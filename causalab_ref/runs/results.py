@@ -16,7 +16,6 @@ import functools
 import hashlib
 import json
 import os
-import re
 import shutil
 import signal
 import stat
@@ -26,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
-from ..shapes import Refusal, alive
+from ..shapes import Refusal, alive, staged_prefix, writer_of
 
 
 def dump(path: Path, obj: Any) -> None:
@@ -119,29 +118,13 @@ def confined(base: Path, file_path: str, path: str, root: Path, folder: str = "-
     return target
 
 
-#: the random part tempfile.mkdtemp gives a folder name: 8 of [a-z0-9_]
-_RANDOM = r"[a-z0-9_]{8}"
-
-
-def beside(out: Path, kind: str, pid: Optional[int] = None) -> str:
-    """The name of this tool's own folders beside --out: `.<out>.<kind>-pid<P>-` (kind: partial, old)."""
-    return f".{out.name}.{kind}-pid{os.getpid() if pid is None else pid}-"
-
-
-def writer_of(entry: str, out: Path, kind: str) -> Optional[int]:
-    """The pid in the name of one of this tool's folders beside `out` (exactly `.<out>.<kind>-pid<P>-<8>`)."""
-    head = f".{out.name}.{kind}-pid"  # a folder of many results is not matched name by name
-    match = entry.startswith(head) and re.fullmatch(re.escape(head) + r"(\d+)-" + _RANDOM, entry)
-    return int(match.group(1)) if match else None
-
-
 def clean_stale(out: Path) -> None:
     """What a killed run left beside --out is never a result: its staging folder is removed, and an old
     result it had moved aside is put back if --out is missing, else removed Only this tool's
     folders, matched by their exact names, of a process that is not alive, are touched (SPEC.md S7)."""
     for entry in sorted(os.listdir(out.parent)):
         for kind in ("partial", "old"):
-            pid = writer_of(entry, out, kind)
+            pid = writer_of(entry, out.name, kind)
             if pid is None:
                 continue
             old = out.parent / entry
@@ -323,7 +306,7 @@ class Folder:
             clean_stale(out)
             check_out(out, replace)  # again, now that no other run can change it
             self.replacing = out.exists()
-            self.staging = Path(tempfile.mkdtemp(prefix=beside(out, "partial"), dir=out.parent))
+            self.staging = Path(tempfile.mkdtemp(prefix=staged_prefix(out.name, "partial"), dir=out.parent))
             self.resolved = self.staging.resolve()  # made here, by this run: what every save must stay under
         except OSError as error:
             self._release()
@@ -391,7 +374,7 @@ class Folder:
         if rename2(staging, out, RENAME_EXCHANGE):
             shutil.rmtree(staging, ignore_errors=True)  # the old result, now under the staging name
             return
-        aside = Path(tempfile.mkdtemp(prefix=beside(out, "old"), dir=out.parent))
+        aside = Path(tempfile.mkdtemp(prefix=staged_prefix(out.name, "old"), dir=out.parent))
         os.replace(out, aside)
         os.rename(staging, out)
         shutil.rmtree(aside, ignore_errors=True)

@@ -5,4 +5,5 @@
     outputs.py     a step's outputs and the `{"ref"}` operands later steps read
 
     from causalab_ref.writes import mechanisms
+    mechanisms.swap(torch.zeros(2), torch.ones(2), {}, None)   # tensor([1., 1.]): the operand replaces the base
 """

@@ -12,6 +12,7 @@ import pytest
 from causalab_ref import cli
 
 SCRIPT = Path(__file__).resolve().parent / "independent.py"
+ROOT = Path(__file__).resolve().parents[2]
 CORPUS = Path(__file__).resolve().parents[2] / "causalab_ref" / "conformance" / "corpus"
 
 
@@ -28,7 +29,7 @@ def folders(tmp_path_factory):
 
 
 def test_the_independent_implementation_imports_nothing_of_causalab_ref():
-    """SPEC.md:718 [C30] the second implementation is independent: no import of causalab_ref at any depth."""
+    """SPEC.md:719 [C30] the second implementation is independent: no import of causalab_ref at any depth."""
     imported = set()
     for node in ast.walk(ast.parse(SCRIPT.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
@@ -40,7 +41,7 @@ def test_the_independent_implementation_imports_nothing_of_causalab_ref():
 
 
 def test_every_run_case_is_reproduced_by_the_independent_implementation(folders):
-    """SPEC.md:718 [C30] every `run` case passes under the independent script, none skipped."""
+    """SPEC.md:719 [C30] every `run` case passes under the independent script, none skipped."""
     cases = _run_cases()
     assert len(cases) >= 30
     proc = subprocess.run([sys.executable, str(SCRIPT), "--fixtures", str(folders), *map(str, cases)],
@@ -63,3 +64,6 @@ def test_every_case_names_its_grounds_and_every_run_case_is_independent(capsys):
     line = capsys.readouterr().out.strip()
     assert line == "grounds: " + ", ".join(f"{k} {kinds.count(k)}" for k in
                                            ("independent", "identity", "seed", "finding", "recorded"))
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert (f"today independent {kinds.count('independent')}, finding {kinds.count('finding')}, seed "
+            f"{kinds.count('seed')}, recorded {kinds.count('recorded')}") in readme  # README's Grounds paragraph

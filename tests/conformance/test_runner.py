@@ -208,3 +208,31 @@ def test_a_lone_surrogate_in_a_case_reaches_the_implementation_escaped(tmp_path)
     assert seen and '"\\ud800"' in seen[0] and json.loads(seen[0]) == {"model": "\ud800"}
     assert got["refusal"]["stage"] == "validation" and "not valid Unicode text" in got["refusal"]["message"]
     assert verdict == "pass", diffs
+
+
+def test_record_copies_no_table_a_path_outside_the_corpus_names(tmp_path):
+    """SPEC.md:790 [S12] `--record` copies into the corpus the shipped tables a document names; a string that
+    climbs out with `..` names none, and nothing is written outside the corpus."""
+    corpus = _corpus(tmp_path / "corpus", _case("climb"))
+    case = dict(_case("climb"), document={"rows": "../../documents/data/weekdays/train#train"},
+                _file=str(corpus / "climb.json"))
+    done = conform.completed(case)
+    assert "data" not in done and sorted(p.name for p in tmp_path.iterdir()) == ["corpus"]
+    kept = conform.completed(dict(case, document={"rows": "weekdays/train#train"}))
+    assert kept["data"] == {"weekdays/train.json": "data/weekdays/train.json"}
+    assert (corpus / "data" / "weekdays" / "train.json").is_file()
+
+
+def test_record_never_writes_through_a_linked_case_file(tmp_path):
+    """SPEC.md:786 [S11] a case file that is a link is not recorded through: that case fails in one line and the
+    file the link names is unchanged."""
+    victim = tmp_path / "victim.json"
+    victim.write_text(json.dumps(_case("linked")), encoding="utf-8")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "linked.json").symlink_to(victim)
+    before = victim.read_bytes()
+    out = io.StringIO()
+    result = conform.conform(options=conform.Options(cases_dir=str(corpus), record=True), main=cli.main, stream=out)
+    assert result["failed"] == ["linked"] and victim.read_bytes() == before
+    assert "linked.json cannot be recorded" in out.getvalue()
