@@ -188,7 +188,7 @@ def _flags(params) -> list[bool]:
 
 
 def test_frozen_turns_off_every_weight_and_gives_each_its_own_flag_back(llama, hooks):
-    """SPEC.md:1440 [E8] — on both engines, inside `frozen()` no weight of the model asks for a gradient; on
+    """SPEC.md:1444 [E8] — on both engines, inside `frozen()` no weight of the model asks for a gradient; on
     the way out (the block raising too) each gets its own flag back: one turned off beforehand stays off."""
     for eng, params in ((llama, list(llama.model._module.parameters())),
                         (hooks, list(hooks.hf_model.parameters()))):
@@ -206,7 +206,7 @@ def test_frozen_turns_off_every_weight_and_gives_each_its_own_flag_back(llama, h
 
 
 def test_a_fit_on_an_engine_offering_only_the_contract_leaves_the_model_untrained(llama, tmp_path):
-    """SPEC.md:1440 [E8] — a DAS fit run on an engine that offers only the contract (no `model`, no
+    """SPEC.md:1444 [E8] — a DAS fit run on an engine that offers only the contract (no `model`, no
     `hf_model`): during each of its passes no weight of the model asks for a gradient, after it no weight holds
     one, and each weight's flag is what it was before the fit."""
     params = list(llama.model._module.parameters())
