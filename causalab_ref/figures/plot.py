@@ -29,6 +29,13 @@ from ..shapes import Refusal
 
 SUFFIXES = (".png", ".svg")
 MOST_AXES = 2
+#: a tick names its value only when the value is this short (an index, a layer); a longer one (a position's
+#: JSON object) is named by the tokens it lands on alone (FG3)
+VALUE_CHARS = 6
+#: decoded tokens on a tick are cut to this many characters, the last one an ellipsis (FG3)
+TOKEN_CHARS = 16
+#: a heatmap's ticks are turned when their columns hold more characters than this, laid side by side (FG3)
+ROW_CHARS = 60
 
 
 @dataclass(frozen=True)
@@ -168,8 +175,35 @@ def _axis_ticks(points, axis: int, landed: dict[str, list[tuple[tuple, str]]]) -
     moving = next((key for key in keys if len({seen[v].get(key) for v in values}) > 1
                    and all(key in seen[v] for v in values)), None)
     if moving is None:
-        return values, tuple(values)
-    return values, tuple(f"{v}\n{seen[v][moving]}" for v in values)
+        return values, tuple(_cut(v) for v in values)
+    return values, tuple(tick(v, seen[v][moving]) for v in values)
+
+
+def _cut(text: str) -> str:
+    """`text`, or its first TOKEN_CHARS - 1 characters and an ellipsis."""
+    return text if len(text) <= TOKEN_CHARS else text[:TOKEN_CHARS - 1] + "\u2026"
+
+
+def _short(value: str) -> str:
+    """A tick's name for a sweep value: the value when it is short; a scoped position's anchor and index
+    (`entity[-1]` for `{"index":-1,"scope":{"variable":"entity"}}`); otherwise nothing (FG3)."""
+    if len(value) <= VALUE_CHARS:
+        return value
+    try:
+        pos = json.loads(value)
+    except ValueError:
+        return ""
+    scope = pos.get("scope") if isinstance(pos, dict) else None
+    anchor = next((scope[k] for k in ("variable", "segment") if isinstance(scope, dict)
+                   and isinstance(scope.get(k), str)), "")
+    index = pos.get("index") if anchor else None
+    return _cut(f"{anchor}[{index}]" if isinstance(index, int) else anchor)
+
+
+def tick(value: str, tokens: str) -> str:
+    """A moved position's tick: its short name (if any) over the decoded tokens, cut to TOKEN_CHARS (FG3)."""
+    name = _short(value)
+    return f"{name}\n{_cut(tokens)}" if name else _cut(tokens)
 
 
 def _heatmap(points, rows_of: dict, landed: dict) -> Panel:
@@ -252,7 +286,10 @@ def _draw_panel(ax, panel: Panel) -> None:
         grid = [[math.nan if v is None else v for v in row] for row in panel.values]  # (down, across)
         image = ax.imshow(grid, aspect="auto", cmap="viridis")
         ax.figure.colorbar(image, ax=ax)
-        ax.set_xticks(range(len(panel.xticks)), panel.xticks, fontsize=7)
+        widest = max((len(line) for t in panel.xticks for line in t.split("\n")), default=0)
+        turned = widest * len(panel.xticks) > ROW_CHARS
+        ax.set_xticks(range(len(panel.xticks)), panel.xticks, fontsize=7, rotation=30 if turned else 0,
+                      ha="right" if turned else "center")
         ax.set_yticks(range(len(grid)), panel.yticks or [""] * len(grid), fontsize=7)
         for y, row in enumerate(panel.values):
             for x, v in enumerate(row):

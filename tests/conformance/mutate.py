@@ -5,9 +5,11 @@ copy of causalab_ref/; the corpus runs against the copy (`conform --fail-fast --
 PYTHONPATH at the copy, in one process there that loads each model block once) and a mutant is
 caught when some case fails. Usage, from the repository root:
 
-    python tests/conformance/mutate.py [--only NAME[,NAME...]] [--jobs N]
+    python tests/conformance/mutate.py [--only NAME[,NAME...]] [--cases CASE[,CASE...]] [--jobs N]
 
-Prints one line per mutant and a summary table; exits 1 when a mutant survives.
+`--cases` runs only the corpus cases whose name holds one of the parts (conform's `--only`): `--cases weekday`
+asks whether the finding-grounded cases on fixture:weekday-llama alone catch a mutant. Prints one line per
+mutant and a summary table; exits 1 when a mutant survives.
 """
 from __future__ import annotations
 
@@ -268,6 +270,18 @@ MUTANTS = [
      'body = dict(raw, header={"protocol_version": raw["header"]["protocol_version"]})', "body = dict(raw)"),
     ("a lowered document's refusals keep plan-shaped paths", "PR17", "documents/protocol.py",
      "        new, count = re.subn(pattern, replacement, path)", "        new, count = path, 0"),
+    # Finding-grounded (SPEC.md X21-X23): each a bug the run_weekday_* cases catch by a finding (an IIA of 1
+    # that falls to 0, an accuracy of 1 that falls to 0), whatever the seeded cases also catch.
+    ("every forward runs on the first role's rows: an interchange writes the base's own value", "D10",
+     "runs/compile.py", "        ids, mask, segments, sample = rows.batches[role]",
+     "        ids, mask, segments, sample = rows.batches[next(iter(rows.batches))]"),
+    ("a variable's span read one character late: the entity's last token is the one after it", "P23",
+     "positions/locate.py", "        lo, hi = span\n", "        lo, hi = span[0] + 1, span[1] + 1\n"),
+    ("an answer encoded bare, without its leading space", "D15", "runs/compile.py",
+     '    surface = " " + text.lstrip()', "    surface = text.lstrip()"),
+    ("a row's window counted from the padded batch's first column, not the row's first token", "P26",
+     "positions/locate.py", "windows.append(tuple(frame.starts[row] + a + i for i in cut))",
+     "windows.append(tuple(a + i for i in cut))"),
 ]
 
 
@@ -280,7 +294,7 @@ sys.path.append(sys.argv[1])
 import fuzzing
 from causalab_ref import cli
 with fuzzing.cached_loads():
-    status = cli.main(["conform", "--fail-fast", "--quiet", "--cases", sys.argv[2]])
+    status = cli.main(["conform", "--fail-fast", "--quiet", "--cases", sys.argv[2]] + sys.argv[3:])
 sys.exit(status)
 """
 
@@ -303,9 +317,10 @@ def _environment(copy_root: Path) -> dict:
     return env
 
 
-def run_one(mutant) -> tuple[str, str, float, str]:
-    """(verdict, the first failing case, seconds, rule). Only a failing case counts as a catch:
-    a conform run that crashes is an ERROR of this script, not a caught mutant."""
+def run_one(mutant, only: str = "") -> tuple[str, str, float, str]:
+    """(verdict, the first failing case, seconds, rule), over the cases whose name holds a part of `only`
+    (all when empty). Only a failing case counts as a catch: a conform run that crashes is an ERROR of this
+    script, not a caught mutant."""
     name, rule, file, old, new = mutant
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="mutant-") as tmp:
@@ -314,7 +329,8 @@ def run_one(mutant) -> tuple[str, str, float, str]:
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         if file:
             apply(copy_root, file, old, new)
-        done = subprocess.run([sys.executable, "-c", DRIVER, str(ROOT / "tests"), str(CASES)], cwd=tmp,
+        argv = [sys.executable, "-c", DRIVER, str(ROOT / "tests"), str(CASES)] + (["--only", only] if only else [])
+        done = subprocess.run(argv, cwd=tmp,
                               env=_environment(copy_root), capture_output=True, text=True)
     failed = [ln.split()[1] for ln in done.stdout.splitlines() if ln.startswith("FAIL ")]
     if done.returncode == 0:
@@ -329,6 +345,7 @@ def run_one(mutant) -> tuple[str, str, float, str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=None)
+    parser.add_argument("--cases", default="", help="run only the corpus cases whose name holds one of these")
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args()
     wanted = [w for w in (args.only or "").split(",") if w]  # a comma-separated list of name parts
@@ -338,15 +355,16 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp:
             shutil.copytree(PACKAGE, Path(tmp) / "causalab_ref", ignore=shutil.ignore_patterns("__pycache__"))
             apply(Path(tmp), m[2], m[3], m[4])
-    print(f"mutate: {len(mutants)} single-rule mutant(s) of causalab_ref, corpus {CASES.relative_to(ROOT)}")
+    print(f"mutate: {len(mutants)} single-rule mutant(s) of causalab_ref, corpus {CASES.relative_to(ROOT)}"
+          + (f", cases named {args.cases}" if args.cases else ""))
     started = time.time()
-    control = run_one(("control: the unmutated copy", "-", "", "", ""))
+    control = run_one(("control: the unmutated copy", "-", "", "", ""), args.cases)
     if control[0] != "SURVIVED":
         print(f"the unmutated copy does not pass the corpus ({control[0]} {control[1]}); nothing to measure")
         return 2
     print(f"control: the unmutated copy passes the corpus ({control[2]:.0f}s)")
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        results = list(pool.map(run_one, mutants))
+        results = list(pool.map(lambda m: run_one(m, args.cases), mutants))
     width = max(len(m[0]) for m in mutants)
     print(f"{'#':>2}  {'mutant':{width}s}  {'rule':5s} {'file':24s} {'verdict':8s}  caught by")
     for k, (m, (verdict, by, seconds, rule)) in enumerate(zip(mutants, results), start=1):
