@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, NoReturn, Optional
 
 from ..shapes import Address, Refusal, nearest
+from .families import Node
 
 # ---------------------------------------------------------------- the table
 
@@ -253,7 +254,10 @@ def runs_attention(model) -> str:
 def module_at(root, path: str):
     """The envoy at the dotted module `path` below `root` (an envoy: the model, or one of its layers); None
     when the module tree has no such module. The one walk of the module tree: `locate` asks it whether a
-    module is there, and both engines reach an address's module through it (`envoy`)."""
+    module is there, and both engines reach an address's module through it (`envoy`). A tree held as data
+    (families.py, compile's weightless view) answers from its table."""
+    if isinstance(root, Node):
+        return root.find(path)
     from nnsight import Envoy
 
     if path == "":
@@ -332,7 +336,7 @@ def _intermediate(model, layer_envoy) -> int:
         if found is None:
             continue
         for attr in ("in_features", "nx"):
-            v = getattr(found._module, attr, None)
+            v = found.ints.get(attr) if isinstance(found, Node) else getattr(found._module, attr, None)
             if isinstance(v, int):
                 return v
     return int(_config(model).intermediate_size)
@@ -370,7 +374,7 @@ def linear_mixer(layer_envoy) -> Optional[str]:
     for path in LINEAR_MIXERS:
         found = module_at(layer_envoy, path)
         if found is not None:
-            return type(found._module).__name__
+            return found.class_name if isinstance(found, Node) else type(found._module).__name__
     return None
 
 
@@ -379,8 +383,11 @@ def find_op(attn_envoy, needle: str = NEEDLE, what: str = "", path: str = "") ->
 
     Matches operations whose source line contains the needle and whose name is the
     callee's (`attention_interface_<k>`); refused unless exactly one matches, listing
-    every operation the forward has. `path` is the document path the refusal carries.
+    every operation the forward has. `path` is the document path the refusal carries. A tree held as data
+    names its operation (families.OP).
     """
+    if isinstance(attn_envoy, Node) and attn_envoy.op:
+        return attn_envoy.op
     acc = attn_envoy.source.accessor
     lines = acc.source.split("\n")
     callee = needle.rstrip("(").split(".")[-1]
