@@ -10,8 +10,9 @@ which the engines dispatch on).  `describe()` hands that table out as plain dict
 
 `locate(model, name, layer, ...)` resolves a name against a loaded nnterp
 StandardizedTransformer (a meta load is enough: only the config and the module tree
-are read), or against the same tree held as data (families.py: the weightless engine's).  The family and block differences are decided from the module tree (GPT-2
-spells the norms ln_1/ln_2, Gemma-2 is a sandwich block, OLMo-2 a post-norm block,
+are read), or against the same tree held as data (families.py: the weightless engine's).
+The family and block differences are decided from the module tree (GPT-2 spells the norms
+ln_1/ln_2, Gemma-2 is a sandwich block, OLMo-2 a post-norm block,
 GptOss's MLP is a mixture of experts, a Qwen3-Next layer mixes with `linear_attn`), never
 from the family's name; a parallel block also from its config flag.  A place whose
 module is not there is refused with a reason and never resolved to a neighbouring
