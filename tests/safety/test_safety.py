@@ -23,7 +23,7 @@ import pytest
 
 import inprocess
 
-from causalab_ref.engines import checkpoint, loading
+from causalab_ref.engines import checkpoint, loading, weightless
 from causalab_ref import cli
 from causalab_ref.fixtures import builder, exported, recipes
 from causalab_ref.runs import results, run
@@ -394,10 +394,13 @@ def test_a_read_only_or_full_file_system_under_out_is_one_line(llama, tmp_path):
 
 def test_a_bug_while_loading_stays_an_internal_error(monkeypatch, capsys):
     """SPEC.md:780 [S10] an exception loading does not raise for a bad checkpoint (a TypeError here) is the
-    project's failure: exit 1 and `internal error`, never a refusal of model.key."""
+    project's failure: exit 1 and `internal error`, never a refusal of model.key. The bug is in both loads
+    validate may make: the weightless engine's tokenizer (which then leaves the compile to the meta load,
+    SPEC.md:1448 [E9]) and the meta load."""
     def broken(*args, **kwargs):
         raise TypeError("a bug")
     monkeypatch.setattr(checkpoint, "standardized", broken)
+    monkeypatch.setattr(weightless, "tokenizer", broken)
     assert cli.main(["validate", str(DOC)]) == 1
     err = capsys.readouterr().err
     assert "internal error (TypeError): a bug" in err and "model.key" not in err
