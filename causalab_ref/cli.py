@@ -71,9 +71,10 @@ def _compile(args, engine_name: str, weights: bool = False, device_map: str = "c
     given, raw, points = _read_document(args.document, args)  # refusals up to here import no torch (Q17)
     from .engines import loading
     from .runs import compile as compiler
-    eng = loading.load(points[0].document.model, kind=engine_name, weights=weights,
-                      device_map=device_map)  # the model is never swept
-    plan = compiler.compile_document(raw, eng, Path(args.data_root), points, budget=budget)
+    eng, plan = loading.compiled(points[0].document.model,  # the model is never swept
+                                 lambda e: compiler.compile_document(raw, e, Path(args.data_root), points,
+                                                                     budget=budget),
+                                 kind=engine_name, weights=weights, device_map=device_map)
     if args.format == "protocol":
         plan = replace(plan, digest=protocol.digest(given), raw=given)
     return raw, eng, plan

@@ -3,13 +3,36 @@
 `load(Model(key="fixture:tiny-llama", revision="seeded", dtype="fp32"))` builds or reuses the seeded
 fixture (a `fixture:` key), or loads a local checkpoint folder or a hub key and revision (checkpoint.py),
 and wraps it in the nnterp engine (nnterp.py) or, with `kind="hooks"`, the torch-hooks engine (hooks.py).
-It stands apart from both engines so that neither imports the other. SPEC.md §12.
+It stands apart from both engines so that neither imports the other. `compiled` is the one compile of a
+document with no weights: on the weightless engine (weightless.py) where it answers, else on a meta load
+(SPEC.md §12, E9).
 """
 from __future__ import annotations
 
+from typing import Any, Callable
+
+from ..locations.families import Uncovered
 from ..shapes import Model, Refusal
 from . import checkpoint, contract
 from .contract import Engine
+
+
+def compiled(spec: Model, compile: Callable[[Engine], Any], kind: str = "nnterp", weights: bool = False,
+             device_map: str = "cpu") -> tuple[Engine, Any]:
+    """(engine, compile(engine)) for a document's model block. With no weights on the nnterp engine, compile
+    runs on the weightless engine, and again on a meta load when that engine cannot answer exactly: no row
+    for the checkpoint (`weightless.load` is None) or a config question it was not built for (`Uncovered`)."""
+    if kind == "nnterp" and not weights:
+        from . import weightless
+
+        view = weightless.load(spec, contract.device_map(device_map))
+        if view is not None:
+            try:
+                return view, compile(view)
+            except Uncovered:
+                pass
+    eng = load(spec, kind=kind, weights=weights, device_map=device_map)
+    return eng, compile(eng)
 
 
 def load(spec: Model, kind: str = "nnterp", weights: bool = True, extra=None, device_map: str = "cpu") -> Engine:

@@ -2,6 +2,7 @@
 
     address.py   the component table per architecture family, as plain data, and the module-tree walk
     select.py    gathering and scattering the positions and features an address's selection names
+    families.py  what a meta load's module tree says, as plain data per family (the weightless engine's tree)
 
     from causalab_ref.locations import address
     address.locate(engine.model, "block_output", 1)

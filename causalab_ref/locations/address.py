@@ -10,8 +10,9 @@ which the engines dispatch on).  `describe()` hands that table out as plain dict
 
 `locate(model, name, layer, ...)` resolves a name against a loaded nnterp
 StandardizedTransformer (a meta load is enough: only the config and the module tree
-are read).  The family and block differences are decided from the module tree (GPT-2
-spells the norms ln_1/ln_2, Gemma-2 is a sandwich block, OLMo-2 a post-norm block,
+are read), or against the same tree held as data (families.py: the weightless engine's).
+The family and block differences are decided from the module tree (GPT-2 spells the norms
+ln_1/ln_2, Gemma-2 is a sandwich block, OLMo-2 a post-norm block,
 GptOss's MLP is a mixture of experts, a Qwen3-Next layer mixes with `linear_attn`), never
 from the family's name; a parallel block also from its config flag.  A place whose
 module is not there is refused with a reason and never resolved to a neighbouring
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, NoReturn, Optional
 
 from ..shapes import Address, Refusal, nearest
+from .families import Node
 
 # ---------------------------------------------------------------- the table
 
@@ -253,7 +255,10 @@ def runs_attention(model) -> str:
 def module_at(root, path: str):
     """The envoy at the dotted module `path` below `root` (an envoy: the model, or one of its layers); None
     when the module tree has no such module. The one walk of the module tree: `locate` asks it whether a
-    module is there, and both engines reach an address's module through it (`envoy`)."""
+    module is there, and both engines reach an address's module through it (`envoy`). A tree held as data
+    (families.py, compile's weightless view) answers from its table."""
+    if isinstance(root, Node):
+        return root.find(path)
     from nnsight import Envoy
 
     if path == "":
@@ -332,7 +337,7 @@ def _intermediate(model, layer_envoy) -> int:
         if found is None:
             continue
         for attr in ("in_features", "nx"):
-            v = getattr(found._module, attr, None)
+            v = found.ints.get(attr) if isinstance(found, Node) else getattr(found._module, attr, None)
             if isinstance(v, int):
                 return v
     return int(_config(model).intermediate_size)
@@ -370,7 +375,7 @@ def linear_mixer(layer_envoy) -> Optional[str]:
     for path in LINEAR_MIXERS:
         found = module_at(layer_envoy, path)
         if found is not None:
-            return type(found._module).__name__
+            return found.class_name if isinstance(found, Node) else type(found._module).__name__
     return None
 
 
@@ -379,8 +384,11 @@ def find_op(attn_envoy, needle: str = NEEDLE, what: str = "", path: str = "") ->
 
     Matches operations whose source line contains the needle and whose name is the
     callee's (`attention_interface_<k>`); refused unless exactly one matches, listing
-    every operation the forward has. `path` is the document path the refusal carries.
+    every operation the forward has. `path` is the document path the refusal carries. A tree held as data
+    names its operation (families.OP).
     """
+    if isinstance(attn_envoy, Node) and attn_envoy.op:
+        return attn_envoy.op
     acc = attn_envoy.source.accessor
     lines = acc.source.split("\n")
     callee = needle.rstrip("(").split(".")[-1]
