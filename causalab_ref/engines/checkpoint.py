@@ -155,12 +155,15 @@ def unloadable(spec: Model, error: Exception) -> Refusal:
 
 def loading_errors() -> tuple[type[Exception], ...]:
     """What loading a checkpoint raises for a bad or absent checkpoint: files (OSError), configs and
-    tokenizers (ValueError, KeyError), weights (RuntimeError, safetensors' error), nnterp's renaming.
+    tokenizers (ValueError, KeyError), weights (RuntimeError, safetensors' error), nnterp's renaming, and
+    huggingface_hub's strict-dataclass validation (a config field of the wrong type, `"vocab_size": 1e4`).
     Anything else (a TypeError, an AttributeError, ...) is a bug and stays one (SPEC.md S10)."""
+    from huggingface_hub.errors import StrictDataclassError
     from nnterp.rename_utils import RenamingError
     from safetensors import SafetensorError
 
-    return OSError, ValueError, KeyError, RuntimeError, ImportError, SafetensorError, RenamingError
+    return (OSError, ValueError, KeyError, RuntimeError, ImportError, SafetensorError, RenamingError,
+            StrictDataclassError)
 
 
 @contextmanager
