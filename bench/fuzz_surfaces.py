@@ -41,8 +41,9 @@ def main() -> int:
             surface, results = fuzz_surfaces.run_case(rng, pathlib.Path(tmp), args.surface)
             counts[surface] += 1
             for argv, status, broken, stderr in results:
-                if broken or args.verbose:
-                    print(f"case {k} {surface}: {argv} -> {status}: {broken}\n  {stderr}", flush=True)
+                if broken or args.verbose:  # a lone surrogate (an env value, a case's text) printed escaped
+                    line = f"case {k} {surface}: {argv} -> {status}: {broken}\n  {stderr}"
+                    print(line.encode("utf-8", "backslashreplace").decode("utf-8"), flush=True)
                 if broken:
                     found.append((k, surface, argv, broken))
             if (k // shards + 1) % 100 == 0:

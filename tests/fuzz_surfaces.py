@@ -510,6 +510,10 @@ def _call(argv: list[str], cwd: pathlib.Path, watched: Callable[[], dict]) -> tu
     found = violations(argv, done.returncode, done.stderr, seconds, (before, after), cwd)
     if _users(before, after):
         found.append(f"changed what the tool did not write: {_users(before, after)[:5]}")
+    try:  # a real process's stdout is strict UTF-8: a lone surrogate there would be a traceback
+        done.stdout.encode("utf-8")
+    except UnicodeEncodeError as error:
+        found.append(f"stdout not UTF-8: {done.stdout[max(error.start - 40, 0):error.end + 40]!a}")
     return argv, done.returncode, found, done.stderr.strip()[-600:]
 
 
