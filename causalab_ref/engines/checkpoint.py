@@ -134,13 +134,41 @@ def own_code(directory: str, spec: Model) -> None:
         except (OSError, UnicodeDecodeError):
             continue  # the library's own load will name it
         try:
-            named = names_code(json.loads(text))
+            value = json.loads(text)
+            named = names_code(value)
         except (ValueError, RecursionError):
-            named = '"auto_map"' in text
+            value, named = None, '"auto_map"' in text
+        _class_names(file.name, value, spec)
         if named:
             raise Refusal(f"model '{spec.key}': {file.name} has an `auto_map`, which names code shipped with the "
                           "checkpoint; causalab_ref never runs a checkpoint's own code. Use a checkpoint of an "
                           "architecture transformers implements, with no auto_map", path="model.key", stage="compile")
+
+
+#: the fields naming a class, per file, and the types they may have (SPEC.md S30)
+CLASS_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
+    "config.json": {"model_type": (str,), "architectures": (list, type(None))},
+    "tokenizer_config.json": {"tokenizer_class": (str, type(None))}}
+
+
+def _class_names(name: str, value, spec: Model) -> None:
+    """Refuse a config.json or tokenizer_config.json whose class-naming field is of another type (a library
+    would raise a TypeError there, which S10 keeps for the project's own bugs): SPEC.md S30."""
+    if not isinstance(value, dict):
+        return
+    for field, types in CLASS_FIELDS.get(name, {}).items():
+        given = value.get(field, "")
+        if not isinstance(given, types) or (isinstance(given, list) and not all(isinstance(g, str) for g in given)):
+            want = " or ".join("null" if t is type(None) else "a list of strings" if t is list else "a string"
+                               for t in types)
+            raise Refusal(f"model '{spec.key}': {name}'s `{field}` is {_json_kind(given)}, not {want}",
+                          path="model.key", stage="compile")
+
+
+def _json_kind(value) -> str:
+    kinds = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}
+    found = kinds.get(type(value), "a number")
+    return "a list holding a non-string" if found == "a list" else found
 
 
 def unloadable(spec: Model, error: Exception) -> Refusal:

@@ -43,7 +43,7 @@ def test_a_checkpoint_map_nested_past_the_reader_or_to_a_path_too_long_is_refuse
 
 
 def test_a_cache_under_an_unknown_users_home_is_refused(monkeypatch):
-    """SPEC.md:844 [S27] $CAUSALAB_REF_CACHE=~nosuchuser/x (pathlib's RuntimeError, an internal error once) is one
+    """SPEC.md:845 [S27] $CAUSALAB_REF_CACHE=~nosuchuser/x (pathlib's RuntimeError, an internal error once) is one
     refusal at model.key naming the value and $CAUSALAB_REF_CACHE."""
     monkeypatch.setenv("CAUSALAB_REF_CACHE", "~nosuchuser/x")
     _one_refusal(inprocess.cli(*VALIDATE), "compile: model.key:", "~nosuchuser/x", "$CAUSALAB_REF_CACHE")
@@ -56,7 +56,7 @@ def _exported_copy(tmp_path: pathlib.Path) -> pathlib.Path:
 
 
 def test_an_exported_config_field_of_the_wrong_type_is_a_model_key_refusal(tmp_path):
-    """SPEC.md:786 [S10] An exported folder whose config.json says `"vocab_size": 10000.0` (huggingface_hub's
+    """SPEC.md:787 [S10] An exported folder whose config.json says `"vocab_size": 10000.0` (huggingface_hub's
     StrictDataclassFieldValidationError, an internal error once) is refused at model.key, on validate."""
     folder = _exported_copy(tmp_path)
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
@@ -70,8 +70,28 @@ def test_an_exported_config_field_of_the_wrong_type_is_a_model_key_refusal(tmp_p
                  "vocab_size")
 
 
+@pytest.mark.parametrize("file, field, value", [("tokenizer_config.json", "tokenizer_class", {}),
+                                               ("config.json", "model_type", ["llama"]),
+                                               ("config.json", "architectures", [{}])])
+def test_a_class_name_of_another_type_is_refused_before_any_library_reads_it(file, field, value, tmp_path):
+    """SPEC.md:865 [S30] An exported folder whose tokenizer_config.json says `"tokenizer_class": {}` (fuzz
+    exported seed 3 case 4: an internal TypeError in transformers once), or whose config.json's model_type or
+    architectures is not a string, is refused at model.key naming the file and the field."""
+    folder = _exported_copy(tmp_path)
+    raw = json.loads((folder / file).read_text(encoding="utf-8"))
+    raw[field] = value
+    (folder / file).write_text(json.dumps(raw), encoding="utf-8")
+    doc = json.loads(fuzz_surfaces.PATCHING.read_text(encoding="utf-8"))
+    doc["model"]["key"] = str(folder)
+    path = tmp_path / "doc.json"
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    for verb in ("validate", "explain"):
+        _one_refusal(inprocess.cli(verb, str(path), "--data-root", str(fuzzing.DATA)), "compile: model.key:",
+                     f"{file}'s `{field}`")
+
+
 def test_an_export_refused_for_an_unknown_key_writes_nothing(tmp_path):
-    """SPEC.md:849 [S28] `fixtures export DIR --key fixture:tiny-llama --key fixture:nope` (which once wrote the
+    """SPEC.md:850 [S28] `fixtures export DIR --key fixture:tiny-llama --key fixture:nope` (which once wrote the
     Llama folder, then refused) is refused before DIR is touched: DIR is not even created."""
     target = tmp_path / "dir"
     done = inprocess.cli("fixtures", "export", str(target), "--key", "fixture:tiny-llama", "--key", "fixture:nope")
@@ -80,7 +100,7 @@ def test_an_export_refused_for_an_unknown_key_writes_nothing(tmp_path):
 
 
 def test_bench_fuzz_check_applies_the_invariant(tmp_path, monkeypatch):
-    """SPEC.md:783 [S9] fuzzing.check (bench/fuzz.py) is the surfaces' invariant too: a call that ends in a
+    """SPEC.md:784 [S9] fuzzing.check (bench/fuzz.py) is the surfaces' invariant too: a call that ends in a
     one-line refusal but changed a file of the sentinel folder is not the project's own outcome."""
     sentinel = tmp_path / "sentinel"
     sentinel.mkdir()
