@@ -145,30 +145,41 @@ def own_code(directory: str, spec: Model) -> None:
                           "architecture transformers implements, with no auto_map", path="model.key", stage="compile")
 
 
-#: the fields naming a class, per file, and the types they may have (SPEC.md S30)
-CLASS_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
-    "config.json": {"model_type": (str,), "architectures": (list, type(None))},
-    "tokenizer_config.json": {"tokenizer_class": (str, type(None))}}
+def _is_token(value) -> bool:
+    """A special token as transformers takes it: a string, or an AddedToken's object with a string content."""
+    return isinstance(value, str) or (isinstance(value, dict) and isinstance(value.get("content"), str))
+
+
+_TOKEN = ("a string, null or an object with a string `content`", lambda v: v is None or _is_token(v))
+_TOKENS = ("a list of such tokens", lambda v: v is None or (isinstance(v, list) and all(_is_token(t) for t in v)))
+#: per file, the fields naming a class or a special token: (what they must be, the test) (SPEC.md S30)
+CLASS_FIELDS: dict[str, dict[str, tuple]] = {
+    "config.json": {"model_type": ("a string", lambda v: isinstance(v, str)),
+                    "architectures": ("a list of strings or null", lambda v: v is None or (
+                        isinstance(v, list) and all(isinstance(a, str) for a in v)))},
+    "tokenizer_config.json": {"tokenizer_class": ("a string or null", lambda v: v is None or isinstance(v, str)),
+                              **{f"{t}_token": _TOKEN for t in ("bos", "eos", "unk", "pad", "sep", "cls", "mask")},
+                              "additional_special_tokens": _TOKENS},
+}
+_MISSING = object()
 
 
 def _class_names(name: str, value, spec: Model) -> None:
-    """Refuse a config.json or tokenizer_config.json whose class-naming field is of another type (a library
-    would raise a TypeError there, which S10 keeps for the project's own bugs): SPEC.md S30."""
+    """Refuse a config.json or tokenizer_config.json whose field naming a class or a special token is of
+    another type (transformers would raise a TypeError there, which S10 keeps for the project's own bugs):
+    SPEC.md S30."""
     if not isinstance(value, dict):
         return
-    for field, types in CLASS_FIELDS.get(name, {}).items():
-        given = value.get(field, "")
-        if not isinstance(given, types) or (isinstance(given, list) and not all(isinstance(g, str) for g in given)):
-            want = " or ".join("null" if t is type(None) else "a list of strings" if t is list else "a string"
-                               for t in types)
+    for field, (want, fits) in CLASS_FIELDS.get(name, {}).items():
+        given = value.get(field, _MISSING)
+        if given is not _MISSING and not fits(given):
             raise Refusal(f"model '{spec.key}': {name}'s `{field}` is {_json_kind(given)}, not {want}",
                           path="model.key", stage="compile")
 
 
 def _json_kind(value) -> str:
     kinds = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}
-    found = kinds.get(type(value), "a number")
-    return "a list holding a non-string" if found == "a list" else found
+    return kinds.get(type(value), "a number")
 
 
 def unloadable(spec: Model, error: Exception) -> Refusal:

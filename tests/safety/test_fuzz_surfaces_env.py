@@ -71,6 +71,7 @@ def test_an_exported_config_field_of_the_wrong_type_is_a_model_key_refusal(tmp_p
 
 
 @pytest.mark.parametrize("file, field, value", [("tokenizer_config.json", "tokenizer_class", {}),
+                                               ("tokenizer_config.json", "unk_token", True),
                                                ("config.json", "model_type", ["llama"]),
                                                ("config.json", "architectures", [{}])])
 def test_a_class_name_of_another_type_is_refused_before_any_library_reads_it(file, field, value, tmp_path):
