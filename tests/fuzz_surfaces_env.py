@@ -166,6 +166,8 @@ def _replace(entry: pathlib.Path, rng: random.Random, sentinel: pathlib.Path, or
         entry.unlink(missing_ok=True)
     if rng.random() < 0.3:
         entry.mkdir()
+    elif rng.random() < 0.15:  # a reader of a FIFO with no writer blocks
+        os.mkfifo(entry)
     elif rng.random() < 0.8:
         entry.symlink_to(rng.choice([sentinel / "keep.txt", sentinel, original / entry.name, "/nonexistent",
                                      entry, "/dev/zero", "/proc/self/environ"]))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
@@ -126,9 +127,10 @@ def own_code(directory: str, spec: Model) -> None:
     tokenizer_config.json, ...), before anything of it is read by the libraries (SPEC.md S20). The files
     are parsed, so a key spelled with escapes is found and the words "auto_map" inside a string (a chat
     template, a description) are not a key; a file that is not JSON is judged by its text."""
+    files = _plain_files(Path(directory), spec)
     for file in sorted(Path(directory).glob("*.json")):
-        if file.name.endswith(".index.json"):
-            continue  # the weight index: tensor names only
+        if file.name.endswith(".index.json") or file.name not in files:
+            continue  # the weight index (tensor names only); a dangling link or a folder the library will name
         try:
             text = file.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
@@ -143,6 +145,32 @@ def own_code(directory: str, spec: Model) -> None:
             raise Refusal(f"model '{spec.key}': {file.name} has an `auto_map`, which names code shipped with the "
                           "checkpoint; causalab_ref never runs a checkpoint's own code. Use a checkpoint of an "
                           "architecture transformers implements, with no auto_map", path="model.key", stage="compile")
+
+
+#: the most a checkpoint's JSON file may hold (a large vocabulary's tokenizer.json is tens of MiB): SPEC.md S31
+JSON_LIMIT = 256 << 20
+
+
+def _plain_files(directory: Path, spec: Model) -> set[str]:
+    """The names of the folder's regular files (a link to one is one). An entry that is, or links to, a device,
+    a FIFO or a socket, and a JSON file past JSON_LIMIT, are refused before any library opens them: a reader
+    would block, or read without end (SPEC.md S31)."""
+    plain = set()
+    for entry in os.scandir(directory):
+        try:
+            info = os.stat(entry.path)
+        except (OSError, ValueError):
+            continue  # dangling, a loop: the library's own load names it
+        if stat.S_ISDIR(info.st_mode):
+            continue
+        if not stat.S_ISREG(info.st_mode):
+            raise Refusal(f"model '{spec.key}': {entry.name} is not a regular file (a device, a FIFO or a socket, "
+                          "or a link to one); a checkpoint folder holds files", path="model.key", stage="compile")
+        if entry.name.endswith(".json") and info.st_size > JSON_LIMIT:
+            raise Refusal(f"model '{spec.key}': {entry.name} is {info.st_size} bytes, past the {JSON_LIMIT >> 20} MiB "
+                          "a checkpoint's JSON file may hold", path="model.key", stage="compile")
+        plain.add(entry.name)
+    return plain
 
 
 def _is_token(value) -> bool:

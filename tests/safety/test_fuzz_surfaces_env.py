@@ -3,6 +3,7 @@ and the invariant bench/fuzz.py's check shares with them (tests/invariant.py).""
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import shutil
 
@@ -62,12 +63,8 @@ def test_an_exported_config_field_of_the_wrong_type_is_a_model_key_refusal(tmp_p
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     config["vocab_size"] = float(config["vocab_size"])
     (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
-    raw = json.loads(fuzz_surfaces.PATCHING.read_text(encoding="utf-8"))
-    raw["model"]["key"] = str(folder)
-    doc = tmp_path / "doc.json"
-    doc.write_text(json.dumps(raw), encoding="utf-8")
-    _one_refusal(inprocess.cli("validate", str(doc), "--data-root", str(fuzzing.DATA)), "compile: model.key:",
-                 "vocab_size")
+    _one_refusal(inprocess.cli("validate", _path_key_document(tmp_path, folder), "--data-root", str(fuzzing.DATA)),
+                 "compile: model.key:", "vocab_size")
 
 
 @pytest.mark.parametrize("file, field, value", [("tokenizer_config.json", "tokenizer_class", {}),
@@ -82,13 +79,37 @@ def test_a_class_name_of_another_type_is_refused_before_any_library_reads_it(fil
     raw = json.loads((folder / file).read_text(encoding="utf-8"))
     raw[field] = value
     (folder / file).write_text(json.dumps(raw), encoding="utf-8")
+    path = _path_key_document(tmp_path, folder)
+    for verb in ("validate", "explain"):
+        _one_refusal(inprocess.cli(verb, path, "--data-root", str(fuzzing.DATA)), "compile: model.key:",
+                     f"{file}'s `{field}`")
+
+
+def _path_key_document(tmp_path: pathlib.Path, folder: pathlib.Path) -> str:
     doc = json.loads(fuzz_surfaces.PATCHING.read_text(encoding="utf-8"))
     doc["model"]["key"] = str(folder)
     path = tmp_path / "doc.json"
     path.write_text(json.dumps(doc), encoding="utf-8")
-    for verb in ("validate", "explain"):
-        _one_refusal(inprocess.cli(verb, str(path), "--data-root", str(fuzzing.DATA)), "compile: model.key:",
-                     f"{file}'s `{field}`")
+    return str(path)
+
+
+@pytest.mark.parametrize("name, how", [("tokenizer_config.json", "zero"), ("tokenizer.model", "zero"),
+                                       ("tokenizer_config.json", "fifo"), ("config.json", "huge")])
+def test_a_checkpoint_file_that_is_a_device_a_fifo_or_huge_is_refused_unread(name, how, tmp_path):
+    """SPEC.md:872 [S31] An exported folder whose tokenizer_config.json or tokenizer.model is a link to /dev/zero
+    (read until memory ran out once: an internal MemoryError), or a FIFO (a reader blocks), or whose config.json
+    is past 256 MiB (a sparse file) is refused at model.key naming the file, on validate, nothing read."""
+    folder = _exported_copy(tmp_path)
+    (folder / name).unlink()
+    if how == "zero":
+        (folder / name).symlink_to("/dev/zero")
+    elif how == "fifo":
+        os.mkfifo(folder / name)
+    else:
+        with open(folder / name, "wb") as handle:
+            handle.truncate((256 << 20) + 1)
+    done = inprocess.cli("validate", _path_key_document(tmp_path, folder), "--data-root", str(fuzzing.DATA))
+    _one_refusal(done, "compile: model.key:", f"{name} is ")
 
 
 def test_an_export_refused_for_an_unknown_key_writes_nothing(tmp_path):
