@@ -26,7 +26,7 @@ def _one_refusal(done: inprocess.Completed, *words: str) -> str:
 
 @pytest.mark.parametrize("value", [LONG, "/tmp/" + "d/" * 2100, "~nosuchuser/tokenizer.model", "/proc/self/mem"])
 def test_a_tokenizer_path_the_file_system_will_not_look_at_is_a_place_looked_in(value, tmp_path, monkeypatch):
-    """SPEC.md:513 [X2] $CAUSALAB_REF_LLAMA_TOKENIZER past the file system's lengths, under an unknown `~user` or
+    """SPEC.md:0 [X2] $CAUSALAB_REF_LLAMA_TOKENIZER past the file system's lengths, under an unknown `~user` or
     unreadable (fuzz, env: an internal OSError once) is a place that had none: one refusal at model.key naming it."""
     monkeypatch.setenv("CAUSALAB_REF_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("CAUSALAB_REF_LLAMA_TOKENIZER", value)
@@ -37,14 +37,14 @@ def test_a_tokenizer_path_the_file_system_will_not_look_at_is_a_place_looked_in(
 @pytest.mark.parametrize("value", ["[" * 5000, json.dumps({"fixture:tiny-llama": LONG}),
                                    json.dumps({"fixture:tiny-llama": "\u0000"})])
 def test_a_checkpoint_map_nested_past_the_reader_or_to_a_path_too_long_is_refused(value, monkeypatch):
-    """SPEC.md:555 [X18] $CONFORM_CHECKPOINTS nested past the JSON reader (an internal RecursionError once) or
+    """SPEC.md:0 [X18] $CONFORM_CHECKPOINTS nested past the JSON reader (an internal RecursionError once) or
     mapping the key to a path too long (an internal OSError once) or holding a NUL is one refusal at model.key."""
     monkeypatch.setenv("CONFORM_CHECKPOINTS", value)
     _one_refusal(inprocess.cli(*VALIDATE), "compile: model.key:")
 
 
 def test_a_cache_under_an_unknown_users_home_is_refused(monkeypatch):
-    """SPEC.md:845 [S27] $CAUSALAB_REF_CACHE=~nosuchuser/x (pathlib's RuntimeError, an internal error once) is one
+    """SPEC.md:0 [S27] $CAUSALAB_REF_CACHE=~nosuchuser/x (pathlib's RuntimeError, an internal error once) is one
     refusal at model.key naming the value and $CAUSALAB_REF_CACHE."""
     monkeypatch.setenv("CAUSALAB_REF_CACHE", "~nosuchuser/x")
     _one_refusal(inprocess.cli(*VALIDATE), "compile: model.key:", "~nosuchuser/x", "$CAUSALAB_REF_CACHE")
@@ -57,7 +57,7 @@ def _exported_copy(tmp_path: pathlib.Path) -> pathlib.Path:
 
 
 def test_an_exported_config_field_of_the_wrong_type_is_a_model_key_refusal(tmp_path):
-    """SPEC.md:787 [S10] An exported folder whose config.json says `"vocab_size": 10000.0` (huggingface_hub's
+    """SPEC.md:0 [S10] An exported folder whose config.json says `"vocab_size": 10000.0` (huggingface_hub's
     StrictDataclassFieldValidationError, an internal error once) is refused at model.key, on validate."""
     folder = _exported_copy(tmp_path)
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
@@ -72,7 +72,7 @@ def test_an_exported_config_field_of_the_wrong_type_is_a_model_key_refusal(tmp_p
                                                ("config.json", "model_type", ["llama"]),
                                                ("config.json", "architectures", [{}])])
 def test_a_class_name_of_another_type_is_refused_before_any_library_reads_it(file, field, value, tmp_path):
-    """SPEC.md:865 [S30] An exported folder whose tokenizer_config.json says `"tokenizer_class": {}` (fuzz
+    """SPEC.md:0 [S30] An exported folder whose tokenizer_config.json says `"tokenizer_class": {}` (fuzz
     exported seed 3 case 4: an internal TypeError in transformers once), or whose config.json's model_type or
     architectures is not a string, is refused at model.key naming the file and the field."""
     folder = _exported_copy(tmp_path)
@@ -96,7 +96,7 @@ def _path_key_document(tmp_path: pathlib.Path, folder: pathlib.Path) -> str:
 @pytest.mark.parametrize("name, how", [("tokenizer_config.json", "zero"), ("tokenizer.model", "zero"),
                                        ("tokenizer_config.json", "fifo"), ("config.json", "huge")])
 def test_a_checkpoint_file_that_is_a_device_a_fifo_or_huge_is_refused_unread(name, how, tmp_path):
-    """SPEC.md:872 [S31] An exported folder whose tokenizer_config.json or tokenizer.model is a link to /dev/zero
+    """SPEC.md:0 [S31] An exported folder whose tokenizer_config.json or tokenizer.model is a link to /dev/zero
     (read until memory ran out once: an internal MemoryError), or a FIFO (a reader blocks), or whose config.json
     is past 256 MiB (a sparse file) is refused at model.key naming the file, on validate, nothing read."""
     folder = _exported_copy(tmp_path)
@@ -113,7 +113,7 @@ def test_a_checkpoint_file_that_is_a_device_a_fifo_or_huge_is_refused_unread(nam
 
 
 def test_an_export_refused_for_an_unknown_key_writes_nothing(tmp_path):
-    """SPEC.md:850 [S28] `fixtures export DIR --key fixture:tiny-llama --key fixture:nope` (which once wrote the
+    """SPEC.md:0 [S28] `fixtures export DIR --key fixture:tiny-llama --key fixture:nope` (which once wrote the
     Llama folder, then refused) is refused before DIR is touched: DIR is not even created."""
     target = tmp_path / "dir"
     done = inprocess.cli("fixtures", "export", str(target), "--key", "fixture:tiny-llama", "--key", "fixture:nope")
@@ -122,7 +122,7 @@ def test_an_export_refused_for_an_unknown_key_writes_nothing(tmp_path):
 
 
 def test_bench_fuzz_check_applies_the_invariant(tmp_path, monkeypatch):
-    """SPEC.md:784 [S9] fuzzing.check (bench/fuzz.py) is the surfaces' invariant too: a call that ends in a
+    """SPEC.md:0 [S9] fuzzing.check (bench/fuzz.py) is the surfaces' invariant too: a call that ends in a
     one-line refusal but changed a file of the sentinel folder is not the project's own outcome."""
     sentinel = tmp_path / "sentinel"
     sentinel.mkdir()
