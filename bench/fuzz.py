@@ -4,7 +4,9 @@
 
 Each case mutates one shipped document and/or one data table (tests/fuzzing.py) and runs
 the three verbs in this process; an outcome is foreign when it is not status 0, or status 2
-with one `<stage>: ...` line, or when stderr carries a traceback or "internal error". Prints
+with one `<stage>: ...` line, or when it breaks the invariant bench/fuzz_surfaces.py checks
+(tests/invariant.py: no traceback or "internal error", no eligible non-finite row under --out,
+nothing changed outside --out in the documents, a sentinel folder or the cwd, the time bound). Prints
 the count of cases and of foreign outcomes, grouped by their last stderr line; exits 1 when
 there is any. `--shard I/M` runs only the cases k with k % M == I (the same cases, M processes
 side by side; their counts add up). Not a test: tests/safety/test_fuzz.py runs a few hundred of the same cases in CI.

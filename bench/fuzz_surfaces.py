@@ -1,13 +1,16 @@
-"""Fuzz every input surface but documents and tables: bundles, case files, --impl outputs, flags, caches.
+"""Fuzz every input surface but documents and tables: bundles, case files, --impl outputs, flags, caches,
+results folders, environment variables, exported folders (`--surface` bundle, case, impl, flags, cache, results,
+env, exported).
 
     python bench/fuzz_surfaces.py [N=2000] [--seed S] [--shard I/M] [--surface NAME] [--minutes M] [--verbose]
 
 Each case (tests/fuzz_surfaces.py) mutates one surface and runs the verbs that read it in this
-process, checking the invariant: no internal error, no eligible metric row with a non-finite or
-null value, nothing written outside --out (its staging and lock names) or the cache, no case past
-its time bound. Prints the count of cases per surface and every violation; exits 1 when there is
-any. `--shard I/M` runs only the cases k with k % M == I. Not a test: tests/safety/
-test_fuzz_surfaces.py runs a few seeded cases of each surface in CI.
+process, checking the invariant (tests/invariant.py, bench/fuzz.py's too): no internal error, no
+eligible metric row with a non-finite or null value, nothing written outside --out (its staging
+and lock names) or the cache, no case past its time bound. Prints the count of cases per surface
+and every violation; exits 1 when there is any. `--shard I/M` runs only the cases k with
+k % M == I. Not a test: tests/safety/test_fuzz_surfaces.py runs a few seeded cases of each
+surface in CI.
 """
 from __future__ import annotations
 
@@ -41,8 +44,9 @@ def main() -> int:
             surface, results = fuzz_surfaces.run_case(rng, pathlib.Path(tmp), args.surface)
             counts[surface] += 1
             for argv, status, broken, stderr in results:
-                if broken or args.verbose:
-                    print(f"case {k} {surface}: {argv} -> {status}: {broken}\n  {stderr}", flush=True)
+                if broken or args.verbose:  # a lone surrogate (an env value, a case's text) printed escaped
+                    line = f"case {k} {surface}: {argv} -> {status}: {broken}\n  {stderr}"
+                    print(line.encode("utf-8", "backslashreplace").decode("utf-8"), flush=True)
                 if broken:
                     found.append((k, surface, argv, broken))
             if (k // shards + 1) % 100 == 0:

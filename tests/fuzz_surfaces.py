@@ -1,4 +1,4 @@
-"""Surface mutations for tests/safety/test_fuzz_surfaces.py and `bench/fuzz.py --surfaces`.
+"""Surface mutations for tests/safety/test_fuzz_surfaces.py and bench/fuzz_surfaces.py.
 
 tests/fuzzing.py mutates documents and data tables; this module mutates every other input
 surface and checks one invariant per case:
@@ -14,30 +14,35 @@ surface and checks one invariant per case:
   removed, truncated or replaced by links;
 * results: a copy of a run's results folder (a swept patching run, a fit with its loss curve) with
   its tables, document.json, run.json, tensor files and point folders edited, broken, removed or
-  replaced by links, drawn by `plot` to a figure path that may be a link, a folder or a file.
+  replaced by links, drawn by `plot` to a figure path that may be a link, a folder or a file;
+* env: $CAUSALAB_REF_LLAMA_TOKENIZER, $HF_HUB_OFFLINE, $CAUSALAB_REF_CACHE and $CONFORM_CHECKPOINTS set to
+  hostile values (tests/fuzz_surfaces_env.py);
+* exported: a damaged copy of a `fixtures export` folder named by a path key, or `fixtures export` onto a
+  hostile target (tests/fuzz_surfaces_env.py).
 
-The invariant (`violations`): no `internal error` or traceback; no metric-table row that is
-eligible with a non-finite or null value; no file of a sentinel folder or of the cwd written or
-truncated (the run's --out, its staging and lock names aside); no case past its time bound.
+The invariant (`violations`, tests/invariant.py, the one tests/fuzzing.py's `check` applies too): no
+`internal error` or traceback; no metric-table row that is eligible with a non-finite or null value; no
+file of a watched folder (a sentinel, the cwd, the corpus, the documents, an exported folder) written,
+truncated, removed or added (the call's --out, its staging and lock names aside); no case past its time
+bound. An export besides never changes a path with a part named `user*`.
 """
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
-import math
 import os
 import pathlib
 import random
 import shutil
-import stat
 import struct
 import sys
 import time
 from typing import Any, Callable, Optional
 
+import fuzz_surfaces_env
 import fuzzing
 import inprocess
+from invariant import BOUND, snapshot, violations  # noqa: F401 (the invariant, tests/invariant.py)
 
 REPO = fuzzing.REPO
 CORPUS = REPO / "causalab_ref" / "conformance" / "corpus"
@@ -46,8 +51,7 @@ BUNDLES = sorted((REPO / "documents" / "artifacts").glob("*.safetensors")) + sor
 BUNDLE_DOCS = {"pca": REPO / "documents" / "pca_control.json", "sae": REPO / "documents" / "sae_ablation.json"}
 PATCHING = REPO / "documents" / "patching.json"
 CACHE_KEY = "tiny-llama"
-SURFACES = ("bundle", "case", "impl", "flags", "cache", "results")
-BOUND = 60.0  # seconds one case may take (a --timeout'd fake sleeps at most a few seconds)
+SURFACES = ("bundle", "case", "impl", "flags", "cache", "results", "env", "exported")
 DTYPES = ["F16", "BF16", "F64", "I64", "I32", "I8", "U8", "BOOL", "F8_E4M3", "X9"]
 
 
@@ -425,96 +429,6 @@ def cache_case(rng: random.Random, tmp: pathlib.Path, sentinel: pathlib.Path) ->
     return [[rng.choice(["validate", "explain"]), str(PATCHING), "--data-root", str(fuzzing.DATA)]]
 
 
-# ---------------------------------------------------------------- the invariant
-
-def snapshot(folder: pathlib.Path, skip: Callable[[pathlib.Path], bool] = lambda p: False) -> dict:
-    """{path: (kind, size, digest)} of everything under `folder` (links not followed)."""
-    seen: dict = {}
-    if not folder.exists():
-        return seen
-    for path in sorted(folder.rglob("*")):
-        if skip(path):
-            continue
-        info = path.lstat()
-        if stat.S_ISREG(info.st_mode):
-            seen[str(path)] = ("file", info.st_size, hashlib.sha256(path.read_bytes()).hexdigest())
-        elif stat.S_ISLNK(info.st_mode):
-            seen[str(path)] = ("link", os.readlink(path), "")
-        else:
-            seen[str(path)] = ("dir", 0, "")
-    return seen
-
-
-def bad_rows(out: pathlib.Path) -> list[str]:
-    """Metric-table rows under `out` that are eligible with a non-finite or null value."""
-    found: list[str] = []
-    try:
-        if not out.is_dir() or out.is_symlink():
-            return found
-        tables = sorted(out.rglob("*.json"))
-    except OSError:  # a name the file system will not take: nothing was written there
-        return found
-    for table in tables:
-        if table.name in ("document.json", "run.json") or table.is_symlink():
-            continue
-        try:
-            rows = json.loads(table.read_text(encoding="utf-8"))
-        except (OSError, ValueError, RecursionError):
-            continue
-        for row in rows if isinstance(rows, list) else []:
-            if isinstance(row, dict) and row.get("eligible") is True and "value" in row:
-                value = row["value"]
-                values = value if isinstance(value, list) else [value]
-                if any(v is None or (isinstance(v, float) and not math.isfinite(v)) for v in values):
-                    found.append(f"{table}: {row.get('example_id')}: value {value!r} eligible")
-    return found
-
-
-def _out_of(argv: list[str]) -> Optional[pathlib.Path]:
-    if argv[0] == "plot" and not any(word.startswith("--out") for word in argv):
-        return pathlib.Path(f"{argv[1]}.png")  # FG6: the default figure beside the folder
-    if argv[0] not in ("run", "plot"):
-        return None
-    for i, word in enumerate(argv):
-        if word == "--out":
-            return pathlib.Path(argv[i + 1])
-        if word.startswith("--out="):
-            return pathlib.Path(word[len("--out="):])
-    return None
-
-
-def _allowed(out: Optional[pathlib.Path], cwd: pathlib.Path) -> Callable[[pathlib.Path], bool]:
-    """True for a path a run may write: its --out, and the staging and lock names beside it."""
-    if out is None or str(out) in ("", ".", "..", "/"):
-        return lambda p: False
-    full = out if out.is_absolute() else cwd / out
-    parent, name = full.parent, full.name
-
-    def allowed(path: pathlib.Path) -> bool:
-        return (path == full or full in path.parents
-                or (path.parent == parent and path.name.startswith(f".{name}.")))
-    return allowed
-
-
-def violations(argv: list[str], status: int, text: str, seconds: float, before: dict, after: dict,
-               cwd: pathlib.Path) -> list[str]:
-    """What one call broke of the invariant."""
-    found = []
-    if "internal error" in text or "Traceback" in text or status == -1:
-        found.append(f"internal error (status {status}): {text.strip().splitlines()[-1:] if text.strip() else ''}")
-    out = _out_of(argv)
-    if out is not None and status == 0:  # a refused run leaves --out as it was
-        found += bad_rows(out if out.is_absolute() else cwd / out)
-    allowed = _allowed(out, cwd)
-    changed = [p for p in sorted(set(before) | set(after)) if before.get(p) != after.get(p)
-               and not allowed(pathlib.Path(p))]
-    if changed:
-        found.append(f"changed outside --out: {changed[:5]}")
-    if seconds > BOUND:
-        found.append(f"took {seconds:.0f} s (bound {BOUND:.0f} s)")
-    return found
-
-
 # ---------------------------------------------------------------- running one case
 
 def _sentinel(tmp: pathlib.Path) -> pathlib.Path:
@@ -540,38 +454,71 @@ def fixtures_folder(tmp: pathlib.Path) -> pathlib.Path:
 
 
 @contextlib.contextmanager
-def _environment(cache: Optional[pathlib.Path], sleep: str):
-    saved = {k: os.environ.get(k) for k in ("CAUSALAB_REF_CACHE", "FAKE_SLEEP")}
-    os.environ["FAKE_SLEEP"] = sleep
-    if cache is not None:
-        os.environ["CAUSALAB_REF_CACHE"] = str(cache)
+def _environment(env: dict, sleep: str):
+    """os.environ with `env` set ({name: value, or None to unset}) for the case, restored after it."""
+    env = {**env, "FAKE_SLEEP": sleep}
+    saved = {k: os.environ.get(k) for k in env}
     try:
+        for k, v in env.items():
+            _setenv(k, v)
         yield
     finally:
         for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+            _setenv(k, v)
+
+
+def _setenv(name: str, value: Optional[str]) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
 
 
 def _argvs(surface: str, rng: random.Random, case_dir: pathlib.Path, sentinel: pathlib.Path,
-           fixtures: pathlib.Path) -> tuple[list[list[str]], Optional[pathlib.Path]]:
+           fixtures: pathlib.Path) -> fuzz_surfaces_env.Case:
+    """(argvs, environment, folders to watch beside the usual) of one case."""
+    if surface in ("env", "exported"):
+        make = fuzz_surfaces_env.env_case if surface == "env" else fuzz_surfaces_env.exported_case
+        return make(rng, case_dir, sentinel, fixtures)
+    if surface == "cache":
+        cache = damaged_cache(rng, case_dir, sentinel)
+        return cache_case(rng, case_dir, sentinel), {"CAUSALAB_REF_CACHE": str(cache)}, []
     if surface == "bundle":
-        return bundle_case(rng, case_dir), None
+        return bundle_case(rng, case_dir), {}, []
     if surface == "case":
-        return case_case(rng, case_dir), None
+        return case_case(rng, case_dir), {}, []
     if surface == "impl":
-        return impl_case(rng, case_dir, fixtures), None
+        return impl_case(rng, case_dir, fixtures), {}, []
     if surface == "flags":
-        return flags_case(rng, case_dir, sentinel, fixtures), None
-    if surface == "results":
-        return results_case(rng, case_dir, sentinel), None
-    return cache_case(rng, case_dir, sentinel), damaged_cache(rng, case_dir, sentinel)
+        return flags_case(rng, case_dir, sentinel, fixtures), {}, []
+    return results_case(rng, case_dir, sentinel), {}, [case_dir / "results"]  # plot writes only its figure
+
+
+def _users(before: dict, after: dict) -> list[str]:
+    """Changed paths with a part named `user*`: what an export must never touch, even under its DIR."""
+    return [p for p in sorted(set(before) | set(after)) if before.get(p) != after.get(p)
+            and any(part.startswith("user") for part in pathlib.Path(p).parts)]
+
+
+def _call(argv: list[str], cwd: pathlib.Path, watched: Callable[[], dict]) -> tuple:
+    """One call in this process, judged by the invariant: (argv, status, violations, stderr's end)."""
+    before = watched()
+    started = time.monotonic()
+    done = inprocess.cli(*argv, cwd=cwd)
+    seconds = time.monotonic() - started
+    after = watched()
+    found = violations(argv, done.returncode, done.stderr, seconds, (before, after), cwd)
+    if _users(before, after):
+        found.append(f"changed what the tool did not write: {_users(before, after)[:5]}")
+    try:  # a real process's stdout is strict UTF-8: a lone surrogate there would be a traceback
+        done.stdout.encode("utf-8")
+    except UnicodeEncodeError as error:
+        found.append(f"stdout not UTF-8: {done.stdout[max(error.start - 40, 0):error.end + 40]!a}")
+    return argv, done.returncode, found, done.stderr.strip()[-600:]
 
 
 def run_case(rng: random.Random, tmp: pathlib.Path, surface: Optional[str] = None) -> tuple[str, list[tuple]]:
-    """One case of `surface` (drawn when None); returns (surface, [(argv, status, violations)])."""
+    """One case of `surface` (drawn when None); returns (surface, [(argv, status, violations, stderr)])."""
     surface = surface or rng.choice(SURFACES)
     sentinel, fixtures = _sentinel(tmp), fixtures_folder(tmp)
     case_dir = tmp / "case"
@@ -580,19 +527,12 @@ def run_case(rng: random.Random, tmp: pathlib.Path, surface: Optional[str] = Non
     cwd = case_dir / "cwd"
     cwd.mkdir()
     (cwd / "here.txt").write_text("cwd sentinel\n")
-    argvs, cache = _argvs(surface, rng, case_dir, sentinel, fixtures)
-    results = []
-    loads = contextlib.nullcontext() if surface == "cache" else fuzzing.cached_loads()
-    with _environment(cache, rng.choice(["3", "5"])), loads:
-        for argv in argvs:
-            def watched() -> dict:
-                return {**snapshot(sentinel), **snapshot(cwd), **snapshot(CORPUS), **snapshot(REPO / "documents"),
-                        **snapshot(case_dir / "results")}  # plot reads a results folder and writes only its figure
-            before = watched()
-            started = time.monotonic()
-            done = inprocess.cli(*argv, cwd=cwd)
-            seconds = time.monotonic() - started
-            found = violations(argv, done.returncode, done.stderr, seconds, before,
-                               watched(), cwd)
-            results.append((argv, done.returncode, found, done.stderr.strip()[-600:]))
-    return surface, results
+    argvs, env, extra = _argvs(surface, rng, case_dir, sentinel, fixtures)
+    folders = [sentinel, cwd, CORPUS, REPO / "documents"] + extra
+
+    def watched() -> dict:
+        return {k: v for folder in folders for k, v in snapshot(folder).items()}
+    # a model a case loads from a folder it damaged (or an environment it set) is loaded afresh
+    loads = contextlib.nullcontext() if surface in ("cache", "env", "exported") else fuzzing.cached_loads()
+    with _environment(env, rng.choice(["3", "5"])), loads:
+        return surface, [_call(argv, cwd, watched) for argv in argvs]

@@ -5,7 +5,10 @@ copy into `tmp`: wrong types, missing and extra keys, out-of-range and huge numb
 unicode, deep nesting, broken JSON, keys named twice, integers past 4300 digits, names
 that are paths, and the same done to a data table. `check(argv)`
 runs the command line in this process and says whether the outcome was the project's
-own: status 0, or status 2 with one `<stage>: ...` line and no traceback.
+own: status 0, or status 2 with one `<stage>: ...` line, and the invariant fuzz_surfaces.py
+checks too (tests/invariant.py: no internal error or traceback, no eligible non-finite row
+under --out, nothing changed outside --out in the documents, a sentinel folder or the cwd,
+the time bound).
 
 Model loads are the slow part, so `cached_loads()` keeps one engine per
 (engine, key, revision, dtype, attention, weights) for the life of the process.
@@ -19,9 +22,11 @@ import pathlib
 import random
 import re
 import shutil
-from typing import Any
+import time
+from typing import Any, Optional
 
 import inprocess
+import invariant
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DOCUMENTS = sorted((REPO / "documents").glob("*.json"))
@@ -197,29 +202,47 @@ def cached_loads():
         loading.load = original
 
 
-def check(argv: list[str]) -> tuple[bool, int, str]:
-    """Run the CLI in-process (inprocess.cli); (the outcome is the project's own, status, stderr)."""
+def _watched(cwd: pathlib.Path, sentinel: Optional[pathlib.Path]) -> dict:
+    """What no call may change: the documents (and their data), a sentinel folder, the cwd's own entries."""
+    found = invariant.snapshot(REPO / "documents")
+    if sentinel is not None:
+        found.update(invariant.snapshot(sentinel))
+    found.update(invariant.snapshot(cwd, deep=False))  # a cwd may be the repository: its own entries only
+    return found
+
+
+def check(argv: list[str], sentinel: Optional[pathlib.Path] = None) -> tuple[bool, int, str]:
+    """Run the CLI in-process (inprocess.cli); (the outcome is the project's own, status, stderr). Own is
+    status 0, or status 2 with one `<stage>: ...` line, and the invariant kept (tests/invariant.py: no
+    internal error, no eligible non-finite row under --out, nothing changed outside --out in the documents,
+    the sentinel or the cwd, the time bound); a broken invariant is appended to stderr."""
+    cwd = pathlib.Path.cwd()
+    before, started = _watched(cwd, sentinel), time.monotonic()
     try:
-        done = inprocess.cli(*argv, cwd=pathlib.Path.cwd())
+        done = inprocess.cli(*argv, cwd=cwd)
     except BaseException as error:  # anything escaping main is foreign
         return False, -1, f"escaped main: {type(error).__name__}: {error}"
-    text = done.stderr
+    seconds, text = time.monotonic() - started, done.stderr
     lines = text.strip().splitlines()
     ok = (done.returncode == 0 or (done.returncode == 2 and len(lines) == 1 and lines[0].split(":")[0] in STAGES))
-    ok = ok and "Traceback" not in text and "internal error" not in text
-    return ok, done.returncode, text
+    broken = invariant.violations(argv, done.returncode, text, seconds, (before, _watched(cwd, sentinel)), cwd)
+    return ok and not broken, done.returncode, text + "".join(f"\ninvariant: {b}" for b in broken)
 
 
 def run_case(rng: random.Random, tmp: pathlib.Path, verbs=("validate", "explain", "run"), record: bool = False):
     """One mutated case through each verb; returns the foreign outcomes as (verb, source, status, stderr),
     and with `record` also each verb's (verb, status) outcome."""
     doc, root, source = case(rng, tmp)
+    sentinel = tmp / "sentinel"
+    if not sentinel.exists():
+        sentinel.mkdir()
+        (sentinel / "keep.txt").write_text("keep me\n")
     foreign, outcomes = [], []
     for verb in verbs:
         argv = [verb, str(doc), "--data-root", str(root)]
         if verb == "run":
             argv += ["--out", str(tmp / "out"), "--replace", "--quiet"]
-        ok, status, text = check(argv)
+        ok, status, text = check(argv, sentinel)
         outcomes.append((verb, status))
         if not ok:
             foreign.append((verb, source, status, text.strip()[-2000:]))

@@ -52,7 +52,7 @@ def assert_refusal(proc: subprocess.CompletedProcess, line: str, *, only_line: b
 
 
 def test_unknown_key_exits_2_with_its_dotted_path(tmp_path):
-    """SPEC.md:0 [D4] One stderr line `<stage>: <path>: <message>`, status 2, no traceback; D2's path."""
+    """SPEC.md:19 [D4] One stderr line `<stage>: <path>: <message>`, status 2, no traceback; D2's path."""
     def mutate(raw):
         raw["interventions"]["patching"]["reads"]["v_cf"]["position"] = -1
     proc = cli("validate", write_doc(tmp_path, mutate))
@@ -60,13 +60,13 @@ def test_unknown_key_exits_2_with_its_dotted_path(tmp_path):
 
 
 def test_missing_required_block_exits_2_with_its_path(tmp_path):
-    """SPEC.md:0 [D3] A missing required block is refused at validation naming it, on the CLI too."""
+    """SPEC.md:17 [D3] A missing required block is refused at validation naming it, on the CLI too."""
     proc = cli("validate", write_doc(tmp_path, lambda raw: raw.pop("roles")))
     assert_refusal(proc, "validation: roles: required field is missing")
 
 
 def test_wrong_type_exits_2_with_its_path(tmp_path):
-    """SPEC.md:0 [D3] A wrong type is refused with its dotted path, on the CLI too."""
+    """SPEC.md:17 [D3] A wrong type is refused with its dotted path, on the CLI too."""
     def mutate(raw):
         raw["sites"]["target"]["layers"] = "0"
     proc = cli("validate", write_doc(tmp_path, mutate))
@@ -74,7 +74,7 @@ def test_wrong_type_exits_2_with_its_path(tmp_path):
 
 
 def test_broken_json_exits_2(tmp_path):
-    """SPEC.md:0 [D4] Broken JSON is a refusal (line and column), not a traceback."""
+    """SPEC.md:19 [D4] Broken JSON is a refusal (line and column), not a traceback."""
     path = tmp_path / "broken.json"
     path.write_text('{"model": {"key": "fixture:tiny-llama",\n', encoding="utf-8")
     proc = cli("validate", str(path))
@@ -83,7 +83,7 @@ def test_broken_json_exits_2(tmp_path):
 
 
 def test_run_of_a_malformed_document_writes_nothing(tmp_path):
-    """SPEC.md:0 [R10] A refused run leaves no result folder (and no temporary one beside it); D4."""
+    """SPEC.md:461 [R10] A refused run leaves no result folder (and no temporary one beside it); D4."""
     def mutate(raw):
         raw["interventions"]["patching"]["writes"]["patch"]["mechanism"] = "lerp"
     doc = write_doc(tmp_path, mutate)
@@ -97,7 +97,7 @@ def test_run_of_a_malformed_document_writes_nothing(tmp_path):
 
 
 def test_unknown_fixture_key_is_refused_naming_it(tmp_path):
-    """SPEC.md:0 [D6] A `fixture:` key that is not one of the fixtures is refused naming the key."""
+    """SPEC.md:25 [D6] A `fixture:` key that is not one of the fixtures is refused naming the key."""
     def mutate(raw):
         raw["model"]["key"] = "fixture:tiny-nope"
     proc = cli("validate", write_doc(tmp_path, mutate))
@@ -106,7 +106,7 @@ def test_unknown_fixture_key_is_refused_naming_it(tmp_path):
 
 
 def test_unloadable_hub_key_is_refused_naming_it(tmp_path):
-    """SPEC.md:0 [D6] A hub key that cannot be loaded (offline here) is refused naming the key, status 2."""
+    """SPEC.md:25 [D6] A hub key that cannot be loaded (offline here) is refused naming the key, status 2."""
     def mutate(raw):
         raw["model"]["key"] = "nobody/none"
     proc = cli("validate", write_doc(tmp_path, mutate), timeout=120)
@@ -118,7 +118,7 @@ def test_unloadable_hub_key_is_refused_naming_it(tmp_path):
 
 
 def test_validate_shipped_document():
-    """SPEC.md:0 [R1] `validate` compiles against the model shell with no weights and says ok."""
+    """SPEC.md:424 [R1] `validate` compiles against the model shell with no weights and says ok."""
     proc = inprocess.cli("validate", "documents/patching.json")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok: documents/patching.json is a valid plan-shaped document, 1 step"
@@ -136,14 +136,14 @@ EXPLAIN_LINES = [
 
 
 def test_explain_prints_the_plan():
-    """SPEC.md:0 [R5] `explain` prints the plan: step, forwards with rows x tokens, taps with address and pos."""
+    """SPEC.md:431 [R5] `explain` prints the plan: step, forwards with rows x tokens, taps with address and pos."""
     proc = inprocess.cli("explain", "documents/patching.json")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.rstrip("\n").splitlines() == EXPLAIN_LINES
 
 
 def test_explain_json():
-    """SPEC.md:0 [R5] `--json` prints the verb's result as JSON: the plan text and the step names."""
+    """SPEC.md:431 [R5] `--json` prints the verb's result as JSON: the plan text and the step names."""
     proc = inprocess.cli("--json", "explain", "documents/patching.json")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
@@ -155,7 +155,7 @@ def test_explain_json():
 
 
 def test_data_lists_rows_columns_and_splits():
-    """SPEC.md:0 [R18] SPEC.md:0 [D9] `data <dir>/<table>` reads documents/data/<dir>/<table>.json: rows, columns, splits."""
+    """SPEC.md:484 [R18] SPEC.md:31 [D9] `data <dir>/<table>` reads documents/data/<dir>/<table>.json: rows, columns, splits."""
     proc = cli("data", "weekdays/train")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
@@ -167,7 +167,7 @@ def test_data_lists_rows_columns_and_splits():
 
 
 def test_data_json():
-    """SPEC.md:0 [D9] `--json data` carries the same facts as data."""
+    """SPEC.md:31 [D9] `--json data` carries the same facts as data."""
     proc = cli("data", "weekdays/train", "--json")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
@@ -176,7 +176,7 @@ def test_data_json():
 
 
 def test_vocab_lists_21_components_and_the_position_forms():
-    """SPEC.md:0 [R17] SPEC.md:0 [L5] `vocab` lists the 21 components (B2) and the seed's position forms; seed 000:11, seed 004:175."""
+    """SPEC.md:482 [R17] SPEC.md:289 [L5] `vocab` lists the 21 components (B2) and the seed's position forms; seed 000:11, seed 004:175."""
     proc = cli("vocab")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
@@ -206,7 +206,7 @@ def test_vocab_lists_21_components_and_the_position_forms():
 
 
 def test_model_answers_every_component_at_every_layer():
-    """SPEC.md:0 [L25] seed 004:183-228 — `model fixture:tiny-gptoss` loads no weights and answers every
+    """SPEC.md:386 [L25] seed 004:183-228 — `model fixture:tiny-gptoss` loads no weights and answers every
     component at every layer: width and operation where it resolves, the reason where it does not (the
     mixture-of-experts refusal at each layer); `--json` carries the same answers."""
     from causalab_ref.locations import address
@@ -254,7 +254,7 @@ def _per_place(lines: list[str]) -> dict[str, str]:
 
 
 def test_tokens_shows_each_texts_pieces_with_indices_and_column_usability(capsys):
-    """SPEC.md:0 [R19] `tokens KEY TEXT…` prints the content tokens with their padded-batch indices and
+    """SPEC.md:486 [R19] `tokens KEY TEXT…` prints the content tokens with their padded-batch indices and
     says when a text is not usable as a metric column (seed 000:179: " Tuesday" is three tokens)."""
     from causalab_ref import cli as cli_module
     assert cli_module.main(["tokens", "fixture:tiny-llama", " Tuesday", " Monday"]) == 0
@@ -277,7 +277,7 @@ SEED_LANDS_LLAMA = {  # seed 004:57-79: module and io at layer 0 on the tiny Lla
 
 
 def test_model_lands_prints_the_seeds_where_each_one_lands_table(capsys):
-    """SPEC.md:0 [L18] `model KEY --lands` prints every name's rank, io and module (or operation) at layer 0;
+    """SPEC.md:335 [L18] `model KEY --lands` prints every name's rank, io and module (or operation) at layer 0;
     on the Llama fixture the modules and io are the seed's (seed 004:45-82) and ranks are in forward order."""
     from causalab_ref import cli as cli_module
     assert cli_module.main(["--json", "model", "fixture:tiny-llama", "--lands", "--attn-implementation",
@@ -294,7 +294,7 @@ def test_model_lands_prints_the_seeds_where_each_one_lands_table(capsys):
 
 
 def test_a_refusal_at_the_read_and_validation_stages_imports_no_torch(tmp_path):
-    """SPEC.md:0 [Q17] malformed JSON and an unknown key are refused by a new process that never imports torch,
+    """SPEC.md:1427 [Q17] malformed JSON and an unknown key are refused by a new process that never imports torch,
     transformers, nnsight or nnterp (each refusal is the usual one line)."""
     import subprocess
     import sys
@@ -338,7 +338,7 @@ def _doc(tmp_path, mutate, base=None) -> str:
 
 
 def test_an_unknown_key_names_the_nearest_allowed_one(tmp_path, capsys):
-    """SPEC.md:0 [D22] a misspelt key is refused with the allowed keys and then the nearest of them."""
+    """SPEC.md:79 [D22] a misspelt key is refused with the allowed keys and then the nearest of them."""
     def mutate(raw):
         raw["interventions"]["patching"]["reads"]["v_cf"]["positon"] = -1
     line = _refused(capsys, "validate", _doc(tmp_path, mutate))
@@ -347,7 +347,7 @@ def test_an_unknown_key_names_the_nearest_allowed_one(tmp_path, capsys):
 
 
 def test_an_unknown_mechanism_metric_kind_or_metric_name_names_the_nearest(tmp_path, capsys):
-    """SPEC.md:0 [D22] a mechanism, a metric kind and a saved metric that are not known are each refused ending
+    """SPEC.md:79 [D22] a mechanism, a metric kind and a saved metric that are not known are each refused ending
     with the nearest known names."""
     iv = SHIPPED["interventions"]["patching"]
     cases = [
@@ -365,7 +365,7 @@ def test_an_unknown_mechanism_metric_kind_or_metric_name_names_the_nearest(tmp_p
 
 
 def test_a_name_close_to_no_known_one_gets_no_suggestion(tmp_path, capsys):
-    """SPEC.md:0 [D22] with nothing close, the message ends where it did: no `did you mean`."""
+    """SPEC.md:79 [D22] with nothing close, the message ends where it did: no `did you mean`."""
     def mutate(raw):
         raw["interventions"]["patching"]["writes"]["patch"]["mechanism"] = "qqqqqq"
     line = _refused(capsys, "validate", _doc(tmp_path, mutate))
@@ -374,7 +374,7 @@ def test_a_name_close_to_no_known_one_gets_no_suggestion(tmp_path, capsys):
 
 
 def test_an_unknown_component_names_the_nearest_and_no_python_only_option(tmp_path, capsys):
-    """SPEC.md:0 [L17] / SPEC.md:0 [D22] a component the table lacks is refused listing the table's names, then the
+    """SPEC.md:330 [L17] / SPEC.md:79 [D22] a component the table lacks is refused listing the table's names, then the
     nearest of them; a JSON author is not pointed at the load's Python-only `extra` argument."""
     from causalab_ref.locations import address
 
@@ -388,7 +388,7 @@ def test_an_unknown_component_names_the_nearest_and_no_python_only_option(tmp_pa
 
 
 def test_a_range_swept_in_place_of_the_layers_list_is_refused_with_the_forms_that_sweep(tmp_path, capsys):
-    """SPEC.md:0 [D23] `{"sweep": {"range": [0, 5]}}` at `layers` sweeps bare integers: the first point is refused
+    """SPEC.md:85 [D23] `{"sweep": {"range": [0, 5]}}` at `layers` sweeps bare integers: the first point is refused
     with the value it got and the two spellings that sweep one-element lists."""
     def mutate(raw):
         raw["sites"]["target"]["layers"] = {"sweep": {"range": [0, 5]}}
@@ -398,7 +398,7 @@ def test_a_range_swept_in_place_of_the_layers_list_is_refused_with_the_forms_tha
 
 
 def test_both_layer_sweep_spellings_of_the_format_sweep_one_layer_per_point(tmp_path, capsys):
-    """SPEC.md:0 [D23] F§11's two spellings, `{"sweep": [[0], [1]]}` and `[{"sweep": {"range": [0, 2]}}]`, each give
+    """SPEC.md:85 [D23] F§11's two spellings, `{"sweep": [[0], [1]]}` and `[{"sweep": {"range": [0, 2]}}]`, each give
     the points layers=0 and layers=1, whose taps at the site are at layers 0 and 1."""
     for layers in ({"sweep": [[0], [1]]}, [{"sweep": {"range": [0, 2]}}]):
         path = _doc(tmp_path, lambda raw: raw["sites"]["target"].update(layers=layers))
@@ -412,7 +412,7 @@ def test_both_layer_sweep_spellings_of_the_format_sweep_one_layer_per_point(tmp_
 
 
 def test_model_prints_each_refusal_once_with_the_layers_it_applies_to(capsys):
-    """SPEC.md:0 [L25] on a 5-layer checkpoint, the sdpa refusal of the attention pattern is one line per
+    """SPEC.md:386 [L25] on a 5-layer checkpoint, the sdpa refusal of the attention pattern is one line per
     component labelled `[0-4]`, and every (component, reason) of `--json model` is one line of the text."""
     status, out, err = _main(capsys, "model", "fixture:tiny-gpt2")
     assert status == 0, err
@@ -428,7 +428,7 @@ def test_model_prints_each_refusal_once_with_the_layers_it_applies_to(capsys):
 
 
 def test_model_prints_a_reason_naming_its_own_layer_once_for_its_layers(capsys):
-    """SPEC.md:0 [L25] OLMo-2's post-norm refusal names each layer (`layer 0 is ...`, `layer 1 is ...` in
+    """SPEC.md:386 [L25] OLMo-2's post-norm refusal names each layer (`layer 0 is ...`, `layer 1 is ...` in
     `--json model`); the text prints it once per component, labelled [0-1], as layer 0's."""
     status, out, err = _main(capsys, "--json", "model", "fixture:tiny-olmo2")
     assert status == 0, err
@@ -441,7 +441,7 @@ def test_model_prints_a_reason_naming_its_own_layer_once_for_its_layers(capsys):
 
 
 def test_model_layer_runs_are_printed_as_ranges():
-    """SPEC.md:0 [L25] layers a reason applies to print as runs: 0-2 and 5 as `0-2, 5`, one layer alone."""
+    """SPEC.md:386 [L25] layers a reason applies to print as runs: 0-2 and 5 as `0-2, 5`, one layer alone."""
     from causalab_ref import cli as entry
     assert entry._runs([0, 1, 2, 5]) == "0-2, 5"
     assert entry._runs([3]) == "3"
@@ -449,7 +449,7 @@ def test_model_layer_runs_are_printed_as_ranges():
 
 
 def test_tokens_counts_the_pieces_it_lists(capsys):
-    """SPEC.md:0 [R19] the count is the number of pieces listed for the text as given; where the metric-column
+    """SPEC.md:486 [R19] the count is the number of pieces listed for the text as given; where the metric-column
     spelling (one space before the stripped text) splits otherwise, that count is said apart. On GPT-2's BPE
     'If today is Monday, tomorrow is' is 9 pieces and ' If today ...' 10 tokens (the seed's 'If' is two)."""
     status, out, err = _main(capsys, "tokens", "fixture:tiny-gpt2", "If today is Monday, tomorrow is", " Tuesday")
@@ -465,7 +465,7 @@ def test_tokens_counts_the_pieces_it_lists(capsys):
 
 
 def test_the_summary_line_counts_the_unscored_rows_by_reason(tmp_path):
-    """SPEC.md:0 [S19] rows without a value are counted by their reason: a position's reason where the read was
+    """SPEC.md:820 [S19] rows without a value are counted by their reason: a position's reason where the read was
     not placed, `column-ineligible` where it was placed and the answer columns held no answer."""
     from causalab_ref import cli as entry
     rows = [{"metric": "iia", "value": v, "unit": "fraction", "reason": why}
@@ -478,7 +478,7 @@ def test_the_summary_line_counts_the_unscored_rows_by_reason(tmp_path):
 
 
 def test_a_safetensors_save_gets_a_line_with_each_tensors_shape_and_dtype(tmp_path):
-    """SPEC.md:0 [S19] a tensor file written by a run gets its line too: each tensor's name, shape and dtype,
+    """SPEC.md:820 [S19] a tensor file written by a run gets its line too: each tensor's name, shape and dtype,
     read from the file's header (here written by safetensors itself)."""
     import torch
     from safetensors.torch import save_file
@@ -490,7 +490,7 @@ def test_a_safetensors_save_gets_a_line_with_each_tensors_shape_and_dtype(tmp_pa
 
 
 def test_a_missing_table_names_the_data_root_and_its_flag(tmp_path, capsys):
-    """SPEC.md:0 [D9] a dataset ref with no table under the data root is refused naming that root and
+    """SPEC.md:31 [D9] a dataset ref with no table under the data root is refused naming that root and
     `--data-root`, which a relative root (the default `documents/data` included) is resolved from."""
     empty = tmp_path / "data"
     empty.mkdir()
@@ -502,7 +502,7 @@ def test_a_missing_table_names_the_data_root_and_its_flag(tmp_path, capsys):
 
 def test_a_key_without_a_path_prefix_is_a_hub_key_and_its_refusal_says_how_to_name_a_folder(tmp_path, monkeypatch,
                                                                                               capsys):
-    """SPEC.md:0 [X17] `fx/tiny-gpt2` is a hub key even where a folder of that name is beside the current
+    """SPEC.md:546 [X17] `fx/tiny-gpt2` is a hub key even where a folder of that name is beside the current
     directory: offline, it is refused saying a folder's key starts with ./, ../ or /, and naming `./fx/tiny-gpt2`."""
     from huggingface_hub import constants
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
@@ -524,7 +524,7 @@ def _absent_anchor(tmp_path) -> tuple[str, str]:
 
 
 def test_validate_explain_and_run_refuse_a_write_anchored_to_absent_text_with_one_line(tmp_path, capsys):
-    """SPEC.md:0 [P58] SPEC.md:0 [P28] a write whose anchor row 1's prompt lacks is refused before any weights
+    """SPEC.md:184 [P58] SPEC.md:171 [P28] a write whose anchor row 1's prompt lacks is refused before any weights
     load: validate, explain and run print the same line, whose last words explain `alignment_missing`."""
     doc, root = _absent_anchor(tmp_path)
     lines = [_refused(capsys, "validate", doc, "--data-root", root),
@@ -539,7 +539,7 @@ def test_validate_explain_and_run_refuse_a_write_anchored_to_absent_text_with_on
 
 
 def test_the_run_places_with_the_frames_compile_built(llama, monkeypatch, tmp_path):
-    """SPEC.md:0 [Q15] SPEC.md:0 [P58] compile builds each role's frame (with its character map) to place the
+    """SPEC.md:1411 [Q15] SPEC.md:184 [P58] compile builds each role's frame (with its character map) to place the
     rows; the plan keeps them, and the run that follows builds none again."""
     from causalab_ref.positions import locate
     from causalab_ref.runs import compile as compiler

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
@@ -126,21 +127,87 @@ def own_code(directory: str, spec: Model) -> None:
     tokenizer_config.json, ...), before anything of it is read by the libraries (SPEC.md S20). The files
     are parsed, so a key spelled with escapes is found and the words "auto_map" inside a string (a chat
     template, a description) are not a key; a file that is not JSON is judged by its text."""
+    files = _plain_files(Path(directory), spec)
     for file in sorted(Path(directory).glob("*.json")):
-        if file.name.endswith(".index.json"):
-            continue  # the weight index: tensor names only
+        if file.name.endswith(".index.json") or file.name not in files:
+            continue  # the weight index (tensor names only); a dangling link or a folder the library will name
         try:
             text = file.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
             continue  # the library's own load will name it
         try:
-            named = names_code(json.loads(text))
+            value = json.loads(text)
+            named = names_code(value)
         except (ValueError, RecursionError):
-            named = '"auto_map"' in text
+            value, named = None, '"auto_map"' in text
+        _class_names(file.name, value, spec)
         if named:
             raise Refusal(f"model '{spec.key}': {file.name} has an `auto_map`, which names code shipped with the "
                           "checkpoint; causalab_ref never runs a checkpoint's own code. Use a checkpoint of an "
                           "architecture transformers implements, with no auto_map", path="model.key", stage="compile")
+
+
+#: the most a checkpoint's JSON file may hold (a large vocabulary's tokenizer.json is tens of MiB): SPEC.md S31
+JSON_LIMIT = 256 << 20
+
+
+def _plain_files(directory: Path, spec: Model) -> set[str]:
+    """The names of the folder's regular files (a link to one is one). An entry that is, or links to, a device,
+    a FIFO or a socket, and a JSON file past JSON_LIMIT, are refused before any library opens them: a reader
+    would block, or read without end (SPEC.md S31)."""
+    plain = set()
+    for entry in os.scandir(directory):
+        try:
+            info = os.stat(entry.path)
+        except (OSError, ValueError):
+            continue  # dangling, a loop: the library's own load names it
+        if stat.S_ISDIR(info.st_mode):
+            continue
+        if not stat.S_ISREG(info.st_mode):
+            raise Refusal(f"model '{spec.key}': {entry.name} is not a regular file (a device, a FIFO or a socket, "
+                          "or a link to one); a checkpoint folder holds files", path="model.key", stage="compile")
+        if entry.name.endswith(".json") and info.st_size > JSON_LIMIT:
+            raise Refusal(f"model '{spec.key}': {entry.name} is {info.st_size} bytes, past the {JSON_LIMIT >> 20} MiB "
+                          "a checkpoint's JSON file may hold", path="model.key", stage="compile")
+        plain.add(entry.name)
+    return plain
+
+
+def _is_token(value) -> bool:
+    """A special token as transformers takes it: a string, or an AddedToken's object with a string content."""
+    return isinstance(value, str) or (isinstance(value, dict) and isinstance(value.get("content"), str))
+
+
+_TOKEN = ("a string, null or an object with a string `content`", lambda v: v is None or _is_token(v))
+_TOKENS = ("a list of such tokens", lambda v: v is None or (isinstance(v, list) and all(_is_token(t) for t in v)))
+#: per file, the fields naming a class or a special token: (what they must be, the test) (SPEC.md S30)
+CLASS_FIELDS: dict[str, dict[str, tuple]] = {
+    "config.json": {"model_type": ("a string", lambda v: isinstance(v, str)),
+                    "architectures": ("a list of strings or null", lambda v: v is None or (
+                        isinstance(v, list) and all(isinstance(a, str) for a in v)))},
+    "tokenizer_config.json": {"tokenizer_class": ("a string or null", lambda v: v is None or isinstance(v, str)),
+                              **{f"{t}_token": _TOKEN for t in ("bos", "eos", "unk", "pad", "sep", "cls", "mask")},
+                              "additional_special_tokens": _TOKENS},
+}
+_MISSING = object()
+
+
+def _class_names(name: str, value, spec: Model) -> None:
+    """Refuse a config.json or tokenizer_config.json whose field naming a class or a special token is of
+    another type (transformers would raise a TypeError there, which S10 keeps for the project's own bugs):
+    SPEC.md S30."""
+    if not isinstance(value, dict):
+        return
+    for field, (want, fits) in CLASS_FIELDS.get(name, {}).items():
+        given = value.get(field, _MISSING)
+        if given is not _MISSING and not fits(given):
+            raise Refusal(f"model '{spec.key}': {name}'s `{field}` is {_json_kind(given)}, not {want}",
+                          path="model.key", stage="compile")
+
+
+def _json_kind(value) -> str:
+    kinds = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}
+    return kinds.get(type(value), "a number")
 
 
 def unloadable(spec: Model, error: Exception) -> Refusal:
@@ -155,12 +222,15 @@ def unloadable(spec: Model, error: Exception) -> Refusal:
 
 def loading_errors() -> tuple[type[Exception], ...]:
     """What loading a checkpoint raises for a bad or absent checkpoint: files (OSError), configs and
-    tokenizers (ValueError, KeyError), weights (RuntimeError, safetensors' error), nnterp's renaming.
+    tokenizers (ValueError, KeyError), weights (RuntimeError, safetensors' error), nnterp's renaming, and
+    huggingface_hub's strict-dataclass validation (a config field of the wrong type, `"vocab_size": 1e4`).
     Anything else (a TypeError, an AttributeError, ...) is a bug and stays one (SPEC.md S10)."""
+    from huggingface_hub.errors import StrictDataclassError
     from nnterp.rename_utils import RenamingError
     from safetensors import SafetensorError
 
-    return OSError, ValueError, KeyError, RuntimeError, ImportError, SafetensorError, RenamingError
+    return (OSError, ValueError, KeyError, RuntimeError, ImportError, SafetensorError, RenamingError,
+            StrictDataclassError)
 
 
 @contextmanager

@@ -51,7 +51,7 @@ def _forward(step, role):
 
 
 def test_field_paths_are_column_column_index_and_dotted():
-    """SPEC.md:0 [D7] (F§5) — `column`, `column[i]` and `a.b`: dots into objects, brackets into lists."""
+    """SPEC.md:28 [D7] (F§5) — `column`, `column[i]` and `a.b`: dots into objects, brackets into lists."""
     row = {"input": "x", "counterfactual_inputs": ["p", "q"], "meta": {"prompt": {"text": "t"}},
            "turns": [{"say": ["a", "b"]}]}
     assert data.walk(row, "input") == "x"
@@ -62,7 +62,7 @@ def test_field_paths_are_column_column_index_and_dotted():
 
 @pytest.mark.parametrize("field", ["input[x]", "meta..text", "1st", "input[-1]", "meta.", "a b"])
 def test_any_other_field_path_is_refused_with_the_forms(field):
-    """SPEC.md:0 [D7] — a path of another shape is refused, the message listing the three forms."""
+    """SPEC.md:28 [D7] — a path of another shape is refused, the message listing the three forms."""
     with pytest.raises(Refusal) as e:
         data.walk({"input": "x"}, field, "roles.base.field")
     assert (e.value.message, e.value.path, e.value.stage) == (
@@ -70,7 +70,7 @@ def test_any_other_field_path_is_refused_with_the_forms(field):
 
 
 def test_a_malformed_field_is_refused_when_the_document_compiles(llama):
-    """SPEC.md:0 [D7] — the same refusal reaches a document's role, at its path."""
+    """SPEC.md:28 [D7] — the same refusal reaches a document's role, at its path."""
     raw = copy.deepcopy(PATCHING)
     raw["roles"]["counterfactual"]["field"] = "counterfactual_inputs[first]"
     with pytest.raises(Refusal) as e:
@@ -83,7 +83,7 @@ def test_a_malformed_field_is_refused_when_the_document_compiles(llama):
 
 
 def test_rows_pair_by_index_and_metric_columns_come_from_the_base_rows(llama, tmp_path):
-    """SPEC.md:0 [D8] — the counterfactual role reads its own table, row k against base row k; the
+    """SPEC.md:30 [D8] — the counterfactual role reads its own table, row k against base row k; the
     metric columns are the base rows' (the other table's answers are three tokens and never tokenized)."""
     base = copy.deepcopy(TRAIN)
     other = [dict(r, input=r["counterfactual_inputs"][0], counterfactual_inputs=[r["input"]],
@@ -99,7 +99,7 @@ def test_rows_pair_by_index_and_metric_columns_come_from_the_base_rows(llama, tm
 
 
 def test_roles_with_different_row_counts_are_refused(llama, tmp_path):
-    """SPEC.md:0 [D8] — pairing by index needs equal counts; the refusal names the step and the counts."""
+    """SPEC.md:30 [D8] — pairing by index needs equal counts; the refusal names the step and the counts."""
     root = _root(tmp_path, base=TRAIN, short=TRAIN[:3])
     with pytest.raises(Refusal) as e:
         compiler.compile_document(_doc(counterfactual="t/short"), llama, root)
@@ -112,7 +112,7 @@ def test_roles_with_different_row_counts_are_refused(llama, tmp_path):
 
 
 def test_an_answer_is_space_prefixed_and_one_token(llama):
-    """SPEC.md:0 [D15] — leading whitespace stripped, one space prepended, no special tokens: "Friday",
+    """SPEC.md:50 [D15] — leading whitespace stripped, one space prepended, no special tokens: "Friday",
     " Friday" and "   Friday" are the one id of " Friday"."""
     tok = llama.tokenizer
     want = tok.encode(" Friday", add_special_tokens=False)
@@ -122,7 +122,7 @@ def test_an_answer_is_space_prefixed_and_one_token(llama):
 
 
 def test_an_answer_of_several_tokens_is_refused(llama, tmp_path):
-    """SPEC.md:0 [D15] — on the Llama fixture " Tuesday" is 3 tokens: refused at compile with the
+    """SPEC.md:50 [D15] — on the Llama fixture " Tuesday" is 3 tokens: refused at compile with the
     seed's text, at the metric's column path."""
     with pytest.raises(Refusal) as e:
         compiler.answer_id(llama.tokenizer, "Tuesday", "p")
@@ -141,7 +141,7 @@ def test_an_answer_of_several_tokens_is_refused(llama, tmp_path):
 
 
 def test_a_roles_prompts_are_one_left_padded_batch(llama):
-    """SPEC.md:0 [R2] — each role's prompts are one batch as wide as its longest row, padded on the
+    """SPEC.md:426 [R2] — each role's prompts are one batch as wide as its longest row, padded on the
     tokenizer's side (left on the fixtures) with the pad token, here the EOS set in its place."""
     tok = llama.tokenizer
     assert tok.padding_side == "left" and tok.pad_token == tok.eos_token == "</s>"
@@ -158,7 +158,7 @@ def test_a_roles_prompts_are_one_left_padded_batch(llama):
 
 
 def test_gpt2_has_no_pad_token_and_pads_with_eos():
-    """SPEC.md:0 [R2] — the GPT-2 fixture's tokenizer has no pad token; the engine sets it to EOS, and
+    """SPEC.md:426 [R2] — the GPT-2 fixture's tokenizer has no pad token; the engine sets it to EOS, and
     a batch pads on the left with that id."""
     from transformers import AutoTokenizer
 
@@ -176,7 +176,7 @@ def test_gpt2_has_no_pad_token_and_pads_with_eos():
 
 @pytest.mark.parametrize("ref", ["weekdays/" + "x" * 300, "x" * 300 + "/train", "weekdays/" + "x" * 251])
 def test_an_over_long_dataset_ref_is_refused_with_its_path(ref, capsys):
-    """SPEC.md:0 [R14] a dataset ref whose folder or table name the file system cannot take is one
+    """SPEC.md:473 [R14] a dataset ref whose folder or table name the file system cannot take is one
     refusal at the ref's path (from the reader and from the CLI, status 2), never an OSError."""
     from causalab_ref import cli
 

@@ -1,6 +1,7 @@
-"""Fuzzed surfaces: bundles, case files, --impl outputs, CLI flags and fixture caches (tests/fuzz_surfaces.py).
+"""Fuzzed surfaces: bundles, case files, --impl outputs, CLI flags, fixture caches, results folders, environment
+variables and exported folders (tests/fuzz_surfaces.py, tests/fuzz_surfaces_env.py).
 
-A few seeded cases of each surface, in this process, each checked against the invariant: no
+A few seeded cases of each surface, in this process, each checked against the invariant (tests/invariant.py): no
 internal error, no eligible metric row with a non-finite or null value, nothing written outside
 --out or the cache, no case past its bound. `python bench/fuzz_surfaces.py` runs thousands.
 """
@@ -14,7 +15,7 @@ import pytest
 
 import fuzz_surfaces
 
-PER_SURFACE = {"bundle": 6, "case": 6, "impl": 6, "flags": 10, "cache": 3, "results": 6}
+PER_SURFACE = {"bundle": 6, "case": 6, "impl": 6, "flags": 10, "cache": 3, "results": 6, "env": 4, "exported": 6}
 
 
 @pytest.fixture(scope="module")
@@ -24,9 +25,10 @@ def session(tmp_path_factory) -> pathlib.Path:
 
 @pytest.mark.parametrize("surface", sorted(PER_SURFACE))
 def test_mutated_surfaces_keep_the_invariant(surface: str, session: pathlib.Path):
-    """SPEC.md:0 [S9] SPEC.md:0 [C19] SPEC.md:0 [S13] Whatever a bundle, a case file, an implementation, a
-    flag, a cache folder or a results folder `plot` draws holds, no call ends in an internal error, writes outside
-    --out, or scores a non-finite row."""
+    """SPEC.md:800 [S9] SPEC.md:703 [C19] SPEC.md:816 [S13] SPEC.md:856 [S27] SPEC.md:861 [S28] Whatever a bundle,
+    a case file, an implementation, a flag, a cache folder, a results folder `plot` draws, an environment variable
+    or an exported folder holds, no call ends in an internal error, writes outside --out, or scores a non-finite
+    row."""
     broken = []
     for k in range(PER_SURFACE[surface]):
         _, results = fuzz_surfaces.run_case(random.Random(1000 * k + 17), session, surface)
@@ -35,30 +37,33 @@ def test_mutated_surfaces_keep_the_invariant(surface: str, session: pathlib.Path
 
 
 def test_the_invariant_sees_an_internal_error_a_nan_row_and_a_changed_file(tmp_path):
-    """SPEC.md:0 [S9] The checker can fail: an internal error, an eligible NaN row under --out and a changed
+    """SPEC.md:800 [S9] The checker can fail: an internal error, an eligible NaN row under --out and a changed
     file outside it are each reported."""
     out = tmp_path / "out"
     out.mkdir()
     (out / "t.json").write_text(json.dumps([{"example_id": "0", "value": float("nan"), "eligible": True}]))
     argv = ["run", "doc.json", "--out", str(out)]
-    found = fuzz_surfaces.violations(argv, 0, "internal error (TypeError): x", 1.0, {"/a": ("file", 1, "x")},
-                                     {"/a": ("file", 0, "")}, tmp_path)
+    found = fuzz_surfaces.violations(argv, 0, "internal error (TypeError): x", 1.0,
+                                     ({"/a": ("file", 1, "x")}, {"/a": ("file", 0, "")}), tmp_path)
     assert [f.split(":")[0] for f in found] == ["internal error (status 0)", str(out / "t.json"),
                                                 "changed outside --out"]
 
 
 def test_the_runs_own_out_and_staging_names_are_not_outside(tmp_path):
-    """SPEC.md:0 [S4] A change under --out or at `.<out>.partial-...` beside it is the run's own."""
+    """SPEC.md:781 [S4] A change under --out or at `.<out>.partial-...` beside it is the run's own; a refused run's
+    --out itself is not (it is left as it was, S2)."""
     out = tmp_path / "out"
     before: dict = {}
     after = {str(out / "run.json"): ("file", 1, "x"), str(tmp_path / ".out.lock"): ("file", 0, ""),
              str(tmp_path / "other"): ("file", 0, "")}
-    found = fuzz_surfaces.violations(["run", "d", f"--out={out}"], 0, "", 1.0, before, after, tmp_path)
+    found = fuzz_surfaces.violations(["run", "d", f"--out={out}"], 0, "", 1.0, (before, after), tmp_path)
     assert found == [f"changed outside --out: {[str(tmp_path / 'other')]}"]
+    refused = fuzz_surfaces.violations(["run", "d", f"--out={out}"], 2, "", 1.0, (before, after), tmp_path)
+    assert refused == [f"changed outside --out: {[str(tmp_path / 'other'), str(out / 'run.json')]}"]
 
 
 def test_a_memory_budget_of_5000_nines_is_not_a_size():
-    """SPEC.md:0 [S47] A budget whose number is past any float (fuzz case 37, flags: an internal
+    """SPEC.md:928 [S47] A budget whose number is past any float (fuzz case 37, flags: an internal
     OverflowError once) is refused as not a size at validation, not converted."""
     from causalab_ref.runs import memory
     from causalab_ref.shapes import Refusal
@@ -69,7 +74,7 @@ def test_a_memory_budget_of_5000_nines_is_not_a_size():
 
 
 def test_a_timeout_of_1e308_waits_for_the_implementation_without_overflowing(tmp_path):
-    """SPEC.md:0 [C18] `--timeout 1e308` is a positive number of seconds: the call is waited for (once an
+    """SPEC.md:698 [C18] `--timeout 1e308` is a positive number of seconds: the call is waited for (once an
     internal OverflowError in the poll, fuzz case 31, flags) and its exit status read back."""
     import sys
 
@@ -79,7 +84,7 @@ def test_a_timeout_of_1e308_waits_for_the_implementation_without_overflowing(tmp
 
 
 def test_a_case_whose_rules_are_null_is_reported_not_an_internal_error(tmp_path):
-    """SPEC.md:0 [C19] A case file with `"rules": null` (fuzz case 158, case: an internal TypeError in the
+    """SPEC.md:703 [C19] A case file with `"rules": null` (fuzz case 158, case: an internal TypeError in the
     report once) is checked and reported in its line, the rules shown as `?`."""
     import inprocess
     source = fuzz_surfaces.CORPUS / "model_components_gpt2.json"
