@@ -69,17 +69,25 @@ def _join(header: Any, data: bytes, pad: bool = True) -> bytes:
     return struct.pack("<Q", len(text)) + text + data
 
 
+def _ints(value: Any) -> bool:
+    """A list of plain integers (a shape, or two data offsets), as a well-formed header holds."""
+    return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+
+
 def _tensor_edit(rng: random.Random, header: dict, data: bytes) -> tuple[dict, bytes]:
     """Change one tensor's shape, dtype or values (NaN, inf, huge) with offsets kept or broken."""
+    if not isinstance(header, dict):  # an earlier edit made the header something else: nothing to edit here
+        return header, data
     names = [k for k in header if k != "__metadata__" and isinstance(header[k], dict)]
-    if not names or not all(isinstance(header[n].get(f), list) for n in names for f in ("shape", "data_offsets")):
+    if not names or not all(_ints(header[n].get(f)) for n in names for f in ("shape", "data_offsets")) or any(
+            len(header[n]["data_offsets"]) != 2 for n in names):
         return header, data
     name = rng.choice(names)
     entry = header[name]
     op = rng.randrange(6)
     if op == 0:
         entry["shape"] = rng.choice([list(reversed(entry["shape"])), entry["shape"][:-1], entry["shape"] + [1], [0],
-                                     [], [entry["shape"][0] + 1] + entry["shape"][1:], [-1], [2 ** 62]])
+                                     [], [(entry["shape"] or [0])[0] + 1] + entry["shape"][1:], [-1], [2 ** 62]])
     elif op == 1:
         entry["dtype"] = rng.choice(DTYPES)
     elif op == 2:
@@ -102,15 +110,17 @@ def _tensor_edit(rng: random.Random, header: dict, data: bytes) -> tuple[dict, b
 
 
 def _metadata_edit(rng: random.Random, header: dict) -> dict:
+    if not isinstance(header, dict):  # an earlier edit made the header something else
+        return header
     meta = header.setdefault("__metadata__", {})
     if not isinstance(meta, dict):
         meta = header["__metadata__"] = {}
     key = rng.choice(sorted(meta) + ["extra"]) if meta else "k"
     op = rng.randrange(7)
-    if op < 5:
+    if op < 4:
         meta[key] = rng.choice(["", "null", "-1", "0", "999999999999", "nan", "inf", "1.5", "x", "fixture:tiny-gpt2",
                                 "bf16", "pca", "sae", "das", "\u00e9", "a" * 5000])
-    elif op == 1:
+    elif op == 4:
         meta.pop(key, None)
     else:
         header["__metadata__"] = rng.choice([None, [], "x", {"k": 1}, {"d": None}])
@@ -118,8 +128,12 @@ def _metadata_edit(rng: random.Random, header: dict) -> dict:
 
 
 def mutated_bundle(rng: random.Random, raw: bytes) -> bytes:
-    """One to three edits of a .safetensors file: tensors, metadata, the header's text, the length."""
-    header, data = _split(raw)
+    """One to three edits of a .safetensors file: tensors, metadata, the header's text, the length (a file an
+    earlier edit left unreadable is cut shorter instead)."""
+    try:
+        header, data = _split(raw)
+    except (struct.error, ValueError, RecursionError):
+        return raw[:len(raw) // 2]
     for _ in range(rng.choice([1, 1, 2, 3])):
         which = rng.random()
         if which < 0.5:
