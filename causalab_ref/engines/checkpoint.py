@@ -178,6 +178,10 @@ def _is_token(value) -> bool:
     return isinstance(value, str) or (isinstance(value, dict) and isinstance(value.get("content"), str))
 
 
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 _TOKEN = ("a string, null or an object with a string `content`", lambda v: v is None or _is_token(v))
 _TOKENS = ("a list of such tokens", lambda v: v is None or (isinstance(v, list) and all(_is_token(t) for t in v)))
 #: per file, the fields naming a class or a special token: (what they must be, the test) (SPEC.md S30)
@@ -187,7 +191,10 @@ CLASS_FIELDS: dict[str, dict[str, tuple]] = {
                         isinstance(v, list) and all(isinstance(a, str) for a in v)))},
     "tokenizer_config.json": {"tokenizer_class": ("a string or null", lambda v: v is None or isinstance(v, str)),
                               **{f"{t}_token": _TOKEN for t in ("bos", "eos", "unk", "pad", "sep", "cls", "mask")},
-                              "additional_special_tokens": _TOKENS},
+                              "additional_special_tokens": _TOKENS,
+                              "model_max_length": ("a number", _number),
+                              "padding_side": ("'left' or 'right'", lambda v: v in ("left", "right")),
+                              "truncation_side": ("'left' or 'right'", lambda v: v in ("left", "right"))},
 }
 _MISSING = object()
 
@@ -233,15 +240,37 @@ def loading_errors() -> tuple[type[Exception], ...]:
             StrictDataclassError)
 
 
+#: the libraries that read a checkpoint's files: an exception raised while one of them is on the stack is the
+#: checkpoint's (SPEC.md S10)
+READERS = ("transformers", "huggingface_hub", "tokenizers", "safetensors", "sentencepiece")
+
+
+def raised_reading(error: BaseException) -> bool:
+    """Whether `error` passed through a frame of a library reading the checkpoint (READERS), as when
+    transformers builds a shell from a config.json whose `head_dim` is 0 (ZeroDivisionError) (SPEC.md S10)."""
+    tb = error.__traceback__
+    while tb is not None:
+        parts = Path(tb.tb_frame.f_code.co_filename).parts
+        if "site-packages" in parts and parts[parts.index("site-packages") + 1:][:1] in [(r,) for r in READERS]:
+            return True
+        tb = tb.tb_next
+    return False
+
+
 @contextmanager
 def mapped(spec: Model):
-    """Inside: a refusal passes through; a failure of loading (`loading_errors`) becomes `unloadable`."""
+    """Inside: a refusal passes through; a failure of loading (`loading_errors`, or any exception a reading
+    library raised: `raised_reading`) becomes `unloadable`."""
     try:
         yield
     except Refusal:
         raise
     except loading_errors() as error:
         raise unloadable(spec, error) from None
+    except Exception as error:  # noqa: BLE001 -- the library's, on this checkpoint's files, or else ours
+        if raised_reading(error):
+            raise unloadable(spec, error) from None
+        raise
 
 
 @contextmanager

@@ -69,7 +69,9 @@ class WeightlessEngine(Engine):
 def vouched(raw: Any) -> bool:
     """Whether a parsed config.json is a fixture recipe's config: one transformers is known to load, every
     value the family's row derives from being there."""
-    return isinstance(raw, dict) and any(raw == row["config"] for row in recipes.RECIPES.values())
+    text = json.dumps(raw, sort_keys=True)  # as JSON text, so 10000.0 is not 10000 and true is not 1
+    return isinstance(raw, dict) and any(text == json.dumps(row["config"], sort_keys=True)
+                                         for row in recipes.RECIPES.values())
 
 
 def tokenizer(path: str, raw: dict):
@@ -92,7 +94,7 @@ def load(spec: Model, device_map: str = "cpu") -> Optional[WeightlessEngine]:
     checkpoint.own_code(path, spec)
     try:
         raw = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # the meta load meets it and refuses it as it always has
         return None
     tree = families.skeleton(raw, spec.attn_implementation) if vouched(raw) else None
     if tree is None:

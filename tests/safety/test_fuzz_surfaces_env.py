@@ -12,6 +12,7 @@ import pytest
 import fuzz_surfaces
 import fuzzing
 import inprocess
+from causalab_ref.fixtures import builder
 
 LONG = "/" + "a" * 300  # one name past the file system's 255 bytes
 VALIDATE = ["validate", str(fuzz_surfaces.PATCHING), "--data-root", str(fuzzing.DATA)]
@@ -31,6 +32,7 @@ def test_a_tokenizer_path_the_file_system_will_not_look_at_is_a_place_looked_in(
     monkeypatch.setenv("CAUSALAB_REF_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("CAUSALAB_REF_LLAMA_TOKENIZER", value)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(builder, "source_checkout", lambda: None)  # no ../shared to fall back on, as installed
     _one_refusal(inprocess.cli(*VALIDATE), "compile: model.key:", "$CAUSALAB_REF_LLAMA_TOKENIZER=")
 
 
@@ -44,7 +46,7 @@ def test_a_checkpoint_map_nested_past_the_reader_or_to_a_path_too_long_is_refuse
 
 
 def test_a_cache_under_an_unknown_users_home_is_refused(monkeypatch):
-    """SPEC.md:856 [S27] $CAUSALAB_REF_CACHE=~nosuchuser/x (pathlib's RuntimeError, an internal error once) is one
+    """SPEC.md:861 [S27] $CAUSALAB_REF_CACHE=~nosuchuser/x (pathlib's RuntimeError, an internal error once) is one
     refusal at model.key naming the value and $CAUSALAB_REF_CACHE."""
     monkeypatch.setenv("CAUSALAB_REF_CACHE", "~nosuchuser/x")
     _one_refusal(inprocess.cli(*VALIDATE), "compile: model.key:", "~nosuchuser/x", "$CAUSALAB_REF_CACHE")
@@ -72,7 +74,7 @@ def test_an_exported_config_field_of_the_wrong_type_is_a_model_key_refusal(tmp_p
                                                ("config.json", "model_type", ["llama"]),
                                                ("config.json", "architectures", [{}])])
 def test_a_class_name_of_another_type_is_refused_before_any_library_reads_it(file, field, value, tmp_path):
-    """SPEC.md:876 [S30] An exported folder whose tokenizer_config.json says `"tokenizer_class": {}` (fuzz
+    """SPEC.md:881 [S30] An exported folder whose tokenizer_config.json says `"tokenizer_class": {}` (fuzz
     exported seed 3 case 4: an internal TypeError in transformers once), or whose config.json's model_type or
     architectures is not a string, is refused at model.key naming the file and the field."""
     folder = _exported_copy(tmp_path)
@@ -83,6 +85,46 @@ def test_a_class_name_of_another_type_is_refused_before_any_library_reads_it(fil
     for verb in ("validate", "explain"):
         _one_refusal(inprocess.cli(verb, path, "--data-root", str(fuzzing.DATA)), "compile: model.key:",
                      f"{file}'s `{field}`")
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda c: c.update(head_dim=0), "ZeroDivisionError"),            # transformers builds the shell: 0 ** -0.5
+    (lambda c: c.update(dtype="float32x"), "could not be loaded"),     # transformers' config code indexes a split
+    (lambda c: c.update(rope_scaling={"rope_type": {}}), "could not be loaded"),
+], ids=["head-dim-0", "dtype-junk", "rope-type-object"])
+def test_an_exception_transformers_raises_reading_a_config_is_a_model_key_refusal(edit, says, tmp_path):
+    """SPEC.md:803 [S10] A config.json transformers cannot build a model from, whatever it raises while reading
+    it (fuzz exported cases 256, 163, 618 at 6cd13e9: a ZeroDivisionError, an IndexError and a TypeError raised
+    inside transformers, internal errors once), is refused at model.key naming the exception, on validate."""
+    folder = _exported_copy(tmp_path)
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    edit(config)
+    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    _one_refusal(inprocess.cli("validate", _path_key_document(tmp_path, folder), "--data-root", str(fuzzing.DATA)),
+                 "compile: model.key:", says)
+
+
+def test_a_config_nested_past_the_json_reader_is_a_model_key_refusal(tmp_path):
+    """SPEC.md:803 [S10] config.json nested past the JSON reader (fuzz exported case 1241 at 6cd13e9: an internal
+    RecursionError in the weightless engine once) is refused at model.key, as the meta load refuses it."""
+    folder = _exported_copy(tmp_path)
+    (folder / "config.json").write_text("[" * 5000, encoding="utf-8")
+    _one_refusal(inprocess.cli("validate", _path_key_document(tmp_path, folder), "--data-root", str(fuzzing.DATA)),
+                 "compile: model.key:")
+
+
+@pytest.mark.parametrize("field, value", [("model_max_length", {}), ("padding_side", "middle"),
+                                          ("truncation_side", 1)])
+def test_a_tokenizer_length_or_side_of_another_kind_is_refused_before_tokenizing(field, value, tmp_path):
+    """SPEC.md:881 [S30] tokenizer_config.json's `model_max_length` that is not a number (fuzz exported case 711 at
+    6cd13e9: transformers compared it with an int while tokenizing, an internal TypeError once), or a padding or
+    truncation side that is not 'left' or 'right', is refused at model.key naming the file and the field."""
+    folder = _exported_copy(tmp_path)
+    raw = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    raw[field] = value
+    (folder / "tokenizer_config.json").write_text(json.dumps(raw), encoding="utf-8")
+    _one_refusal(inprocess.cli("explain", _path_key_document(tmp_path, folder), "--data-root", str(fuzzing.DATA)),
+                 "compile: model.key:", f"tokenizer_config.json's `{field}`")
 
 
 def _path_key_document(tmp_path: pathlib.Path, folder: pathlib.Path) -> str:
@@ -96,7 +138,7 @@ def _path_key_document(tmp_path: pathlib.Path, folder: pathlib.Path) -> str:
 @pytest.mark.parametrize("name, how", [("tokenizer_config.json", "zero"), ("tokenizer.model", "zero"),
                                        ("tokenizer_config.json", "fifo"), ("config.json", "huge")])
 def test_a_checkpoint_file_that_is_a_device_a_fifo_or_huge_is_refused_unread(name, how, tmp_path):
-    """SPEC.md:883 [S31] An exported folder whose tokenizer_config.json or tokenizer.model is a link to /dev/zero
+    """SPEC.md:889 [S31] An exported folder whose tokenizer_config.json or tokenizer.model is a link to /dev/zero
     (read until memory ran out once: an internal MemoryError), or a FIFO (a reader blocks), or whose config.json
     is past 256 MiB (a sparse file) is refused at model.key naming the file, on validate, nothing read."""
     folder = _exported_copy(tmp_path)
@@ -113,7 +155,7 @@ def test_a_checkpoint_file_that_is_a_device_a_fifo_or_huge_is_refused_unread(nam
 
 
 def test_an_export_refused_for_an_unknown_key_writes_nothing(tmp_path):
-    """SPEC.md:861 [S28] `fixtures export DIR --key fixture:tiny-llama --key fixture:nope` (which once wrote the
+    """SPEC.md:866 [S28] `fixtures export DIR --key fixture:tiny-llama --key fixture:nope` (which once wrote the
     Llama folder, then refused) is refused before DIR is touched: DIR is not even created."""
     target = tmp_path / "dir"
     done = inprocess.cli("fixtures", "export", str(target), "--key", "fixture:tiny-llama", "--key", "fixture:nope")
