@@ -22,6 +22,7 @@ import os
 import pathlib
 import random
 import shutil
+import stat
 import struct
 from typing import Optional
 
@@ -132,6 +133,8 @@ def env_case(rng: random.Random, tmp: pathlib.Path, sentinel: pathlib.Path, fixt
 # ---------------------------------------------------------------- exported folders
 
 def _nan_weights(rng: random.Random, file: pathlib.Path) -> None:
+    if not file.is_file() or file.is_symlink():  # an earlier damage made it a FIFO, a folder or a link
+        return
     raw = bytearray(file.read_bytes())
     start = 8 + struct.unpack("<Q", raw[:8])[0]
     for _ in range(rng.choice([1, 10, 1000])):
@@ -144,9 +147,10 @@ def _code(rng: random.Random, folder: pathlib.Path, sentinel: pathlib.Path) -> N
     """A module of checkpoint code and an `auto_map` naming it, in config.json or tokenizer_config.json."""
     (folder / "modeling_evil.py").write_text(EVIL.format(target=str(sentinel / "pwned")), encoding="utf-8")
     name = rng.choice(["config.json", "tokenizer_config.json"])
-    try:
-        raw = json.loads((folder / name).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    try:  # an earlier damage may have made the file a FIFO or a link to a device: read only a regular file
+        regular = stat.S_ISREG(os.lstat(folder / name).st_mode)
+        raw = json.loads((folder / name).read_text(encoding="utf-8")) if regular else {}
+    except (OSError, ValueError, RecursionError):
         raw = {}
     raw = raw if isinstance(raw, dict) else {}
     where = raw if rng.random() < 0.7 else raw.setdefault("nested", {})

@@ -91,7 +91,8 @@ def _not_a_case(case: Any) -> Optional[str]:
              ("document", case.get("verb") == "model" or isinstance(case.get("document"), dict), "an object"),
              ("data", isinstance(case.get("data", {}), dict), "an object"),
              ("files", isinstance(case.get("files", []), list), "a list"),
-             ("informative", isinstance(case.get("informative", []), list), "a list"),
+             ("informative", isinstance(case.get("informative", []), list)
+              and all(isinstance(path, str) for path in case.get("informative", [])), "a list of paths (strings)"),
              ("tolerance", _positive(case.get("tolerance", 1e-5)), "a positive number"),
              ("expect", _expectation(case.get("expect", {})), "{status, ...}, a refusal {stage, path, message}")]
     bad = [f"`{key}` must be {what}" for key, good, what in wants if not good]

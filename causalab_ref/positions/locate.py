@@ -275,7 +275,12 @@ def frame_of_ids(tok, ids, mask, segments=None, char_map=True) -> shapes.Frame:
 
 
 def with_pad(tok):
-    """The tokenizer, with a missing pad token set to its EOS token (SPEC.md R2); the one place this is done."""
+    """The tokenizer, with a missing pad token set to its EOS token (SPEC.md R2); the one place this is done.
+    A tokenizer with neither cannot pad a batch: refused at model.key."""
+    if tok.pad_token is None and tok.eos_token is None:
+        raise shapes.Refusal("the checkpoint's tokenizer has neither a pad token nor an EOS token, so a batch of "
+                             "rows cannot be padded; give its tokenizer_config.json a `pad_token` or an `eos_token`",
+                             path="model.key", stage="compile")
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok
