@@ -251,7 +251,8 @@ def raised_reading(error: BaseException) -> bool:
     tb = error.__traceback__
     while tb is not None:
         parts = Path(tb.tb_frame.f_code.co_filename).parts
-        if "site-packages" in parts and parts[parts.index("site-packages") + 1:][:1] in [(r,) for r in READERS]:
+        at = parts.index("site-packages") + 1 if "site-packages" in parts else len(parts)
+        if at < len(parts) and parts[at] in READERS:
             return True
         tb = tb.tb_next
     return False
