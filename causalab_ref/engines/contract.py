@@ -91,9 +91,9 @@ class Engine(ABC):
     `detail`.
 
     The bodies here are the ones both engines share identically: `__init__` (the pad-token fix-up,
-    `locate.with_pad`); compile's questions (`config`, `num_layers`, `locate`, `width`, `attention`), answered
-    from `standard`, the nnterp StandardizedTransformer addresses are resolved on (an engine without one
-    overrides them); the inputs of a forward (`inputs`, `forward_inputs`); the decode's arguments
+    `locate.with_pad`); compile's questions (`config`, `vocab_size`, `num_layers`, `locate`, `width`,
+    `attention`), answered from `standard`, the nnterp StandardizedTransformer addresses are resolved on
+    (an engine without one overrides them); the inputs of a forward (`inputs`, `forward_inputs`); the decode's arguments
     (`stop_ids`, `decoding`); the logits view (`viewed`); and the run record (`run_record`)."""
 
     name = "engine"
@@ -113,6 +113,11 @@ class Engine(ABC):
     def config(self):
         """The checkpoint's transformers config."""
         return self.standard.config
+
+    @property
+    def vocab_size(self) -> int:
+        """The ids the model's embedding has a row for (address.vocab_size)."""
+        return address.vocab_size(self.standard)
 
     @property
     def num_layers(self) -> int:

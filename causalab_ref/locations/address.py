@@ -324,7 +324,9 @@ def _hidden(model) -> int:
     return _size(model, "hidden_size", "hidden_size", "n_embd")
 
 
-def _vocab(model) -> int:
+def vocab_size(model) -> int:
+    """The ids the model has a row of its embedding for, and its head's width: transformers builds both from
+    the config's `vocab_size`, and a load refuses weights of another shape."""
     return _size(model, "vocab_size", "vocab_size")
 
 
@@ -454,7 +456,7 @@ def _width(model, row: Component, heads: Optional[int], layer_envoy=None) -> Opt
     if kind == "hidden_size":
         return _hidden(model)
     if kind == "vocab_size":
-        return _vocab(model)
+        return vocab_size(model)
     if kind == "intermediate_size":
         return _intermediate(model, layer_envoy)
     if kind in ("head_dim", "qk_head_dim") and heads is not None:

@@ -462,7 +462,7 @@ def observe_plan(ctx: Context, name: str, i_name: str, rows: StepRows, saves: tu
                        publishes=observe is None or len(observe.interventions) == 1,
                        sources=_published(step_name, kept, forwards, len(base_rows)),
                        stamps=_stamps(ctx.doc, kept, forwards, ctx.digest) if kept else ())
-    placement.check_step(ctx.engine.tokenizer, plan, ipath, ctx.cache.setdefault("frames", {}))  # P28-P31, P51
+    placement.check_step(ctx.engine, plan, ipath, ctx.cache.setdefault("frames", {}))  # P28-P31, P51
     return plan
 
 

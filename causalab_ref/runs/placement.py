@@ -106,14 +106,15 @@ def place(frame, taps, dynamic: bool, path: str, offset: int = 0, stage: str = "
     return out
 
 
-def check_step(tok, step: ObservePlan, path: str, frames: dict) -> None:
+def check_step(engine, step: ObservePlan, path: str, frames: dict) -> None:
     """What the run's placement refuses that the rows and the tokenizer decide, refused at compile with the
-    run's own lines, so that validate and explain refuse what run would (SPEC.md P58): every
-    prompt-frame tap placed over the step's rows, each write fed by a read checked against the read's
-    windows, each metric's rows. `frames` (compile's, by the run's key) keeps every frame built, for the run's
-    memo to start from (share.Memo)."""
-    placed: dict[str, Resolved] = {}
+    run's own lines, so that validate and explain refuse what run would (SPEC.md P58): every row's ids within
+    the embedding, every prompt-frame tap placed over the step's rows, each write fed by a read checked
+    against the read's windows, each metric's rows. `frames` (compile's, by the run's key) keeps every frame
+    built, for the run's memo to start from (share.Memo)."""
+    tok, placed = engine.tokenizer, {}
     for forward in step.forwards:
+        check_ids(tok, forward, engine.vocab_size)
         key = frame_key(forward, step.dynamic)
         if key not in frames:
             frames[key] = build_frame(tok, forward, step.dynamic)
@@ -124,6 +125,19 @@ def check_step(tok, step: ObservePlan, path: str, frames: dict) -> None:
                 check_operand_windows(tap, placed[tap.name].windows, placed[tap.operand].windows, path, 0, "compile")
     metrics = tuple(m for m in step.metrics if m.of in placed)
     refuse_metrics_of_nothing(metrics, {m.name: eligible_rows(m, placed[m.of]) for m in metrics}, path, "compile")
+
+
+def check_ids(tok, forward: Forward, rows: int) -> None:
+    """Every id a forward feeds the model has a row of its embedding (SPEC.md P59): a tokenizer with more
+    ids than the model (an added special token) is refused at compile, not left to torch's index error."""
+    bad = [r for r, row in enumerate(forward.ids) if max(row, default=0) >= rows]
+    if bad:
+        past = sorted({i for r in bad for i in forward.ids[r] if i >= rows})
+        refuse(f"row(s) {bad[:8]} of '{forward.input}' hold token id(s) {past[:8]} "
+               f"({', '.join(repr(tok.convert_ids_to_tokens(i)) for i in past[:3])}), and the model's embedding "
+               f"has rows for ids 0-{rows - 1} only: the tokenizer has more ids than the model. Use the "
+               "tokenizer the checkpoint was built with, or a checkpoint whose vocab_size covers the tokenizer",
+               "model.key", "compile")
 
 
 def eligible_rows(metric: MetricPlan, read: Resolved, lo: int = 0) -> tuple[bool, ...]:
