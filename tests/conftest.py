@@ -27,6 +27,7 @@ class Delegate(Engine):
 
     config = property(lambda self: self.inner.config)
     num_layers = property(lambda self: self.inner.num_layers)
+    vocab_size = property(lambda self: self.inner.vocab_size)
 
     def attention(self):
         return self.inner.attention()
