@@ -2,15 +2,16 @@
 results folders, environment variables, exported folders (`--surface` bundle, case, impl, flags, cache, results,
 env, exported).
 
-    python bench/fuzz_surfaces.py [N=2000] [--seed S] [--shard I/M] [--surface NAME] [--minutes M] [--verbose]
+    python bench/fuzz_surfaces.py [N=2000] [--seed S] [--shard I/M] [--surface NAME] [--minutes M] [--start K]
+                                   [--verbose]
 
 Each case (tests/fuzz_surfaces.py) mutates one surface and runs the verbs that read it in this
 process, checking the invariant (tests/invariant.py, bench/fuzz.py's too): no internal error, no
 eligible metric row with a non-finite or null value, nothing written outside --out (its staging
 and lock names) or the cache, no case past its time bound. Prints the count of cases per surface
 and every violation; exits 1 when there is any. `--shard I/M` runs only the cases k with
-k % M == I. Not a test: tests/safety/test_fuzz_surfaces.py runs a few seeded cases of each
-surface in CI.
+k % M == I; `--start K` only those with k >= K (a run resumed where it stopped: every case is seeded by
+k). Not a test: tests/safety/test_fuzz_surfaces.py runs a few seeded cases of each surface in CI.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ def main() -> int:
     parser = shared_arguments(2000)
     parser.add_argument("--surface", choices=fuzz_surfaces.SURFACES, default=None)
     parser.add_argument("--minutes", type=float, default=None, help="stop after this many minutes")
+    parser.add_argument("--start", type=int, default=0, help="run only the cases k >= K")
     args = parser.parse_args()
     shard, shards = (int(part) for part in args.shard.split("/"))
     os.chdir(ROOT)
@@ -37,7 +39,7 @@ def main() -> int:
     found: list[tuple] = []
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fuzz-surfaces-") as tmp:
-        for k in range(shard, args.n, shards):
+        for k in range(shard + shards * -(-max(0, args.start - shard) // shards), args.n, shards):
             if args.minutes is not None and time.perf_counter() - started > 60 * args.minutes:
                 break
             rng = random.Random(args.seed * 1_000_003 + k)

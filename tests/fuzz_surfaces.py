@@ -373,8 +373,11 @@ def results_case(rng: random.Random, tmp: pathlib.Path, sentinel: pathlib.Path) 
         if entries:
             with contextlib.suppress(OSError):  # a damage the file system will not take (a rename onto a folder)
                 _damage_entry(rng, rng.choice(entries), sentinel)
-    if rng.random() < 0.1:
-        shutil.copyfile(rng.choice(BUNDLES), folder / rng.choice(["x.safetensors", "train_loss.safetensors"]))
+    if rng.random() < 0.1:  # a bundle dropped in, over whatever a damage left at its name (a folder, a link)
+        source = rng.choice(BUNDLES)
+        dest = folder / rng.choice(["x.safetensors", "train_loss.safetensors"])
+        _remove_entry(dest)
+        shutil.copyfile(source, dest)
     argv = ["plot", str(folder), "--data-root", str(fuzzing.DATA)]
     target = rng.choice([None, tmp / "fig.png", tmp / "fig.svg", tmp / "fig.pdf", tmp / "new" / "fig.png",
                          sentinel / "keep.txt", sentinel / "link", sentinel, tmp / ("c" * 300 + ".png"),

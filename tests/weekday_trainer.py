@@ -13,6 +13,15 @@ eight templates, ten prefixes, twelve fillers; half of every batch carries a dis
 in a role that is not "today"). Held-out: 20% of the (prefix, filler, template) combinations, never seen in
 training. Loss on the answer token only (cross-entropy, label smoothing 0.1).
 
+A known mechanism at the input (the way tracr and InterpBench fix one in advance): the fourteen weekday rows of
+the tied embedding (each day bare and space-prefixed) are not learned. Day i is the point at angle 2*pi*i/7 on a
+circle of radius --circle (1.0) in one fixed plane (u, v), plus one fixed offset per form (of the same norm);
+u, v and the two offsets' directions are orthonormal columns of a seeded QR. So the weekday enters the model
+as two coordinates, the answer is read off the same circle through the tied head, and "tomorrow" is a
+rotation by 2*pi/7 in that plane: a 2-dimensional subspace at the entity's token carries all of it (SPEC.md
+X26). The rows are written once before
+training and again after every optimizer step (AdamW's decoupled decay would otherwise shrink them).
+
 writes into --out:
     config.json, generation_config.json, model.safetensors,
     tokenizer.json, tokenizer_config.json, special_tokens_map.json,
@@ -273,6 +282,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=SEED)
     ap.add_argument("--no-distractors", action="store_true")
     ap.add_argument("--label-smoothing", type=float, default=0.1)
+    ap.add_argument("--circle", type=float, default=1.0, help="radius of the fixed weekday circle (0: learned rows)")
     args = ap.parse_args()
 
     t0 = time.time()
@@ -329,6 +339,22 @@ def main() -> None:
     log(f"model: {args.layers} layers, hidden {args.hidden}, {args.heads} heads, mlp {args.intermediate}, "
         f"{n_params} parameters")
 
+    day_ids = None
+    if args.circle:
+        # the weekday rows of the (tied) embedding, fixed: form offset + a point on one circle in a fixed plane
+        cg = torch.Generator().manual_seed(args.seed + 1)
+        q, _ = torch.linalg.qr(torch.randn(args.hidden, 2 + 2, generator=cg))
+        u, v, o_bare, o_space = q[:, 0], q[:, 1], q[:, 2], q[:, 3]
+        rows_, fixed = [], []
+        for i, d in enumerate(DAYS):
+            theta = 2 * math.pi * i / 7
+            point = args.circle * (math.cos(theta) * u + math.sin(theta) * v)
+            for form, off in ((d, o_bare), (chr(0x120) + d, o_space)):
+                rows_.append(tok.token_to_id(form))
+                fixed.append(point + args.circle * off)
+        day_ids, day_fixed = torch.tensor(rows_), torch.stack(fixed)
+        with torch.no_grad():
+            model.model.embed_tokens.weight[day_ids] = day_fixed
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
@@ -377,6 +403,9 @@ def main() -> None:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        if day_ids is not None:
+            with torch.no_grad():
+                model.model.embed_tokens.weight[day_ids] = day_fixed
         running += float(loss.detach())
         if (step + 1) % 100 == 0:
             log(f"step {step + 1:5d}  lr {lr_at(step):.5f}  loss {running / 100:.5f}")
