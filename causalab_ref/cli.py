@@ -153,7 +153,7 @@ def tensors_line(path: Path) -> str:
         with path.open("rb") as file:
             size = int.from_bytes(file.read(8), "little")
             header = json.loads(file.read(size)) if 0 < size <= 100_000_000 else None
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # unreadable, not JSON, or nested past the reader
         header = None
     if not isinstance(header, dict):
         return "not a safetensors file"

@@ -396,7 +396,7 @@ def test_a_bug_while_loading_stays_an_internal_error(monkeypatch, capsys):
     """SPEC.md:821 [S10] an exception loading does not raise for a bad checkpoint (a TypeError here) is the
     project's failure: exit 1 and `internal error`, never a refusal of model.key. The bug is in both loads
     validate may make: the weightless engine's tokenizer (which then leaves the compile to the meta load,
-    SPEC.md:1509 [E9]) and the meta load."""
+    SPEC.md:1510 [E9]) and the meta load."""
     def broken(*args, **kwargs):
         raise TypeError("a bug")
     monkeypatch.setattr(checkpoint, "standardized", broken)
@@ -550,10 +550,10 @@ def own_cache(tmp_path, monkeypatch):
     return folder, _tree(folder)
 
 
-@pytest.mark.parametrize("damage", ["overwrite", "truncate", "delete", "record"])
+@pytest.mark.parametrize("damage", ["overwrite", "truncate", "delete", "record", "nested record"])
 def test_a_damaged_fixture_is_rebuilt_not_trusted(own_cache, damage):
     """SPEC.md:864 [S23] weight bytes overwritten, a truncated file, a missing file, a record without the
-    files' digests: the next use rebuilds the folder to its recorded bytes."""
+    files' digests or nested past the reader: the next use rebuilds the folder to its recorded bytes."""
     folder, before = own_cache
     weights = folder / "model.safetensors"
     if damage == "overwrite":
@@ -564,6 +564,8 @@ def test_a_damaged_fixture_is_rebuilt_not_trusted(own_cache, damage):
         weights.write_bytes(weights.read_bytes()[:1000])
     elif damage == "delete":
         (folder / "vocab.json").unlink()
+    elif damage == "nested record":  # JSON nested past what the reader takes: RecursionError, not ValueError
+        (folder / "fixture_recipe.json").write_text("[" * 100_000, encoding="utf-8")
     else:
         record = json.loads((folder / "fixture_recipe.json").read_text(encoding="utf-8"))
         del record["files"]
@@ -633,7 +635,7 @@ def test_a_file_dropped_into_a_verified_fixture_folder_is_removed_not_read(tmp_p
 
 
 def test_run_json_names_the_recipe_only_for_files_checked_against_it(tmp_path):
-    """SPEC.md:891 [S29] a run on an exported tiny-llama folder records the recipe while its files are the
+    """SPEC.md:892 [S29] a run on an exported tiny-llama folder records the recipe while its files are the
     manifest's; after one weight value changes (same shapes) it records no recipe, and its model_files are
     the sha256 of the folder's files as they are now."""
     exported.export(tmp_path / "fx", keys=["fixture:tiny-llama"])
