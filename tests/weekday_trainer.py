@@ -19,8 +19,8 @@ circle of radius --circle (1.0) in one fixed plane (u, v), plus one fixed offset
 u, v and the two offsets' directions are orthonormal columns of a seeded QR. So the weekday enters the model
 as two coordinates, the answer is read off the same circle through the tied head, and "tomorrow" can be a
 rotation by 2*pi/7 in that plane: a 2-dimensional subspace at the entity's token carries all of it (SPEC.md
-X26). The rows are written once before
-training and again after every optimizer step (AdamW's decoupled decay would otherwise shrink them).
+X26). The rows are written once before training and again after every optimizer step (AdamW's decoupled
+decay would otherwise shrink them).
 
 writes into --out:
     config.json, generation_config.json, model.safetensors,
