@@ -138,10 +138,16 @@ def _tensor_values(file: Path) -> Optional[list[float]]:
 # ---------------------------------------------------------------- panels
 
 
+def _number(row: dict) -> Optional[float]:
+    """An eligible row's value when it is a finite number; None for every other row (FG4)."""
+    value = row.get("value")
+    number = row.get("eligible") and isinstance(value, (int, float)) and not isinstance(value, bool)
+    return value if number and math.isfinite(value) else None
+
+
 def _mean(rows: list[dict]) -> Optional[float]:
     """The mean over eligible rows with a finite value, as the run's summary line gives it (S19); None: no row."""
-    values = [r["value"] for r in rows if r.get("eligible") and isinstance(r.get("value"), (int, float))
-              and math.isfinite(r["value"])]
+    values = [v for v in map(_number, rows) if v is not None]
     return sum(values) / len(values) if values else None
 
 
@@ -223,7 +229,7 @@ def _bars(table: str, rows: list[dict]) -> Panel:
     first = rows[0]
     eligible = [r for r in rows if r.get("eligible")]
     title = f"{first['metric']} ({first.get('unit', '')}): {len(eligible)} of {len(rows)} rows eligible"
-    values = tuple(r["value"] if r.get("eligible") else None for r in rows)
+    values = tuple(map(_number, rows))
     return Panel("bars", title, values, xlabel="example_id", ylabel=first.get("unit", ""),
                  xticks=tuple(str(r.get("example_id", k)) for k, r in enumerate(rows)))
 

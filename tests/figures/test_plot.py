@@ -104,8 +104,21 @@ def test_a_run_with_no_sweep_is_bars_per_row(tmp_path):
     assert panel.xticks == tuple(r["example_id"] for r in rows) and f"{len(rows)} of {len(rows)} rows" in panel.title
 
 
+def test_a_bar_whose_value_is_not_a_number_is_drawn_at_zero(tmp_path):
+    """SPEC.md:1907 [FG4] a damaged table whose eligible row holds an object, a string or a boolean (fuzz case
+    7610) is drawn, that row's bar at 0, not an internal error in matplotlib."""
+    out = _run(_patching(), tmp_path, "plain")
+    rows = json.loads((out / "logit_diff.json").read_text(encoding="utf-8"))
+    for row, bad in zip(rows, [{"a": 1}, "x", True]):
+        row["value"] = bad
+    (out / "logit_diff.json").write_text(json.dumps(rows), encoding="utf-8")
+    panel = next(p for p in plot.panels(out) if p.title.startswith("logit_diff"))
+    assert panel.values[:3] == (None, None, None) and panel.values[3:] == tuple(r["value"] for r in rows[3:])
+    assert cli.main(["plot", str(out), "--out", str(tmp_path / "f.svg")]) == 0 and (tmp_path / "f.svg").stat().st_size
+
+
 def test_a_fits_loss_curve_is_a_line_over_updates(tmp_path):
-    """SPEC.md:1909 [FG5] a save of `<fit>/loss` is drawn as the losses in update order, read from its tensor file."""
+    """SPEC.md:1910 [FG5] a save of `<fit>/loss` is drawn as the losses in update order, read from its tensor file."""
     from safetensors.torch import load_file
 
     out = tmp_path / "das"
@@ -117,14 +130,14 @@ def test_a_fits_loss_curve_is_a_line_over_updates(tmp_path):
 
 
 def test_the_figure_is_written_whole_as_png_or_svg(tracing, tmp_path):
-    """SPEC.md:1911 [FG6] the file is PNG or SVG by its suffix, and no staging file is left beside it."""
+    """SPEC.md:1912 [FG6] the file is PNG or SVG by its suffix, and no staging file is left beside it."""
     png, svg = plot.draw(tracing, tmp_path / "f.png"), plot.draw(tracing, tmp_path / "f.svg")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and b"<svg" in svg.read_bytes()[:2000]
     assert sorted(os.listdir(tmp_path)) == ["f.png", "f.svg"]
 
 
 def test_plot_refuses_what_it_cannot_draw_in_one_line(tracing, tmp_path, capsys):
-    """SPEC.md:1891 [FG1] SPEC.md:1911 [FG6] a folder no run wrote, a suffix that is no figure, an existing file without
+    """SPEC.md:1891 [FG1] SPEC.md:1912 [FG6] a folder no run wrote, a suffix that is no figure, an existing file without
     --replace, a link, a name too long for the file system: exit 2, one line, nothing written, the link's target
     unchanged."""
     (tmp_path / "plain").mkdir()
@@ -157,7 +170,7 @@ def test_a_sweep_over_three_axes_is_refused(tmp_path):
 
 
 def test_without_matplotlib_plot_names_the_extra(tracing, monkeypatch):
-    """SPEC.md:1915 [FG7] matplotlib is an optional extra: without it, one line naming `causalab_ref[plot]`."""
+    """SPEC.md:1916 [FG7] matplotlib is an optional extra: without it, one line naming `causalab_ref[plot]`."""
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(Refusal) as caught:
         plot.figure(tracing)
