@@ -141,8 +141,9 @@ def _tensor_values(file: Path) -> Optional[list[float]]:
 def _number(row: dict) -> Optional[float]:
     """An eligible row's value when it is a finite number; None for every other row (FG4)."""
     value = row.get("value")
-    number = row.get("eligible") and isinstance(value, (int, float)) and not isinstance(value, bool)
-    return value if number and math.isfinite(value) else None
+    if not row.get("eligible") or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return value if math.isfinite(value) else None
 
 
 def _mean(rows: list[dict]) -> Optional[float]:
