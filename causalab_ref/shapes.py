@@ -93,6 +93,20 @@ def alive(pid: int) -> bool:
     return True
 
 
+def read_json(path: Any) -> Any:
+    """The JSON value of the file at `path`, or None when there is none to read: missing, unreadable, not
+    UTF-8, not JSON, or nested past what Python's reader takes (a RecursionError, not a ValueError). Every
+    file this tool reads back for what it once wrote (a manifest, a cache record, run.json, a results folder)
+    is read here, so a damaged one is always "not there", never an internal error (SPEC.md S23, S28, S29)."""
+    import json
+    import pathlib
+
+    try:
+        return json.loads(pathlib.Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return None
+
+
 # ---------------------------------------------------------------- positions
 
 FRAMES = ("prompt", "generated")

@@ -20,7 +20,7 @@ import torch
 
 from ..fixtures import recipes
 from ..locations import families
-from ..shapes import Address, Batch, Model
+from ..shapes import Address, Batch, Model, read_json
 from . import checkpoint
 from .contract import Engine
 
@@ -92,10 +92,7 @@ def load(spec: Model, device_map: str = "cpu") -> Optional[WeightlessEngine]:
     checkpoint.quiet_transformers()
     path, recipe = checkpoint.where(spec, weights=False)
     checkpoint.own_code(path, spec)
-    try:
-        raw = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):  # the meta load meets it and refuses it as it always has
-        return None
+    raw = read_json(Path(path) / "config.json")  # None: the meta load meets it and refuses it as it always has
     tree = families.skeleton(raw, spec.attn_implementation) if vouched(raw) else None
     if tree is None:
         return None

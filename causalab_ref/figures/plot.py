@@ -25,7 +25,7 @@ from typing import Optional
 
 from ..documents import sweeps
 from ..runs import results
-from ..shapes import Refusal
+from ..shapes import Refusal, read_json
 
 SUFFIXES = (".png", ".svg")
 MOST_AXES = 2
@@ -62,9 +62,8 @@ def _fail(message: str, path: str = "OUT") -> Refusal:
 def _points(out: Path) -> list[tuple[tuple, Path]]:
     """((axis, value) per sweep axis, folder) for each point, in the document's sweep order (D17, D18)."""
     try:
-        raw = json.loads((out / "document.json").read_text(encoding="utf-8"))
-        lowered = sweeps.points(raw)
-    except (OSError, ValueError, RecursionError, Refusal):
+        lowered = sweeps.points(read_json(out / "document.json"))  # None (nothing readable) is refused too
+    except (ValueError, RecursionError, Refusal):
         raise _fail(f"{out} holds no document.json a run wrote; plot draws the folder a run wrote "
                     "(its --out)") from None
     if len(lowered) == 1 and not lowered[0][0]:
@@ -94,10 +93,7 @@ def _tables(folder: Path) -> dict[str, list[dict]]:
     for file in sorted(folder.rglob("*.json")):
         if file.name in ("document.json", "run.json") or file.is_symlink():
             continue
-        try:
-            rows = json.loads(file.read_text(encoding="utf-8"))
-        except (OSError, ValueError, RecursionError):  # not JSON, or nested past what the reader takes
-            continue
+        rows = read_json(file)  # None when not JSON, or nested past what the reader takes
         if isinstance(rows, list) and rows and all(isinstance(r, dict) and "metric" in r and "value" in r
                                                    for r in rows):
             tables[file.relative_to(folder).as_posix()] = rows
@@ -106,10 +102,7 @@ def _tables(folder: Path) -> dict[str, list[dict]]:
 
 def _curves(folder: Path) -> dict[str, list[float]]:
     """The loss curves one point's fits saved: {save's file: losses}, from its document's saves of `<fit>/loss`."""
-    try:
-        doc = json.loads((folder / "document.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return {}
+    doc = read_json(folder / "document.json")
     steps = doc.get("steps") if isinstance(doc, dict) else None
     curves = {}
     for step in steps.values() if isinstance(steps, dict) else ():

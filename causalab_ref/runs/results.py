@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
-from ..shapes import Refusal, alive, staged_prefix, writer_of
+from ..shapes import Refusal, alive, read_json, staged_prefix, writer_of
 
 
 def dump(path: Path, obj: Any) -> None:
@@ -147,10 +147,7 @@ def progress(total: int, show: bool, what: str):
 
 def record_of(folder: Path) -> Optional[dict]:
     """The run.json of a folder a run of this tool wrote (it names this package's digest), else None."""
-    try:
-        record = json.loads((folder / "run.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return None
+    record = read_json(folder / "run.json")
     return record if isinstance(record, dict) and isinstance(record.get("causalab_ref"), str) else None
 
 
