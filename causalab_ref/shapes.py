@@ -95,9 +95,10 @@ def alive(pid: int) -> bool:
 
 def read_json(path: Any) -> Any:
     """The JSON value of the file at `path`, or None when there is none to read: missing, unreadable, not
-    UTF-8, not JSON, or nested past what Python's reader takes (a RecursionError, not a ValueError). Every
-    file this tool reads back for what it once wrote (a manifest, a cache record, run.json, a results folder)
-    is read here, so a damaged one is always "not there", never an internal error (SPEC.md S23, S28, S29)."""
+    UTF-8, not JSON, or nested past what Python's reader takes (a RecursionError, not a ValueError). It reads
+    the files whose damage means "not there" (an export's manifest, a cache record, run.json, a results
+    folder's tables, a checkpoint's config.json), so a damaged one is never an internal error (SPEC.md S23,
+    S28, S29); a file whose fault must be named (a document, a data table, a case) has its own reader."""
     import json
     import pathlib
 
