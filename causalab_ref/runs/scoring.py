@@ -58,9 +58,16 @@ def score(metric: MetricPlan, value: torch.Tensor, resolved: Resolved, both: tup
     lo.. of the step (a window's)."""
     out: list[Optional[float]] = [None] * len(resolved.windows)
     rows, picked, values = _scored(metric, value.detach().float(), resolved, both, lo)
-    for r, v, whole in zip(rows, values.tolist(), torch.isfinite(picked).all(dim=-1).tolist()):
+    for r, v, whole in zip(rows, values.tolist(), finite_rows(picked).tolist()):
         out[r] = v if whole and math.isfinite(v) else None
     return out
+
+
+def finite_rows(matrix: torch.Tensor) -> torch.Tensor:
+    """Whether each row of `matrix` (m, V) is finite throughout: exactly `torch.isfinite(matrix).all(-1)`, read
+    from the row's largest and smallest entries (NaN propagates through both, +inf is the largest, -inf the
+    smallest), two reductions instead of an (m, V) mask: about 15x less time on a 32,000-wide head (SPEC.md Q25)."""
+    return torch.isfinite(matrix.amax(dim=-1)) & torch.isfinite(matrix.amin(dim=-1))  # (m,)
 
 
 def vector(metric: MetricPlan, value: torch.Tensor, resolved: Resolved, both: tuple[bool, ...]) -> torch.Tensor:
