@@ -166,19 +166,28 @@ def accuracy(model, ids, last, ans) -> float:
     return float((pred == ans).float().mean())
 
 
+def planes(hidden: int, seed: int) -> tuple[torch.Tensor, ...]:
+    """(u, v, w, z): the team plane's and the nuisance plane's directions, orthonormal columns of a seeded QR."""
+    g = torch.Generator().manual_seed(seed + 1)
+    q, _ = torch.linalg.qr(torch.randn(hidden, 4, generator=g, dtype=torch.float64))  # (hidden, 4)
+    return tuple(q[:, i].float() for i in range(4))
+
+
+def name_row(name: str, directions: tuple[torch.Tensor, ...], team_radius: float = 1.0,
+             nuisance_radius: float = 3.0) -> torch.Tensor:
+    """A name's fixed embedding row: its team's point on the (u, v) circle plus its nuisance value's on (w, z)."""
+    u, v, w, z = directions
+    a = 2 * math.pi * (NAMES.index(name) % 4) / 4
+    b = 2 * math.pi * NUISANCE[name] / 4 + math.pi / 4
+    return (team_radius * (math.cos(a) * u + math.sin(a) * v)
+            + nuisance_radius * (math.cos(b) * w + math.sin(b) * z))
+
+
 def fixed_rows(tok: Tokenizer, args) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids, rows): each name's space-prefixed token and its fixed embedding row (team point + nuisance point)."""
-    g = torch.Generator().manual_seed(args.seed + 1)
-    q, _ = torch.linalg.qr(torch.randn(args.hidden, 4, generator=g, dtype=torch.float64))
-    u, v, w, z = (q[:, i].float() for i in range(4))
-    ids, out = [], []
-    for name in NAMES:
-        a = 2 * math.pi * (NAMES.index(name) % 4) / 4
-        b = 2 * math.pi * NUISANCE[name] / 4 + math.pi / 4
-        ids.append(tok.token_to_id("\u0120" + name))
-        out.append(args.team_radius * (math.cos(a) * u + math.sin(a) * v)
-                   + args.nuisance_radius * (math.cos(b) * w + math.sin(b) * z))
-    return torch.tensor(ids), torch.stack(out)
+    """(ids, rows): each name's space-prefixed token and its fixed embedding row."""
+    directions = planes(args.hidden, args.seed)
+    ids = torch.tensor([tok.token_to_id("\u0120" + name) for name in NAMES])
+    return ids, torch.stack([name_row(n, directions, args.team_radius, args.nuisance_radius) for n in NAMES])
 
 
 def sha256(path: pathlib.Path) -> str:
@@ -192,7 +201,7 @@ def parse_args(argv=None):
     ap.add_argument("--hidden", type=int, default=32)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--inner", type=int, default=64)
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--weight-decay", type=float, default=0.01)

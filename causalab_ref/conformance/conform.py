@@ -359,7 +359,11 @@ def completed(case: dict) -> dict:
             source, target = _inside(shipped, rel, "data table"), _inside(corpus / "data", rel, "data table")
         except CaseError:
             continue
-        if source.is_file():
+        try:  # a string too long to be a file name (a description with a slash in it) names no table
+            shipped_table = source.is_file()
+        except OSError:
+            shipped_table = False
+        if shipped_table:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(source.read_bytes())
             tables[rel] = f"data/{rel}"

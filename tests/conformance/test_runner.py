@@ -223,6 +223,16 @@ def test_record_copies_no_table_a_path_outside_the_corpus_names(tmp_path):
     assert (corpus / "data" / "weekdays" / "train.json").is_file()
 
 
+def test_record_takes_a_string_too_long_for_a_file_name_for_no_table(tmp_path):
+    """SPEC.md:837 [S12] a document string with a slash in it but longer than a file name (a description
+    naming a path) names no shipped table: `--record` copies nothing for it, never an internal error."""
+    corpus = _corpus(tmp_path / "corpus", _case("long"))
+    text = "a" * 300 + " documents/artifacts/x.safetensors"
+    done = conform.completed(dict(_case("long"), document={"header": {"description": text}},
+                                  _file=str(corpus / "long.json")))
+    assert "data" not in done
+
+
 def test_record_never_writes_through_a_linked_case_file(tmp_path):
     """SPEC.md:833 [S11] a case file that is a link is not recorded through: that case fails in one line and the
     file the link names is unchanged."""
