@@ -12,7 +12,7 @@ SPECIALS = (float("nan"), float("inf"), float("-inf"))
 @pytest.mark.fast
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
 def test_finite_rows_is_isfinite_all_for_every_special_value_at_every_place(dtype):
-    """SPEC.md:1458 [Q25] a NaN, +inf or -inf at the first, a middle, the next-to-last or the last entry of a row, at
+    """SPEC.md:1509 [Q25] a NaN, +inf or -inf at the first, a middle, the next-to-last or the last entry of a row, at
     widths around the vector lengths a reduction unrolls by, contiguous or strided: the row, and only it, is not
     finite, exactly as `torch.isfinite(m).all(-1)` says."""
     for width in (1, 2, 7, 8, 9, 31, 32, 33, 65, 1000):
@@ -28,7 +28,7 @@ def test_finite_rows_is_isfinite_all_for_every_special_value_at_every_place(dtyp
 
 @pytest.mark.fast
 def test_finite_rows_of_rows_wholly_special_or_mixed():
-    """SPEC.md:1458 [Q25] a row all NaN, all +inf, +inf beside -inf, NaN beside inf, and the float32 extremes
+    """SPEC.md:1509 [Q25] a row all NaN, all +inf, +inf beside -inf, NaN beside inf, and the float32 extremes
     (finite): each row's answer is isfinite's."""
     big = torch.finfo(torch.float32).max
     m = torch.tensor([[float("nan")] * 3, [float("inf")] * 3, [float("inf"), 0.0, float("-inf")],
