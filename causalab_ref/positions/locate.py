@@ -274,6 +274,15 @@ def frame_of_ids(tok, ids, mask, segments=None, char_map=True) -> shapes.Frame:
     return shapes.Frame(starts=starts, ends=ends, texts=texts, offsets=offsets, segments=segs)
 
 
+def frame_rows(frame: shapes.Frame, lo: int, hi: int) -> shapes.Frame:
+    """Rows lo..hi of a frame: what `frame_of_ids` builds from those rows alone at the same width, since each
+    row's span, text, offsets and segments are its own (a --batch-size window's frame, SPEC.md Q26)."""
+    if (lo, hi) == (0, len(frame.starts)):
+        return frame
+    return shapes.Frame(starts=frame.starts[lo:hi], ends=frame.ends[lo:hi], texts=frame.texts[lo:hi],
+                        offsets=frame.offsets[lo:hi], segments=frame.segments[lo:hi], kind=frame.kind)
+
+
 def with_pad(tok):
     """The tokenizer, with a missing pad token set to its EOS token (SPEC.md R2); the one place this is done.
     A tokenizer with neither cannot pad a batch: refused at model.key."""

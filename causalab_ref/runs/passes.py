@@ -17,12 +17,13 @@ from typing import Any, Optional
 
 import torch
 
+from ..positions import locate
 from ..writes import outputs
 from ..writes.outputs import Published
 from . import share
 from .decode import decode_forward
-from .placement import (Pass, Resolved, check_tokenizer, eligible_rows, operand_value, place, refuse_metrics_of_nothing,
-                        resolve_taps, selection_of)
+from .placement import (Pass, Resolved, check_tokenizer, eligible_rows, frame_key, operand_value, place,
+                        refuse_metrics_of_nothing, resolve_taps, selection_of)
 from .plan import Forward, ObservePlan
 from .scoring import score
 from ..shapes import Action, Batch, Refusal
@@ -80,12 +81,14 @@ def run_step(engine, step: ObservePlan, batch_size: Optional[int] = None, memo: 
     parts: list = []
     scored: dict[str, list] = {m.name: [] for m in step.metrics if m.of in scored_only}
     lengths = _noise_lengths(engine, step, path) if size < rows else {}
+    compiled = _compiled_frames(step, memo) if size < rows else {}
     for lo in range(0, rows, size):
         hi = min(lo + size, rows)
         refs = {name: outputs.window(value, lo, hi) for name, value in setting.published.items()}
         leads = {name: (lo, rows) if n is None else (sum(n[:lo]), sum(n)) for name, n in lengths.items()}
+        frames = {role: locate.frame_rows(frame, lo, hi) for role, frame in compiled.items()}
         got, where = run_pass(Pass(engine, window(step, lo, hi), path, lo, live=setting.live, grad=setting.grad,
-                                   memo=memo, refs=refs, leads=leads))
+                                   memo=memo, refs=refs, leads=leads, frames=frames))
         for metric in (m for m in step.metrics if m.name in scored):
             read = where[metric.of]
             scored[metric.name] += score(metric, got[metric.of], read, eligible_rows(metric, read, lo), lo)
@@ -114,6 +117,15 @@ def _stitched(step: ObservePlan, parts: list, scored: dict[str, list]) -> StepRe
                            f"steps.{step.name.split('/')[0]}")
     return StepResult(positions=positions, eligible=eligible, values=values, scores=tables, placed=placed,
                       outputs=made)
+
+
+def _compiled_frames(step: ObservePlan, memo: Optional[share.Memo]) -> dict:
+    """Each role's frame compile built over all the step's rows (the plan keeps them, Q15), from which every
+    --batch-size window takes its rows rather than building its own (SPEC.md Q26)."""
+    if memo is None:
+        return {}
+    keys = {forward.input: frame_key(forward, step.dynamic) for forward in step.forwards}
+    return {role: memo.compiled[key] for role, key in keys.items() if key in memo.compiled}
 
 
 def _scored_only(step: ObservePlan) -> set[str]:
