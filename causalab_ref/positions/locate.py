@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import json
 import re
+from bisect import bisect_left, bisect_right
+from itertools import accumulate
 from typing import Optional, Sequence
 
 from typing import TYPE_CHECKING
@@ -155,7 +157,25 @@ def pieces_char_map(tok, ids: Sequence[int], text: str, known: Optional[dict] = 
         return None
     pieces = [piece for piece, _byte in entries]
     values = [byte for _piece, byte in entries]
-    parts, group, lengths, length = [], bytearray(), [0], 0  # lengths[k]: ids[:k] spelled, before the strip
+    plain = values.count(None) == len(values)  # no byte pieces: the lengths are the pieces' own, one C pass
+    spelled, lengths = ("".join(pieces), None) if plain else _spelled(pieces, values)
+    strip = 1 if spelled.startswith(" ") else 0
+    if spelled[strip:] != text:
+        return None
+    if lengths is None:  # ids[:k] spells the first k pieces: running lengths, non-decreasing from 0
+        offsets = [0, *(max(n - strip, 0) for n in accumulate(map(len, pieces[:len(ids) - 1])))]
+        return tuple(offsets[: len(ids)]) + (len(text),)
+    offsets = [0]
+    for k in range(1, len(ids)):
+        at = lengths[k] - strip if lengths[k] > 0 else (0 if lengths[k] == 0 else -1)
+        offsets.append(max(at, offsets[-1]))
+    return tuple(offsets[: len(ids)]) + (len(text),)
+
+
+def _spelled(pieces: list[str], values: list[Optional[int]]) -> tuple[str, list[int]]:
+    """What a row's pieces spell (each run of byte pieces as the UTF-8 it makes), and lengths[k], the length
+    ids[:k] spells before the strip, -1 where ids[:k] ends inside a character (pieces_char_map)."""
+    parts, group, lengths, length = [], bytearray(), [0], 0
     for k, (piece, byte) in enumerate(zip(pieces, values)):
         if byte is None:
             if group:
@@ -170,15 +190,7 @@ def pieces_char_map(tok, ids: Sequence[int], text: str, known: Optional[dict] = 
         lengths.append(length if byte is None or after is None or (after & 0xC0) != 0x80 else -1)
     if group:
         parts.append(group.decode("utf-8", errors="replace"))
-    spelled = "".join(parts)
-    strip = 1 if spelled.startswith(" ") else 0
-    if spelled[strip:] != text:
-        return None
-    offsets = [0]
-    for k in range(1, len(ids)):
-        at = lengths[k] - strip if lengths[k] > 0 else (0 if lengths[k] == 0 else -1)
-        offsets.append(max(at, offsets[-1]))
-    return tuple(offsets[: len(ids)]) + (len(text),)
+    return "".join(parts), lengths
 
 
 def linear_char_map(tok, ids: Sequence[int], text: Optional[str] = None, by_pieces: Optional[bool] = None,
@@ -405,9 +417,13 @@ def _tokens_over(offsets: tuple[int, ...], lo: int, hi: int) -> tuple[int, int]:
     offsets[k] < hi and offsets[k + 1] > lo (SPEC.md P23). A token that covers no
     character (a byte-fallback piece that leaves its character incomplete, Llama's
     '▁' before a digit) overlaps nothing, so it is in no run.
+    Offsets never decrease, so the tokens with offsets[k] < hi are a prefix and those with offsets[k + 1] > lo a
+    suffix: their overlap is found by bisection, the same range the scan of every token gives (SPEC.md Q28).
     """
-    inside = [k for k in range(len(offsets) - 1) if offsets[k] < hi and offsets[k + 1] > lo]
-    return (inside[0], inside[-1] + 1) if inside else (0, 0)
+    n = len(offsets) - 1  # content tokens
+    first = max(bisect_right(offsets, lo, 1, n + 1) - 1, 0)  # the first k with offsets[k + 1] > lo
+    end = bisect_left(offsets, hi, 0, n)  # one past the last k with offsets[k] < hi
+    return (first, end) if first < end else (0, 0)
 
 
 def _run(frame: shapes.Frame, scope: Optional[shapes.Anchor], row: int, anchors):

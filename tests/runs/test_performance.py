@@ -82,3 +82,58 @@ def test_a_windowed_run_builds_no_frame_and_writes_what_it_wrote_building_them(l
     assert built  # the windows built their own frames
     for name in ("iia.json", "logit_diff.json", "document.json"):
         assert (tmp_path / "taken" / name).read_bytes() == (tmp_path / "built" / name).read_bytes(), name
+
+
+# ---------------------------------------------------------------- character maps and runs of tokens
+
+
+def _general_pieces_map(tok, ids, text):
+    """Q14's one pass over every piece, byte or not (the path a row with byte pieces takes)."""
+    entries = [locate._piece(tok.backend_tokenizer, i) for i in ids]
+    spelled, lengths = locate._spelled([p for p, _b in entries], [b for _p, b in entries])
+    strip = 1 if spelled.startswith(" ") else 0
+    assert spelled[strip:] == text
+    offsets = [0]
+    for k in range(1, len(ids)):
+        at = lengths[k] - strip if lengths[k] > 0 else (0 if lengths[k] == 0 else -1)
+        offsets.append(max(at, offsets[-1]))
+    return tuple(offsets[: len(ids)]) + (len(text),)
+
+
+@pytest.mark.fast
+def test_a_row_without_byte_pieces_has_its_pieces_running_lengths_as_offsets():
+    """SPEC.md:1521 [Q27] rows with no byte piece (words, digits, punctuation, a leading space, one token, none) are
+    mapped from the running lengths of their pieces, the offsets Q14's pass over every piece gives and the
+    definition's (P22)."""
+    from causalab_ref.fixtures import builder
+
+    tok = builder.tokenizer("fixture:tiny-llama")
+    texts = ["If today is Thursday, tomorrow is", " leading space, then 1999 (notes); naïve café — rain", "x", "",
+             "  two  spaces and more", "Saturday. Sunday.. Monday..."]
+    for text in texts:
+        ids = tok.encode(text, add_special_tokens=False)
+        assert not any(tok.convert_ids_to_tokens(i).startswith("<0x") for i in ids), text
+        decoded = tok.backend_tokenizer.decode(ids, skip_special_tokens=False)
+        got = locate.pieces_char_map(tok, ids, decoded)
+        assert got == _general_pieces_map(tok, ids, decoded) == locate.char_map(tok, ids), text
+
+
+@pytest.mark.fast
+def test_the_tokens_over_a_span_found_by_bisection_are_the_scans():
+    """SPEC.md:1525 [Q28] on non-decreasing offsets with tokens that cover no character (equal neighbours), for every
+    character span [lo, hi) around and inside the text, the bisection gives the range the scan of every token
+    gives (P23)."""
+    import random
+
+    def scan(offsets, lo, hi):
+        inside = [k for k in range(len(offsets) - 1) if offsets[k] < hi and offsets[k + 1] > lo]
+        return (inside[0], inside[-1] + 1) if inside else (0, 0)
+
+    rng = random.Random(0)
+    for _ in range(200):
+        steps = [rng.choice((0, 0, 1, 2, 5)) for _ in range(rng.randint(0, 12))]
+        offsets = (0, *(sum(steps[:k + 1]) for k in range(len(steps))))
+        end = offsets[-1]
+        for lo in range(-1, end + 2):
+            for hi in range(lo, end + 3):
+                assert locate._tokens_over(offsets, lo, hi) == scan(offsets, lo, hi), (offsets, lo, hi)
