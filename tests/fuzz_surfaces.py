@@ -9,7 +9,7 @@ surface and checks one invariant per case:
   `conform --cases DIR` in this process;
 * impl: `conform --impl` against a fake implementation that misbehaves at random (exit codes, junk
   stdout, junk files under --out, sleeping past --timeout, flooding);
-* flags: random values of --memory-budget, --batch-size, --device-map, --out, --data-root, --timeout;
+* flags: random values of --memory-budget, --batch-size, --device-map, --out, --data-root, --timeout, --jobs;
 * cache: a copy of a built fixture folder under a temporary $CAUSALAB_REF_CACHE with files added,
   removed, truncated or replaced by links;
 * results: a copy of a run's results folder (a swept patching run, a fit with its loss curve) with
@@ -255,7 +255,7 @@ def impl_case(rng: random.Random, tmp: pathlib.Path, fixtures: pathlib.Path) -> 
     timeout = rng.choice(["0.5", "1", "2"])
     impl = f"{sys.executable} {script} {rng.randrange(10 ** 6)} {behaviour}"
     return [["conform", "--impl", impl, "--cases", str(folder), "--fixtures", str(fixtures), "--timeout", timeout,
-             "--quiet"]]
+             "--jobs", rng.choice(["1", "2", "3"]), "--quiet"]]
 
 
 # ---------------------------------------------------------------- command-line flags
@@ -266,6 +266,7 @@ BATCHES = ["0", "-1", "1", "2", "3", "1000000", str(10 ** 30), "x", "1.5", "", "
 DEVICE_MAPS = ["cpu", "cuda", "auto", "meta", "disk", "", "{}", '{"": "cpu"}', '{"": "meta"}', "[", "null",
                "cuda:9", "mps", "balanced", '{"model": 0}']
 TIMEOUTS = ["0", "-1", "nan", "inf", "-inf", "1e308", "1e-9", "x", "", "0.5", "1e999", "10"]
+JOBS = ["0", "-1", "1", "2", "3", "x", "1e9", "1.5", "", "256", "257", "9" * 5000, "\u0661", " 2"]
 
 
 def _weird_path(rng: random.Random, tmp: pathlib.Path, sentinel: pathlib.Path) -> str:
@@ -281,7 +282,7 @@ def flags_case(rng: random.Random, tmp: pathlib.Path, sentinel: pathlib.Path,
         script = tmp / "fake_impl.py"
         script.write_text(FAKE_IMPL, encoding="utf-8")
         return [["conform", "--impl", f"{sys.executable} {script} 0 na", "--cases", str(folder), "--fixtures",
-                 str(fixtures), "--timeout=" + rng.choice(TIMEOUTS), "--quiet"]]
+                 str(fixtures), "--timeout=" + rng.choice(TIMEOUTS), "--jobs=" + rng.choice(JOBS), "--quiet"]]
     verb = rng.choice(["validate", "explain", "run", "run"])
     argv = [verb, str(PATCHING)]
     options = {"--memory-budget": BUDGETS, "--device-map": DEVICE_MAPS}

@@ -33,11 +33,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -51,7 +53,7 @@ CASES = Path(__file__).resolve().parent / "corpus"  # package data: the corpus s
 VERBS = ("run", "explain", "validate", "model")
 NOT_APPLICABLE = 3
 __all__ = ["FLOOR", "FLOORS", "CaseError", "InProcess", "Options", "Subprocess", "UsageError", "agrees", "check",
-           "compare", "compare_refusal", "conform", "informative"]
+           "compare", "compare_refusal", "conform", "cores", "informative", "parse_jobs"]
 
 
 # ---------------------------------------------------------------- one case
@@ -420,7 +422,8 @@ def _report(case: dict, verdict: str, diffs: list[str], seconds: float, quiet: b
 class Options:
     """How conform runs: which cases (`cases_dir`, `only`), where the fixture folders are (`fixtures_dir`,
     with an --impl), each call's bounds (`timeout` seconds, `cap` bytes of stdout and of stderr), and
-    `fail_fast`, `record` (write causalab_ref's results into the cases) and `quiet`."""
+    `fail_fast`, `record` (write causalab_ref's results into the cases), `quiet`, and `jobs`: how many cases an
+    --impl runs at once (default the cores this process may use; SPEC.md C33)."""
     cases_dir: Optional[str] = None
     only: Optional[str] = None
     fixtures_dir: Optional[str] = None
@@ -429,6 +432,27 @@ class Options:
     fail_fast: bool = False
     record: bool = False
     quiet: bool = False
+    jobs: int = field(default_factory=lambda: cores())
+
+
+JOBS_MAX = 256  # --jobs past this is a typo (each job is a process that may load a model), not a machine
+
+
+def cores() -> int:
+    """The cores this process may run on (its CPU affinity where the system says, else the machine's)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def parse_jobs(text: str) -> int:
+    """--jobs: an integer from 1 to JOBS_MAX, else a usage error naming the value."""
+    digits = text.strip()
+    value = int(digits) if re.fullmatch(r"[0-9]{1,4}", digits) else 0  # ASCII digits only: no `1_0`, no `١`
+    if not 1 <= value <= JOBS_MAX:
+        raise UsageError(f"--jobs {text!r} is not a whole number of cases to run at once from 1 to {JOBS_MAX}")
+    return value
 
 
 def selected(options: Options) -> list[dict]:
@@ -477,11 +501,37 @@ def _nothing_checked(counts: dict, total: int, options: Options) -> Optional[str
     return None  # some failed: the failures say why
 
 
+def _checked(cases: list[dict], impl, recipes: Optional[dict[str, str]], options: Options):
+    """(case, verdict, diffs, observed, seconds) per case, in the cases' order. With an --impl and --jobs N > 1
+    up to N cases run at once, each in its own folder, and each is yielded when it and every case before it are
+    done, so the report is --jobs 1's; a consumer that stops (--fail-fast) cancels the cases not started, and
+    the ones running are waited for (SPEC.md C33). The in-process check runs one case at a time: its captured
+    streams and its working folder are the process's."""
+    def one(case: dict) -> tuple[dict, str, list[str], dict, float]:
+        case = completed(case) if options.record and "_broken" not in case else case
+        t = time.time()
+        verdict, diffs, got = check(case, impl, record=options.record, recipes=recipes, cap=options.cap)
+        return case, verdict, diffs, got, time.time() - t
+
+    if options.jobs <= 1 or not isinstance(impl, Subprocess) or len(cases) <= 1:
+        yield from map(one, cases)
+        return
+    with ThreadPoolExecutor(max_workers=min(options.jobs, len(cases)), thread_name_prefix="conform") as pool:
+        futures = [pool.submit(one, case) for case in cases]
+        try:
+            for future in futures:
+                yield future.result()
+        finally:
+            for future in futures:
+                future.cancel()
+
+
 def conform(impl_command: Optional[str] = None, options: Options = Options(),
             main: Optional[Callable[[list[str]], int]] = None, stream=None) -> dict:
     """Run the corpus against `impl_command` (a subprocess) or, with none, in-process against `main`.
     `ok` only when some case passed and none failed; `why` says so when no case passed (SPEC.md C20)."""
     stream = stream or sys.stdout
+    parse_jobs(str(options.jobs))  # an Options built in Python is held to --jobs's bounds too
     cases = selected(options)
     started = time.time()
     counts = {"pass": 0, "fail": 0, "n/a": 0}
@@ -490,10 +540,7 @@ def conform(impl_command: Optional[str] = None, options: Options = Options(),
         impl, recipes = _implementation(impl_command, main, cases, scratch, options)
         entries = catalogue.entries((ROOT / "SPEC.md").read_text(encoding="utf-8")) if options.record else []
         print(f"conform: {len(cases)} case(s) against {impl.name}", file=stream)
-        for case in cases:
-            case = completed(case) if options.record and "_broken" not in case else case
-            t = time.time()
-            verdict, diffs, got = check(case, impl, record=options.record, recipes=recipes, cap=options.cap)
+        for case, verdict, diffs, got, seconds in _checked(cases, impl, recipes, options):
             counts[verdict] += 1
             if options.record and verdict == "pass":
                 try:
@@ -501,7 +548,7 @@ def conform(impl_command: Optional[str] = None, options: Options = Options(),
                 except CaseError as error:
                     verdict, diffs = "fail", [str(error)]
                     counts["pass"], counts["fail"] = counts["pass"] - 1, counts["fail"] + 1
-            _report(case, verdict, diffs, time.time() - t, options.quiet, stream)
+            _report(case, verdict, diffs, seconds, options.quiet, stream)
             if verdict == "fail":
                 failed.append(case["name"])
                 if options.fail_fast:

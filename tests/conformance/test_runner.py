@@ -110,13 +110,13 @@ def test_a_run_that_passed_a_case_and_failed_none_is_ok(tmp_path):
 
 def test_a_hung_implementation_fails_its_case_at_the_timeout_and_the_run_goes_on(tmp_path, capsys):
     """SPEC.md:769 [C18] a call past --timeout is stopped and its case fails in one line saying so; the next
-    case runs (the script hangs on its first call only)."""
+    case runs (the script hangs on its first call only, so the cases run one at a time: --jobs 1)."""
     corpus = _corpus(tmp_path / "corpus", _case("a_hangs"), _case("b_answers"))
     marker = tmp_path / "called"
     impl = _script(tmp_path, "hang.py", f"m = pathlib.Path({str(marker)!r})\n"
                                         "if not m.exists():\n    m.write_text('1')\n    time.sleep(3600)\n")
     started = time.monotonic()
-    status, out, _err = _conform_cli(["--impl", impl, "--timeout", "2", "--cases", str(corpus),
+    status, out, _err = _conform_cli(["--impl", impl, "--timeout", "2", "--jobs", "1", "--cases", str(corpus),
                                       "--fixtures", str(tmp_path / "fx")], capsys)
     assert time.monotonic() - started < 60
     assert status == 1 and "conform: 1 passed, 1 failed, 0 not applicable" in out
@@ -211,7 +211,7 @@ def test_a_lone_surrogate_in_a_case_reaches_the_implementation_escaped(tmp_path)
 
 
 def test_record_copies_no_table_a_path_outside_the_corpus_names(tmp_path):
-    """SPEC.md:888 [S12] `--record` copies into the corpus the shipped tables a document names; a string that
+    """SPEC.md:899 [S12] `--record` copies into the corpus the shipped tables a document names; a string that
     climbs out with `..` names none, and nothing is written outside the corpus."""
     corpus = _corpus(tmp_path / "corpus", _case("climb"))
     case = dict(_case("climb"), document={"rows": "../../documents/data/weekdays/train#train"},
@@ -224,7 +224,7 @@ def test_record_copies_no_table_a_path_outside_the_corpus_names(tmp_path):
 
 
 def test_record_takes_a_string_too_long_for_a_file_name_for_no_table(tmp_path):
-    """SPEC.md:888 [S12] a document string with a slash in it but longer than a file name (a description
+    """SPEC.md:899 [S12] a document string with a slash in it but longer than a file name (a description
     naming a path) names no shipped table: `--record` copies nothing for it, never an internal error."""
     corpus = _corpus(tmp_path / "corpus", _case("long"))
     text = "a" * 300 + " documents/artifacts/x.safetensors"
@@ -234,7 +234,7 @@ def test_record_takes_a_string_too_long_for_a_file_name_for_no_table(tmp_path):
 
 
 def test_record_never_writes_through_a_linked_case_file(tmp_path):
-    """SPEC.md:884 [S11] a case file that is a link is not recorded through: that case fails in one line and the
+    """SPEC.md:895 [S11] a case file that is a link is not recorded through: that case fails in one line and the
     file the link names is unchanged."""
     victim = tmp_path / "victim.json"
     victim.write_text(json.dumps(_case("linked")), encoding="utf-8")
