@@ -1,6 +1,6 @@
 """Benchmarks (not a test): ratios measured side by side in one run.
 
-    python bench/run_bench.py [--quick] [--only a,b,c,d,e,f,g,h,i] [--repeats 7] [--markdown FILE]
+    python bench/run_bench.py [--quick] [--only a,b,c,d,e,f,g,h,i,j] [--repeats 7] [--markdown FILE]
 
 (a) `run` of the interchange document (documents/patching.json: block_output[0] at -1 read on the
     counterfactual, swapped into the base run, the head read at -1) on 64 rows, versus a hand-written
@@ -30,7 +30,11 @@
     step: `run` versus a hand-written nnsight generate doing the same, values checked equal.
     Target <= 1.25x.
 (i) each verb as a new process against `python -c "import torch"`: a read-stage refusal (target <= 0.3x),
-    `validate` and `explain` of documents/patching.json (targets <= 2x).
+    `validate` and `explain` of documents/patching.json (targets <= 1.5x).
+(j) `conform` black-box over the whole packaged corpus against `python -m causalab_ref` as --impl (a new
+    process per verb call, the fixture folders exported beforehand, the fixture cache made unusable, as
+    tests/conformance/selfcheck.py runs it; --jobs at its default, the core count): seconds per case.
+    Target <= 3 s a case, and every verdict identical to the in-process `conform` (a mismatch fails the row).
 Timings are medians of interleaved repeats. CPU threads are pinned to 1 for stable numbers. `--quick`
 runs every row at toy sizes (a check that the script works, not a measurement).
 """
@@ -74,9 +78,9 @@ BIG = "bench-llama-8x512"
 HEADS16 = "bench-llama-16-heads"
 TABLE: list[tuple[str, str, str]] = []  # (what, measured, target: met or not) for README's table
 FULL = {"rows": 64, "repeats": 7, "b": (256, 512), "e": (256, 400), "e_repeats": 5, "g_rows": 64, "h": (64, 16),
-        "i_repeats": 3}
+        "i_repeats": 3, "j_only": None}
 QUICK = {"rows": 8, "repeats": 2, "b": (16, 128), "e": (16, 120), "e_repeats": 1, "g_rows": 8, "h": (8, 4),
-         "i_repeats": 1}
+         "i_repeats": 1, "j_only": "run_patching,explain_patching,model_components_gpt2,refuse_unknown_key"}
 
 
 def register(name: str, seed: int, note: str, **config) -> str:
@@ -568,7 +572,7 @@ def bench_i(repeats: int) -> None:
         fns["python"] = lambda: _process(["-c", "pass"])
         t = side_by_side(fns, repeats)
     print(f"(i) a new process (python itself starts in {t['python']:.2f} s, `import torch` takes {t['torch']:.2f} s):")
-    targets = {"refusal": 0.3, "validate": 2.0, "explain": 2.0}
+    targets = {"refusal": 0.3, "validate": 1.5, "explain": 1.5}
     for verb, what in (("refusal", "a read-stage refusal (`validate` of malformed JSON)"),
                        ("validate", f"`validate {doc}`"), ("explain", f"`explain {doc}`")):
         ratio = t[verb] / t["torch"]
@@ -580,6 +584,66 @@ def bench_i(repeats: int) -> None:
 def _refused(argv: list) -> None:
     proc = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 2, proc.stderr[-2000:]
+
+
+# ---------------------------------------------------------------- (j): conform black-box, a process per call
+
+
+CORPUS = ROOT / "causalab_ref" / "conformance" / "corpus"
+VERDICT = ("PASS ", "FAIL ", "N/A  ")
+
+
+def verdicts(report: str) -> dict[str, str]:
+    """{case name: PASS | FAIL | N/A} from conform's report (one line per case when not --quiet)."""
+    return {line.split()[1]: line.split()[0] for line in report.splitlines() if line.startswith(VERDICT)}
+
+
+def black_box(root: pathlib.Path, only) -> tuple[float, str]:
+    """(seconds, report) of `conform --impl "python -m causalab_ref"` from an empty folder holding the exported
+    fixtures and a copy of the corpus, the fixture cache under a plain file (SPEC.md C17)."""
+    (root / "corpus").mkdir(parents=True)
+    for file in CORPUS.glob("*.json"):
+        shutil.copyfile(file, root / "corpus" / file.name)
+    for folder in ("data", "files"):
+        shutil.copytree(CORPUS / folder, root / "corpus" / folder)
+    (root / "no-cache").write_text("the fixture cache is a file here, so nothing can be built\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), CAUSALAB_REF_CACHE=str(root / "no-cache" / "fixtures"))
+    env.pop("CAUSALAB_REF_LLAMA_TOKENIZER", None)
+    python = [sys.executable, "-m", "causalab_ref"]
+    subprocess.run(python + ["fixtures", "export", str(root / "fixtures")], check=True, capture_output=True,
+                   env=dict(os.environ, PYTHONPATH=str(ROOT)))  # from this checkout's fixture cache
+    argv = python + ["conform", "--impl", f"{sys.executable} -m causalab_ref", "--fixtures", "fixtures", "--cases",
+                     "corpus"] + (["--only", only] if only else [])
+    started = time.perf_counter()
+    done = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True)
+    return time.perf_counter() - started, done.stdout
+
+
+def bench_j(only, tmp: pathlib.Path) -> None:
+    """The corpus black-box against this implementation, seconds per case, its verdicts against the in-process
+    run's (issue #33)."""
+    from causalab_ref import cli
+    from causalab_ref.conformance import conform
+
+    report = io.StringIO()
+    started = time.perf_counter()
+    conform.conform(options=conform.Options(only=only), main=cli.main, stream=report)
+    inside = time.perf_counter() - started
+    want = verdicts(report.getvalue())
+    seconds, text = black_box(tmp, only)
+    got = verdicts(text)
+    differ = sorted(name for name in set(want) | set(got) if want.get(name) != got.get(name))
+    n = max(len(want), 1)
+    per = seconds / n
+    ok = per <= 3.0 and not differ and len(want) > 0
+    print(f"(j) conform black-box, {n} cases, --jobs {conform.cores()}: {seconds:.0f} s = {per:.2f} s a case "
+          f"(target <= 3 s); in-process {inside:.0f} s = {inside / n:.2f} s a case; verdicts "
+          + ("identical" if not differ else f"differ on {len(differ)}: {', '.join(differ[:5])}"))
+    TABLE.append((f"(j) `conform --impl \"python -m causalab_ref\"` over the {'whole ' if not only else ''}corpus "
+                  f"({n} cases), a new process per call, --jobs {conform.cores()}",
+                  f"{seconds:.0f} s = {per:.2f} s a case (in-process: {inside / n:.2f} s a case); verdicts "
+                  + ("identical to the in-process run's" if not differ else f"differ on {len(differ)} cases"),
+                  f"<= 3 s a case, identical: {verdict(ok)}"))
 
 
 # ---------------------------------------------------------------- main
@@ -607,7 +671,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="toy sizes: checks the script runs, measures nothing")
     parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--only", default="a,b,c,d,e,f,g,h,i")
+    parser.add_argument("--only", default="a,b,c,d,e,f,g,h,i,j")
     parser.add_argument("--markdown", default=None, help="also write the results as README's table to this file")
     args = parser.parse_args()
     size = dict(QUICK if args.quick else FULL)
@@ -641,6 +705,8 @@ def main() -> int:
             bench_h(*size["h"], 3 * repeats, tmp / "h")  # short runs, so more repeats
         if "i" in only:
             bench_i(size["i_repeats"])
+        if "j" in only:
+            bench_j(size["j_only"], tmp / "j")
     table = markdown()
     print("\n" + table)
     if args.markdown:
