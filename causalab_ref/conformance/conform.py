@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -531,7 +531,7 @@ def conform(impl_command: Optional[str] = None, options: Options = Options(),
     """Run the corpus against `impl_command` (a subprocess) or, with none, in-process against `main`.
     `ok` only when some case passed and none failed; `why` says so when no case passed (SPEC.md C20)."""
     stream = stream or sys.stdout
-    parse_jobs(str(options.jobs))  # an Options built in Python is held to --jobs's bounds too
+    options = replace(options, jobs=parse_jobs(str(options.jobs)))  # --jobs's text, or an Options built in Python
     cases = selected(options)
     started = time.time()
     counts = {"pass": 0, "fail": 0, "n/a": 0}
