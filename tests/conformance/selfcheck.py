@@ -8,9 +8,10 @@ and a copy of the corpus (the cases, their data tables, the files they name and 
 with the fixture cache pointed under a plain file, so no fixture can be built and every checkpoint
 comes from the exported folders through $CONFORM_CHECKPOINTS (SPEC.md C17). Usage, from anywhere:
 
-    python tests/conformance/selfcheck.py [--only NAME[,NAME...]]
+    python tests/conformance/selfcheck.py [--only NAME[,NAME...]] [--jobs N]
 
-Slow (a subprocess per case): minutes. Exits with conform's status.
+Slow (a subprocess per call): minutes, with the cases run --jobs at a time (conform's default: the core
+count; SPEC.md C33). Exits with conform's status.
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ def copy_corpus(target: Path) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=None)
+    parser.add_argument("--jobs", default=None, help="cases at once (default: conform's, the core count)")
     args = parser.parse_args(argv)
     python = [sys.executable, "-m", "causalab_ref"]
     env = dict(os.environ, PYTHONPATH=str(PACKAGE_PARENT))
@@ -52,7 +54,8 @@ def main(argv=None) -> int:
         env["CAUSALAB_REF_CACHE"] = str(root / "no-cache" / "fixtures")
         env.pop("CAUSALAB_REF_LLAMA_TOKENIZER", None)
         command = python + ["conform", "--impl", f"{sys.executable} -m causalab_ref", "--fixtures", "fixtures",
-                            "--cases", "corpus", "--quiet"] + (["--only", args.only] if args.only else [])
+                            "--cases", "corpus", "--quiet"] + (["--only", args.only] if args.only else []) + (
+                       ["--jobs", args.jobs] if args.jobs else [])
         done = subprocess.run(command, cwd=root, env=env)
         return done.returncode
 
