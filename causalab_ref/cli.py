@@ -37,22 +37,26 @@ def _read_document(path: str, args=None):
     except (OSError, UnicodeDecodeError) as error:  # unreadable, or a name the file system will not take
         raise Refusal(f"cannot read {path}: {error}", path="document", stage="validation") from None
     given = reader.load_json(text, path)
-    form, raw = _lowered(given)
     if args is not None:
-        args.format = form  # from here on, a protocol document's refusals name its own paths (main)
+        from .documents import protocol
+        args.format = protocol.shape(given)  # from here on, its refusals name its own paths (main)
+    form, raw, repath = _lowered(given)
+    if args is not None:
+        args.repath = repath
     return given, raw, validate.points_of(raw)
 
 
 def _lowered(raw):
-    """(format, the plan-shaped document): a protocol document is lowered, a steps-first one refused
-    (protocol.py, SPEC.md §10)."""
-    from .documents import protocol
+    """(format, the plan-shaped document, its paths' map back): a protocol or a steps-first document is
+    lowered (protocol.py, SPEC.md §10; stepsfirst.py, §15)."""
+    from .documents import protocol, stepsfirst
     form = protocol.shape(raw)
     if form == "steps-first":
-        protocol.refuse_steps_first(raw)
+        lowered = stepsfirst.lower(raw)
+        return form, lowered.plan, lowered.path
     if form == "protocol":
-        return form, protocol.lower(raw)[0]
-    return form, raw
+        return form, protocol.lower(raw)[0], protocol.protocol_path
+    return form, raw, None
 
 
 BUDGET_HELP = ("the bytes one pass may hold (a number, or with KiB, MiB, GiB; default 1GiB): rows are split into "
@@ -65,7 +69,7 @@ def _compile(args, engine_name: str, weights: bool = False, device_map: str = "c
     given and the protocol's digest (SPEC.md PR15, PR16)."""
     from dataclasses import replace
 
-    from .documents import protocol
+    from .documents import protocol, stepsfirst
     from .runs import memory
     budget = memory.parse_budget(getattr(args, "memory_budget", None))
     given, raw, points = _read_document(args.document, args)  # refusals up to here import no torch (Q17)
@@ -77,6 +81,8 @@ def _compile(args, engine_name: str, weights: bool = False, device_map: str = "c
                                  kind=engine_name, weights=weights, device_map=device_map)
     if args.format == "protocol":
         plan = replace(plan, digest=protocol.digest(given), raw=given)
+    if args.format == "steps-first":
+        plan = replace(plan, digest=stepsfirst.digest(given), raw=given)
     return raw, eng, plan
 
 
@@ -566,9 +572,8 @@ def main(argv=None) -> int:
     try:
         result = args.func(args)
     except Refusal as refusal:
-        if getattr(args, "format", "") == "protocol":  # the protocol document's own paths (PR19)
-            from .documents.protocol import protocol_path
-            refusal.path = protocol_path(refusal.path)
+        if getattr(args, "format", "") != "plan-shaped" and getattr(args, "repath", None):
+            refusal.path = args.repath(refusal.path)  # the protocol or steps-first document's own (PR19, SF14)
         where = f"{refusal.path}: " if refusal.path else ""
         line = f"{refusal.stage}: {where}{refusal.message}"  # one line whatever the document's text holds (D4)
         print(line.replace("\r", "\\r").replace("\n", "\\n"), file=sys.stderr)

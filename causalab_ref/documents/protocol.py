@@ -2,7 +2,7 @@
 
 `shape(raw)` tells the formats apart by their top level: a `method` (or a `data` block with no
 `steps`) is the protocol format, a `data` block beside `steps` is the later steps-first format
-(refused by name), anything else is plan-shaped. `lower(raw)` checks a protocol document
+(read by stepsfirst.py), anything else is plan-shaped. `lower(raw)` checks a protocol document
 against the subset of document-format.md §19 and rewrites it as the plan-shaped document it
 means (one intervention, `method`, and one observe step, `observe`), so it is validated,
 compiled and run by the one plan-shaped pipeline; it also returns the protocol's own digest
@@ -61,12 +61,6 @@ def shape(raw: Any) -> str:
     if "method" in raw or ("data" in raw and "steps" not in raw):
         return "protocol"
     return "plan-shaped"
-
-
-def refuse_steps_first(raw: dict) -> None:
-    _fail("data", "this is a steps-first document (a top-level `data` beside steps of kind forward, generate, "
-                  "metric, reduce or fit), a later format causalab_ref does not read; write it plan-shaped "
-                  "(roles, sites, interventions, steps) or in the protocol format (header, model, data, method)")
 
 
 def _keys(raw: Any, path: str, allowed: tuple, required: tuple = ()) -> dict:

@@ -81,7 +81,7 @@ SCHEMA: dict[str, Any] = {
         "position": _POSITION,
         "site": _closed({
             "component": _sw(STR),
-            "layers": _sw({"anyOf": [{"type": "null"},
+            "layers": _sw({"anyOf": [{"type": "null"}, {"const": "all"},  # every layer, one point each (D34)
                                      {"type": "array", "minItems": 1, "maxItems": 1,
                                       "items": {"type": "integer"}}]}),  # a layer's range is the model's (L3)
             "heads": _sw({"anyOf": [{"type": "null"}, INDEX_LIST]}),

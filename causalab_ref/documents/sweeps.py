@@ -4,7 +4,12 @@ A wrapper is any object whose keys are `sweep` and optionally `as`, anywhere but
 and `header`. Independent wrappers form a cross product in reading order, wrappers sharing an
 `as` axis move together, and each point is labelled `<name>=<value>` joined by `,` (its folder
 under --out). Lowering happens once, before validation: every point is an ordinary document.
-SPEC.md §1 Documents (D17, D18).
+A site's `"layers": "all"` is a sweep whose length only the model knows: `with_layers(raw, n)` writes it
+as `{"sweep": [[0], ..., [n-1]], "as": "layers"}` once compile knows the model's n layers (validate.py
+checks the document before that with n = 1). SPEC.md §1 Documents (D17, D18, D34-D37).
+
+    sweeps.with_layers({"sites": {"resid": {"component": "block_output", "layers": "all"}}, ...}, 2)
+    # sites.resid.layers == {"sweep": [[0], [1]], "as": "layers"}: the points layers=0 and layers=1
 """
 from __future__ import annotations
 
@@ -17,6 +22,8 @@ from .reader import type_name
 from ..shapes import Refusal
 
 MAX_POINTS = 10_000
+ALL = "all"  # a site's layers: every layer of the model, one sweep point each (D34)
+AXIS = "layers"  # the axis those points are on, so they are labelled layers=0, layers=1, ... (D18)
 
 
 def _fail(path: str, message: str) -> NoReturn:
@@ -131,3 +138,30 @@ def points(raw: Any) -> list[tuple[str, Any]]:
         inside_out(label, ".".join(str(p) for p in axes[order[0]][0][0]), "the sweep point's folder", True)
         result.append((label, point))
     return result
+
+
+def every_layer(raw: Any) -> list[str]:
+    """The declared sites whose `layers` is "all", in order (D34)."""
+    sites = raw.get("sites") if isinstance(raw, dict) else None
+    if not isinstance(sites, dict):
+        return []
+    return [name for name, site in sites.items() if isinstance(site, dict) and site.get("layers") == ALL]
+
+
+def with_layers(raw: Any, count: int) -> Any:
+    """The document with each `layers: "all"` written as a sweep over the model's `count` layers, every such
+    site on the one axis `layers` (D34-D36); a document without one is returned as it is."""
+    names = every_layer(raw)
+    if not names:
+        return raw
+    for path, wrapper in find_wrappers(raw, ()):
+        name = wrapper.get("as") or next((p for p in reversed(path) if isinstance(p, str)), "")
+        if name == AXIS:
+            _fail(".".join(str(p) for p in path), f'site \'{names[0]}\' has layers "all", which sweeps the axis '
+                                                  f"'{AXIS}' itself; this sweep is on that axis too: sweep the "
+                                                  "layers one way, or name this axis otherwise with \"as\"")
+    if count < 1:
+        _fail(f"sites.{names[0]}.layers", f'layers "all" needs a model with layers; this one has {count}')
+    wrapper = {"sweep": [[layer] for layer in range(count)], "as": AXIS}
+    return dict(raw, sites={name: dict(site, layers=wrapper) if name in names else site
+                            for name, site in raw["sites"].items()})

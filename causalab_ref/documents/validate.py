@@ -18,7 +18,7 @@ object at every depth rejects unknown keys. JSON text is read by reader.py.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 from ..featurizers import kinds as featurizer_table
 from ..writes import outputs
@@ -153,6 +153,9 @@ class Point:
     document: Document
 
 
-def points_of(raw: Any) -> list[Point]:
-    """The one pass a document takes before compile: lower its sweeps once, validate each point once."""
+def points_of(raw: Any, layers: Optional[int] = None) -> list[Point]:
+    """The one pass a document takes before compile: lower its sweeps once, validate each point once.
+    A `layers: "all"` is lowered with the model's `layers` count; before compile knows it (None) the
+    document is checked as if the model had one layer, so its other refusals need no model (D35)."""
+    raw = sweeps.with_layers(raw, 1 if layers is None else layers)
     return [Point(label=label, raw=point, document=document(point)) for label, point in sweeps.points(raw)]

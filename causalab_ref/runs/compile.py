@@ -15,7 +15,7 @@ from typing import Any, Optional
 from ..featurizers import bundles, fit
 from . import data, memory, placement, share
 from ..positions import locate
-from ..documents import metrics, reader, validate
+from ..documents import metrics, reader, sweeps, validate
 from ..documents.steps import produced_names
 from ..locations.address import check_per_head, refuse_no_width
 from ..writes import outputs
@@ -590,7 +590,8 @@ def compile_document(raw: Any, engine, data_root: Path, points: Optional[list] =
     `points` are the document's lowered and validated points (`validate.points_of(raw)`) when the
     caller has them already, so that each is validated once; otherwise they are made here. Forwards
     that several steps compute identically are marked shared (share.py)."""
-    points = validate.points_of(raw) if points is None else points
+    if points is None or sweeps.every_layer(raw):  # layers "all" is lowered once the layer count is known (D35)
+        points = validate.points_of(raw, layers=engine.num_layers)
     if len(points) == 1 and points[0].label == "":
         return share.mark(compile_point(points[0], engine, data_root, budget=budget))
     cache: dict = {}

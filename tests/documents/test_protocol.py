@@ -55,12 +55,13 @@ def test_validate_says_valid_protocol_document(tmp_path, capsys):
     assert status == 0 and json.loads(out)["format"] == "protocol"
 
 
-def test_a_steps_first_document_is_refused_by_name(tmp_path, capsys):
-    """SPEC.md:1334 [PR2] top-level data beside forward/metric steps: refused as a format, not as an unknown key."""
-    doc = {"model": TWIN["model"], "data": {"base": "weekdays/train"},
+def test_a_steps_first_document_goes_to_the_steps_first_reader(tmp_path, capsys):
+    """SPEC.md:1 [PR2] top-level data beside forward/metric steps: read as steps-first (here refused for a
+    protocol-shaped data entry, by the steps-first reader), never as an unknown key `data`."""
+    doc = {"model": TWIN["model"], "data": {"base": {"dataset": "weekdays/train", "field": "input"}},
            "steps": {"patched": {"kind": "forward"}, "score": {"kind": "metric"}}}
     line = _refusal(tmp_path, capsys, doc)
-    assert line.startswith("validation: data: this is a steps-first document") and "unknown key" not in line
+    assert line.startswith("validation: data.base.dataset: unknown key 'dataset'; allowed here: ['path']")
 
 
 @pytest.mark.parametrize("edit, line", [
