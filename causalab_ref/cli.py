@@ -37,12 +37,9 @@ def _read_document(path: str, args=None):
     except (OSError, UnicodeDecodeError) as error:  # unreadable, or a name the file system will not take
         raise Refusal(f"cannot read {path}: {error}", path="document", stage="validation") from None
     given = reader.load_json(text, path)
+    form, raw, repath = _lowered(given)  # the lowering's own refusals name the document's own paths
     if args is not None:
-        from .documents import protocol
-        args.format = protocol.shape(given)  # from here on, its refusals name its own paths (main)
-    form, raw, repath = _lowered(given)
-    if args is not None:
-        args.repath = repath
+        args.format, args.repath = form, repath  # from here on, so do the lowered document's (main)
     return given, raw, validate.points_of(raw)
 
 
