@@ -9,7 +9,7 @@
     passes (both with the head at the
     last position only, `logits_to_keep=1`, as the run computes it, SPEC Q8); on the Llama
     fixture and on a larger seeded Llama (8 layers, hidden 512) built the same way. Target: run at
-    most 1.25x the hand-written trace.
+    most 1.10x the hand-written trace on the fixture, 1.05x on the larger Llama (issue 33).
 (b) the character map: the run's linear construction (locate.linear_char_map) versus the
     decode-prefix definition (locate.char_map), on 256 rows of 512 tokens; every row checked equal.
     Target: 10x faster, identical output.
@@ -18,17 +18,17 @@
     that only loads the same model with weights.
 (e) documents/entity_patch.json (a write and its operand anchored to each row's entity) on 256 rows of
     ~400 tokens, Llama fixture: `run` (compile + execute, files written) versus the two bare forwards
-    it needs (transformers' forward with the head at the last position only). Target <= 1.25x.
+    it needs (transformers' forward with the head at the last position only). Target <= 1.15x.
 (f) peak RSS of (e) as `run` in a new process, versus a process that only loads the model. Target: at
     most the model's own resident size + 1.5 GiB.
 (g) a 16-head sweep at attention_premix[0] (head_patching.json's interchange, one point per head) on a
     seeded Llama with 16 heads: `run` versus a hand-written nnsight script doing the 17 forwards the
     experiment needs (one counterfactual, one patched per head, the head at -1 only) and computing each
     point's two metrics from the head it saved, values and metrics checked equal.
-    Target <= 1.15x.
+    Target <= 1.05x.
 (h) decode: 64 rows x 16 greedy steps, the head read at every step and block_output[0] written at every
     step: `run` versus a hand-written nnsight generate doing the same, values checked equal.
-    Target <= 1.25x.
+    Target <= 1.05x.
 (i) each verb as a new process against `python -c "import torch"`: a read-stage refusal (target <= 0.3x),
     `validate` and `explain` of documents/patching.json (targets <= 1.5x).
 (j) `conform` black-box over the whole packaged corpus against `python -m causalab_ref` as --impl (a new
@@ -76,6 +76,8 @@ DATA = DOCS / "data"
 LLAMA = "fixture:tiny-llama"
 BIG = "bench-llama-8x512"
 HEADS16 = "bench-llama-16-heads"
+# issue 33's targets: (a) on the fixture and on the 8x512 Llama, (e), (g), (h), each a ratio to its baseline
+A_TARGETS, E_TARGET, G_TARGET, H_TARGET = (1.10, 1.05), 1.15, 1.05, 1.05
 TABLE: list[tuple[str, str, str]] = []  # (what, measured, target: met or not) for README's table
 FULL = {"rows": 64, "repeats": 7, "b": (256, 512), "e": (256, 400), "e_repeats": 5, "g_rows": 64, "h": (64, 16),
         "i_repeats": 3, "j_only": None}
@@ -173,7 +175,7 @@ def same_scores(mine: dict, step, theirs: dict) -> None:
 # ---------------------------------------------------------------- (a)
 
 
-def bench_a(key: str, rows: int, repeats: int, tmp: pathlib.Path) -> None:
+def bench_a(key: str, rows: int, repeats: int, tmp: pathlib.Path, target: float) -> None:
     eng = load(key)
     doc = copy.deepcopy(DOC)
     doc["model"]["key"] = key
@@ -219,7 +221,8 @@ def bench_a(key: str, rows: int, repeats: int, tmp: pathlib.Path) -> None:
     print(f"(a) {key} ({what}), {rows} rows x {len(by_input['base'].ids[0])} tokens, 2 forwards; "
           f"compile {compile_s * 1e3:.1f} ms (once)")
     print(f"    run (execute, files written) {t['run'] * 1e3:8.2f} ms   = {ratio:.2f}x hand-written "
-          f"nnsight, {t['run'] / t['bare']:.2f}x bare forwards   [target <= 1.25x hand: {verdict(ratio <= 1.25)}]")
+          f"nnsight, {t['run'] / t['bare']:.2f}x bare forwards   "
+          f"[target <= {target}x hand: {verdict(ratio <= target)}]")
     print(f"    run_step (no files)          {t['run_step'] * 1e3:8.2f} ms   = {t['run_step'] / t['hand']:.2f}x hand, "
           f"{t['run_step'] / t['bare']:.2f}x bare")
     print(f"    hand-written nnsight trace   {t['hand'] * 1e3:8.2f} ms   = {t['hand'] / t['bare']:.2f}x bare")
@@ -228,7 +231,7 @@ def bench_a(key: str, rows: int, repeats: int, tmp: pathlib.Path) -> None:
                   f"{t['run'] * 1e3:.1f} ms = {ratio:.2f}x the hand-written nnsight trace ({t['hand'] * 1e3:.1f} ms, "
                   "head at -1, metrics computed), "
                   f"{t['run'] / t['bare']:.2f}x the bare forwards ({t['bare'] * 1e3:.1f} ms)",
-                  f"<= 1.25x hand-written: {verdict(ratio <= 1.25)}"))
+                  f"<= {target}x hand-written: {verdict(ratio <= target)}"))
 
 
 # ---------------------------------------------------------------- (b)
@@ -385,11 +388,11 @@ def bench_e(rows: int, tokens: int, repeats: int, tmp: pathlib.Path) -> None:
     print(f"(e) entity_patch.json, {rows} rows x {real:.0f} tokens (padded to {width}), anchored write and operand, "
           f"{LLAMA}; compile alone {compile_s:.2f} s; {sum(r['eligible'] for r in placed)}/{rows} rows placed")
     print(f"    run (compile + execute, files written) {t['run']:7.2f} s = {ratio:.2f}x the bare forwards "
-          f"({t['bare']:.2f} s)   [target <= 1.25x: {verdict(ratio <= 1.25)}]")
+          f"({t['bare']:.2f} s)   [target <= {E_TARGET}x: {verdict(ratio <= E_TARGET)}]")
     TABLE.append((f"(e) `run` of `documents/entity_patch.json` (write and operand anchored to each row's entity), "
                   f"{rows} rows x {real:.0f} tokens, {LLAMA}",
                   f"{t['run']:.2f} s (compile + execute) = {ratio:.2f}x the 2 bare forwards it needs "
-                  f"({t['bare']:.2f} s, head at the last position)", f"<= 1.25x: {verdict(ratio <= 1.25)}"))
+                  f"({t['bare']:.2f} s, head at the last position)", f"<= {E_TARGET}x: {verdict(ratio <= E_TARGET)}"))
 
 
 def bench_f(rows: int, tokens: int, tmp: pathlib.Path) -> None:
@@ -473,12 +476,12 @@ def bench_g(rows: int, repeats: int, tmp: pathlib.Path) -> None:
           f"{len(bs_in['input_ids'][0])} tokens: {len(leaves)} points, {forwards} forwards run; compile "
           f"{compile_s * 1e3:.0f} ms (once)")
     print(f"    run (execute, files written) {t['run'] * 1e3:8.1f} ms = {ratio:.2f}x the hand-written nnsight script "
-          f"({t['hand'] * 1e3:.1f} ms, {heads + 1} forwards)   [target <= 1.15x: {verdict(ratio <= 1.15)}]")
+          f"({t['hand'] * 1e3:.1f} ms, {heads + 1} forwards)   [target <= {G_TARGET}x: {verdict(ratio <= G_TARGET)}]")
     TABLE.append((f"(g) {heads}-head sweep at `attention_premix[0]` (one point per head), {rows} rows, a seeded Llama "
                   "with 16 heads (2 layers, hidden 256)",
                   f"{t['run'] * 1e3:.0f} ms, {forwards} forwards = {ratio:.2f}x the hand-written nnsight script doing "
                   f"the {heads + 1} forwards ({t['hand'] * 1e3:.0f} ms, head at -1, metrics computed)",
-                  f"<= 1.15x: {verdict(ratio <= 1.15)}"))
+                  f"<= {G_TARGET}x: {verdict(ratio <= G_TARGET)}"))
 
 
 # ---------------------------------------------------------------- (h): decode with a read and a write per step
@@ -544,11 +547,11 @@ def bench_h(rows: int, steps: int, repeats: int, tmp: pathlib.Path) -> None:
     print(f"(h) decode on {LLAMA}: {rows} rows x {steps} greedy steps, block_output[0] written and the head read at "
           "every step")
     print(f"    run (execute, files written) {t['run'] * 1e3:8.1f} ms = {ratio:.2f}x a hand-written nnsight generate "
-          f"({t['hand'] * 1e3:.1f} ms)   [target <= 1.25x: {verdict(ratio <= 1.25)}]")
+          f"({t['hand'] * 1e3:.1f} ms)   [target <= {H_TARGET}x: {verdict(ratio <= H_TARGET)}]")
     TABLE.append((f"(h) decode, {rows} rows x {steps} greedy steps, `block_output[0]` written and the head read at "
                   f"every step, {LLAMA}",
                   f"{t['run'] * 1e3:.0f} ms = {ratio:.2f}x a hand-written nnsight generate ({t['hand'] * 1e3:.0f} ms)",
-                  f"<= 1.25x: {verdict(ratio <= 1.25)}"))
+                  f"<= {H_TARGET}x: {verdict(ratio <= H_TARGET)}"))
 
 
 # ---------------------------------------------------------------- (i): validate and explain as a new process
@@ -687,10 +690,10 @@ def main() -> int:
         if "f" in only:  # first, while this process is small: it runs in a process of its own anyway
             bench_f(*size["e"], tmp / "f")
         if "a" in only:
-            bench_a(LLAMA, size["rows"], 5 * repeats, tmp / "small")  # ~0.1 s a repeat, so more repeats
+            bench_a(LLAMA, size["rows"], 5 * repeats, tmp / "small", A_TARGETS[0])  # ~0.1 s a repeat: more repeats
             big = register(BIG, 2001, "a larger Llama, 8 layers, hidden 512", hidden_size=512, intermediate_size=1376,
                            num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=8)
-            bench_a(big, size["rows"], repeats, tmp / "big")
+            bench_a(big, size["rows"], repeats, tmp / "big", A_TARGETS[1])
         if "b" in only:
             bench_b(*size["b"], max(1, repeats // 3))
         if "c" in only:

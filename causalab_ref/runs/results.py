@@ -122,7 +122,8 @@ def clean_stale(out: Path) -> None:
     """What a killed run left beside --out is never a result: its staging folder is removed, and an old
     result it had moved aside is put back if --out is missing, else removed Only this tool's
     folders, matched by their exact names, of a process that is not alive, are touched (SPEC.md S7)."""
-    for entry in sorted(os.listdir(out.parent)):
+    mine = f".{out.name}."  # every name writer_of matches starts so: a folder of many runs is not parsed entry by entry
+    for entry in sorted(e for e in os.listdir(out.parent) if e.startswith(mine)):
         for kind in ("partial", "old"):
             pid = writer_of(entry, out.name, kind)
             if pid is None:

@@ -137,3 +137,55 @@ def test_the_tokens_over_a_span_found_by_bisection_are_the_scans():
         for lo in range(-1, end + 2):
             for hi in range(lo, end + 3):
                 assert locate._tokens_over(offsets, lo, hi) == scan(offsets, lo, hi), (offsets, lo, hi)
+
+
+# ---------------------------------------------------------------- the results folder
+
+
+@pytest.mark.fast
+def test_stale_cleanup_among_many_runs_removes_what_a_scan_of_every_entry_removes(tmp_path):
+    """SPEC.md:1564 [Q29] beside --out `res`: other runs' folders and files (`0`..`299`, `.res2.partial-pid…`, `res.x`,
+    `.res.lock`) and a dead run's staging folder of each kind; exactly the entries `writer_of` names as a dead
+    run's of `res` go, as a scan of every entry decides, and the rest stay."""
+    from causalab_ref.runs import results
+    from causalab_ref.shapes import writer_of
+
+    dead = 999999999
+    names = [str(k) for k in range(300)] + [f".res2.partial-pid{dead}-abcd1234", "res.x", ".res.lock",
+                                             f".res.partial-pid{dead}-abcd1234", f".res.partial-pid{dead}-abc",
+                                             f".res.old-pid{dead}-zzzz0000", f".res.partial-pid{dead}-abcd1234.x"]
+    for name in names:
+        (tmp_path / name).mkdir()
+    (tmp_path / "res").mkdir()  # --out exists: an `old` folder is removed, not put back
+    scanned = {e for e in names for kind in ("partial", "old") if writer_of(e, "res", kind) is not None}
+    assert scanned == {f".res.partial-pid{dead}-abcd1234", f".res.old-pid{dead}-zzzz0000"}
+    results.clean_stale(tmp_path / "res")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(set(names) - scanned | {"res"})
+
+
+# ---------------------------------------------------------------- the match metric
+
+
+@pytest.mark.fast
+def test_argmax_is_is_argmax_equal_with_ties_infinities_and_nan():
+    """SPEC.md:1570 [Q30] rows of few distinct values (ties everywhere), rows with +inf, -inf, all -inf, NaN at the
+    front, middle and end; each row's expected id before, at and after its first maximum: the match is exactly
+    `argmax(-1) == expected`, so the metric's values are argmax's."""
+    from causalab_ref.documents import metrics
+
+    gen = torch.Generator().manual_seed(0)
+    for width in (1, 2, 5, 64, 1000):
+        m = torch.randint(0, 3, (12, width), generator=gen).float()
+        m[1, width // 2] = float("inf")
+        m[2] = float("-inf")
+        m[3, 0] = float("nan")
+        m[4, -1] = float("nan")
+        m[5, width // 2] = float("-inf")
+        m[6, width // 2] = float("nan")
+        m[6, 0] = float("inf")
+        first = m.argmax(-1)
+        for expected in (first, (first - 1).clamp(min=0), (first + 1).clamp(max=width - 1),
+                         torch.randint(0, width, (12,), generator=gen), torch.zeros(12, dtype=torch.long)):
+            assert torch.equal(metrics.argmax_is(m, expected), m.argmax(-1) == expected), (width, expected)
+            assert torch.equal(metrics.KINDS["match"].score(m, {"expected": expected}),
+                               (m.argmax(-1) == expected).float())
