@@ -144,7 +144,7 @@ def test_the_tokens_over_a_span_found_by_bisection_are_the_scans():
 
 @pytest.mark.fast
 def test_stale_cleanup_among_many_runs_removes_what_a_scan_of_every_entry_removes(tmp_path):
-    """SPEC.md:1564 [Q29] beside --out `res`: other runs' folders and files (`0`..`299`, `.res2.partial-pid…`, `res.x`,
+    """SPEC.md:1562 [Q29] beside --out `res`: other runs' folders and files (`0`..`299`, `.res2.partial-pid…`, `res.x`,
     `.res.lock`) and a dead run's staging folder of each kind; exactly the entries `writer_of` names as a dead
     run's of `res` go, as a scan of every entry decides, and the rest stay."""
     from causalab_ref.runs import results
@@ -168,7 +168,7 @@ def test_stale_cleanup_among_many_runs_removes_what_a_scan_of_every_entry_remove
 
 @pytest.mark.fast
 def test_argmax_is_is_argmax_equal_with_ties_infinities_and_nan():
-    """SPEC.md:1570 [Q30] rows of few distinct values (ties everywhere), rows with +inf, -inf, all -inf, NaN at the
+    """SPEC.md:1565 [Q30] rows of few distinct values (ties everywhere), rows with +inf, -inf, all -inf, NaN at the
     front, middle and end; each row's expected id before, at and after its first maximum: the match is exactly
     `argmax(-1) == expected`, so the metric's values are argmax's."""
     from causalab_ref.documents import metrics
