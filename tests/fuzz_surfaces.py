@@ -465,7 +465,7 @@ def fixtures_folder(tmp: pathlib.Path) -> pathlib.Path:
     folder = tmp / "exported"
     if not (folder / "manifest.json").exists():
         done = inprocess.cli("fixtures", "export", str(folder), "--key", "fixture:tiny-llama", "--key",
-                             "fixture:tiny-gpt2")
+                             "fixture:tiny-gpt2", "--key", "fixture:distributed-gpt2")
         if done.returncode != 0:
             raise RuntimeError(f"fixtures export failed: {done.stderr}")
     return folder

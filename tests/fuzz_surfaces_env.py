@@ -29,6 +29,9 @@ from typing import Optional
 import fuzzing
 
 PATCHING = fuzzing.REPO / "documents" / "patching.json"
+#: the exported fixtures a damaged copy is taken from, each with a document that runs on it: the seeded Llama,
+#: and the trained GPT-2 (GPT-2's tokenizer path, a trained checkpoint's files; SPEC.md X28)
+EXPORTED = (("tiny-llama", PATCHING), ("distributed-gpt2", fuzzing.REPO / "documents" / "distributed_random_control.json"))
 TOKENIZER_ENV, CACHE_ENV, MAP_ENV, OFFLINE_ENV = (
     "CAUSALAB_REF_LLAMA_TOKENIZER", "CAUSALAB_REF_CACHE", "CONFORM_CHECKPOINTS", "HF_HUB_OFFLINE")
 ENV_NAMES = (TOKENIZER_ENV, CACHE_ENV, MAP_ENV, OFFLINE_ENV)
@@ -205,14 +208,14 @@ def _damage(rng: random.Random, folder: pathlib.Path, sentinel: pathlib.Path, or
 
 
 def damaged_export(rng: random.Random, tmp: pathlib.Path, sentinel: pathlib.Path,
-                   fixtures: pathlib.Path) -> pathlib.Path:
-    """tmp/exp/tiny-llama: a copy of the exported Llama fixture (the manifest beside it, maybe edited),
-    damaged zero to three times."""
+                   fixtures: pathlib.Path, name: str = "tiny-llama") -> pathlib.Path:
+    """tmp/exp/<name>: a copy of an exported fixture (the manifest beside it, maybe edited), damaged zero to
+    three times."""
     base = tmp / "exp"
     shutil.rmtree(base, ignore_errors=True)
     base.mkdir()
-    folder = base / "tiny-llama"
-    shutil.copytree(fixtures / "tiny-llama", folder)
+    folder = base / name
+    shutil.copytree(fixtures / name, folder)
     if rng.random() < 0.8:
         shutil.copyfile(fixtures / "manifest.json", base / "manifest.json")
         if rng.random() < 0.2:
@@ -221,7 +224,7 @@ def damaged_export(rng: random.Random, tmp: pathlib.Path, sentinel: pathlib.Path
             (base / "manifest.json").write_bytes(fuzzing._text(rng, raw).encode("utf-8", "surrogatepass"))
     for _ in range(rng.choice([0, 1, 1, 2, 3])):
         try:
-            _damage(rng, folder, sentinel, fixtures / "tiny-llama")
+            _damage(rng, folder, sentinel, fixtures / name)
         except (OSError, ValueError, RecursionError):  # a damage the file system (or a broken JSON) will not take
             pass
     return folder
@@ -274,10 +277,11 @@ def exported_case(rng: random.Random, tmp: pathlib.Path, sentinel: pathlib.Path,
         target = _export_target(rng, victim, fixtures)
         keys = rng.choice([["--key", "fixture:tiny-llama"], ["--key", "fixture:tiny-llama", "--key", "fixture:nope"]])
         return [["fixtures", "export", str(target)] + keys], {}, [victim, fixtures]
-    folder = damaged_export(rng, tmp, sentinel, fixtures)
-    key = rng.choice([str(folder), str(folder) + "/", "../exp/tiny-llama", "./../exp/tiny-llama",
-                      str(folder.parent / "." / "tiny-llama")])
-    raw = json.loads(PATCHING.read_text(encoding="utf-8"))
+    name, document = EXPORTED[0] if rng.random() < 0.75 else EXPORTED[1]
+    folder = damaged_export(rng, tmp, sentinel, fixtures, name)
+    key = rng.choice([str(folder), str(folder) + "/", f"../exp/{name}", f"./../exp/{name}",
+                      str(folder.parent / "." / name)])
+    raw = json.loads(document.read_text(encoding="utf-8"))
     raw["model"]["key"] = key
     if rng.random() < 0.3:
         raw["model"]["revision"] = rng.choice(["main", "", "x" * 300, "seeded"])

@@ -1,8 +1,9 @@
-"""Plot: a run's results folder drawn as a researcher looks at it (SPEC.md §14, FG1-FG7).
+"""Plot: a run's results folder drawn as a researcher looks at it (SPEC.md §14, FG1-FG8).
 
 A figure has one panel per metric table the run wrote and one per fit's loss curve. A metric over a sweep
 is a heatmap of its mean over eligible rows (two sweep axes: the first down, the second across; one axis:
-a single row); a metric of a run with no sweep is a bar per row. A sweep axis that moves the positions a
+a single row); a metric of a run with no sweep is a bar per row, and one metric held by several tables of
+such a run (a method beside its controls) is first drawn as one bar per table, its mean. A sweep axis that moves the positions a
 table reports is labelled by each point's decoded tokens as well as its value. Nothing here writes inside
 the results folder; the figure goes to its own file, whole or not at all.
 
@@ -36,6 +37,8 @@ VALUE_CHARS = 6
 TOKEN_CHARS = 16
 #: a heatmap's ticks are turned when their columns hold more characters than this, laid side by side (FG3)
 ROW_CHARS = 60
+#: a bar panel of at most this many bars writes each bar's value above it (FG8)
+LABELLED_BARS = 8
 
 
 @dataclass(frozen=True)
@@ -222,10 +225,21 @@ def _heatmap(points, rows_of: dict, landed: dict) -> Panel:
 def _bars(table: str, rows: list[dict]) -> Panel:
     first = rows[0]
     eligible = [r for r in rows if r.get("eligible")]
-    title = f"{first['metric']} ({first.get('unit', '')}): {len(eligible)} of {len(rows)} rows eligible"
+    title = f"{table}: {first['metric']} ({first.get('unit', '')}): {len(eligible)} of {len(rows)} rows eligible"
     values = tuple(map(_number, rows))
     return Panel("bars", title, values, xlabel="example_id", ylabel=first.get("unit", ""),
                  xticks=tuple(str(r.get("example_id", k)) for k, r in enumerate(rows)))
+
+
+def _means(tables: dict[str, list[dict]]) -> list[Panel]:
+    """One panel per metric that two or more tables of a run with no sweep hold (the same `metric` and `unit`):
+    a bar per table, its mean over eligible rows with a finite value (FG8); a table with no such row is 0."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for name, rows in tables.items():
+        groups.setdefault((str(rows[0].get("metric")), str(rows[0].get("unit", ""))), []).append(name)
+    return [Panel("bars", f"{metric} ({unit}): the mean of each table", tuple(_mean(tables[n]) for n in names),
+                  xlabel="table", ylabel=unit, xticks=tuple(names))
+            for (metric, unit), names in groups.items() if len(names) > 1]
 
 
 def check_folder(out: Path) -> None:
@@ -247,6 +261,8 @@ def panels(out: Path, plan: Optional[list[dict]] = None) -> list[Panel]:
     found: list[Panel] = []
     read = {tuple(v for _a, v in axes): _tables(folder) for axes, folder in points}  # each folder's files read once
     names = sorted({t for tables in read.values() for t in tables})
+    if not points[0][0]:
+        found.extend(_means(read[()]))
     for table in names:
         rows_of = {values: tables.get(table, []) for values, tables in read.items()}
         if points[0][0]:
@@ -295,8 +311,14 @@ def _draw_panel(ax, panel: Panel) -> None:
             for x, v in enumerate(row):
                 ax.text(x, y, "-" if v is None else f"{v:.3g}", ha="center", va="center", fontsize=6, color="w")
     elif panel.kind == "bars":
-        ax.bar(range(len(panel.values)), [0 if v is None else v for v in panel.values])
-        ax.set_xticks(range(len(panel.xticks)), panel.xticks, fontsize=7)
+        heights = [0 if v is None else v for v in panel.values]
+        ax.bar(range(len(heights)), heights)
+        crowded = sum(len(t) for t in panel.xticks) > ROW_CHARS  # FG8: a crowded row stands on end
+        ax.set_xticks(range(len(panel.xticks)), panel.xticks, fontsize=5 if crowded else 7,
+                      rotation=90 if crowded else 0)
+        if len(heights) <= LABELLED_BARS:  # a few bars (FG8's means) carry their numbers
+            for x, v in enumerate(panel.values):
+                ax.text(x, heights[x], "-" if v is None else f"{v:.3g}", ha="center", va="bottom", fontsize=8)
     else:
         ax.plot(range(len(panel.values)), panel.values, marker="o")
 

@@ -282,6 +282,20 @@ MUTANTS = [
     ("a row's window counted from the padded batch's first column, not the row's first token", "P26",
      "positions/locate.py", "windows.append(tuple(frame.starts[row] + a + i for i in cut))",
      "windows.append(tuple(a + i for i in cut))"),
+    # Finding-grounded on fixture:distributed-gpt2 (SPEC.md X31-X33): the subspace featurizer, the fit loop and
+    # the pca featurizer. On the weekday fixture the fit reaches IIA 1 after its first epoch and the pca plane is
+    # the causal one, so these bugs leave every weekday case's IIA where it was; the team's plane is a small
+    # variance beside the nuisance's, the fit needs about seven epochs to find it, and a control must stay at 0.
+    ("the fit runs its first epoch only", "FZ14", "featurizers/fit.py",
+     "    for e, epoch in enumerate(updates):", "    for e, epoch in enumerate(itertools.islice(updates, 1)):"),
+    ("each epoch runs its first update only", "FZ12", "featurizers/fit.py",
+     "        for u, update in enumerate(epoch):", "        for u, update in enumerate(epoch[:1]):"),
+    ("the fit's AdamW at torch's default lr, not the document's", "FZ14", "featurizers/fit.py",
+     "optimizer = torch.optim.AdamW(leaves, lr=settings.lr,", "optimizer = torch.optim.AdamW(leaves, lr=1e-3,"),
+    ("early stopping after one epoch without improvement, not patience", "FZ16", "featurizers/fit.py",
+     "            if waited >= settings.patience:", "            if waited >= 1:"),
+    ("the Cayley matrix not made skew (A = W Eᵀ)", "FZ2", "featurizers/kinds.py",
+     "    skew = weight @ first.T - first @ weight.T", "    skew = weight @ first.T"),
 ]
 
 

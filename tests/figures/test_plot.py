@@ -117,6 +117,38 @@ def test_a_bar_whose_value_is_not_a_number_is_drawn_at_zero(tmp_path):
     assert cli.main(["plot", str(out), "--out", str(tmp_path / "f.svg")]) == 0 and (tmp_path / "f.svg").stat().st_size
 
 
+def test_one_metric_in_several_tables_is_first_drawn_as_a_bar_per_table(tmp_path):
+    """SPEC.md:1984 [FG8] a run with no sweep whose tables hold one metric twice or more: a first panel of that
+    metric, a bar per table in path order at its mean over eligible rows (None where no row counts); each
+    per-row panel is titled by its table's path; a metric held by one table gets no such panel."""
+    out = _run(_patching(), tmp_path, "plain")
+    rows = json.loads((out / "iia.json").read_text(encoding="utf-8"))
+    control = [dict(r, value=0.0 if k else 1.0) for k, r in enumerate(rows)]
+    (out / "control_iia.json").write_text(json.dumps(control), encoding="utf-8")
+    (out / "empty_iia.json").write_text(json.dumps([dict(r, eligible=False) for r in rows]), encoding="utf-8")
+    found = plot.panels(out)
+    first = found[0]
+    assert first.kind == "bars" and first.xticks == ("control_iia.json", "empty_iia.json", "iia.json")
+    assert first.values == (1 / len(rows), None, _mean(out / "iia.json")) and first.title.startswith("iia")
+    assert [p.title.split(":")[0] for p in found[1:]] == ["control_iia.json", "empty_iia.json", "iia.json",
+                                                          "logit_diff.json"]
+    assert cli.main(["plot", str(out), "--out", str(tmp_path / "f.svg")]) == 0
+
+
+def test_a_crowded_row_of_bar_ticks_is_turned_on_end(tmp_path):
+    """SPEC.md:1984 [FG8] a bar panel whose ticks hold more than 60 characters side by side is turned 90
+    degrees; one whose ticks fit is not."""
+    out = _run(_patching(), tmp_path, "plain")
+    rows = json.loads((out / "iia.json").read_text(encoding="utf-8"))
+    long = [dict(r, example_id=f"{k}-" + "x" * 60) for k, r in enumerate(rows)]
+    (out / "long_iia.json").write_text(json.dumps(long), encoding="utf-8")
+    (out / "iia.json").write_text(json.dumps([dict(r, example_id=str(k)) for k, r in enumerate(rows)]),
+                                  encoding="utf-8")
+    fig = plot.figure(out)
+    turned = {ax.get_title().split(":")[0]: ax.get_xticklabels()[0].get_rotation() for ax in fig.axes}
+    assert turned["iia.json"] == 0 and turned["long_iia.json"] == 90
+
+
 def test_a_fits_loss_curve_is_a_line_over_updates(tmp_path):
     """SPEC.md:2048 [FG5] a save of `<fit>/loss` is drawn as the losses in update order, read from its tensor file."""
     from safetensors.torch import load_file
