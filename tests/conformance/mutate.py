@@ -70,10 +70,15 @@ MUTANTS = [
      "((frame.ends[row] - frame.starts[row] + where.index - a,), '')"),
     ("keep BOS at index 0", "P24", "positions/locate.py",
      "        first += len(prefix)", "        first += 0"),
+    # _tokens_over finds the overlap by bisection (Q28); each mutant is the bisection of the old scan's mutant.
     ("tokens contained in the span, not overlapping it", "P23", "positions/locate.py",
-     "if offsets[k] < hi and offsets[k + 1] > lo]", "if offsets[k] >= lo and offsets[k + 1] <= hi]"),
+     "first = max(bisect_right(offsets, lo, 1, n + 1) - 1, 0)  # the first k with offsets[k + 1] > lo\n"
+     "    end = bisect_left(offsets, hi, 0, n)",
+     "first = bisect_left(offsets, lo, 0, n)  # the first k with offsets[k] >= lo\n"
+     "    end = bisect_right(offsets, hi, 1, n + 1) - 1"),
     ("a token that covers no character stretched over the next one", "P23", "positions/locate.py",
-     "if offsets[k] < hi and offsets[k + 1] > lo]", "if offsets[k] < hi and max(offsets[k + 1], offsets[k] + 1) > lo]"),
+     "first = max(bisect_right(offsets, lo, 1, n + 1) - 1, 0)",
+     "first = min(bisect_left(offsets, lo, 0, n), max(bisect_right(offsets, lo, 1, n + 1) - 1, 0))"),
     ("chat turns searched from the start of the prompt", "P11", "positions/locate.py",
      "lo = text.find(content, at)", "lo = text.find(content)"),
     ("bare role name for a role that spoke twice", "P12", "positions/locate.py",
