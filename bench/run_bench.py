@@ -1,6 +1,6 @@
 """Benchmarks (not a test): ratios measured side by side in one run.
 
-    python bench/run_bench.py [--quick] [--only a,b,c,d,e,f,g,h,i,j] [--repeats 7] [--markdown FILE]
+    python bench/run_bench.py [--quick] [--only a,b,c,d,e,f,g,h,i,j,k] [--repeats 7] [--markdown FILE]
 
 (a) `run` of the interchange document (documents/patching.json: block_output[0] at -1 read on the
     counterfactual, swapped into the base run, the head read at -1) on 64 rows, versus a hand-written
@@ -35,6 +35,10 @@
     process per verb call, the fixture folders exported beforehand, the fixture cache made unusable, as
     tests/conformance/selfcheck.py runs it; --jobs at its default, the core count): seconds per case.
     Target <= 3 s a case, and every verdict identical to the in-process `conform` (a mismatch fails the row).
+(k) a logit lens over every layer (documents/layer_sweep.json with `"layers": "all"`, token_prob of the base
+    answer) on 64 rows of the 8-layer seeded Llama: `run` (one point per layer, the points sharing one forward,
+    SPEC Q32) versus a hand-written nnsight trace tapping every layer's block_output at -1 in one forward and
+    projecting each tap through the final norm and the head, values checked equal. Target <= 1.10x.
 Timings are medians of interleaved repeats. CPU threads are pinned to 1 for stable numbers. `--quick`
 runs every row at toy sizes (a check that the script works, not a measurement).
 """
@@ -652,6 +656,51 @@ def bench_j(only, tmp: pathlib.Path) -> None:
 # ---------------------------------------------------------------- main
 
 
+# ---------------------------------------------------------------- (k)
+
+
+def bench_k(rows: int, repeats: int, tmp: pathlib.Path) -> None:
+    key = register(BIG, 2001, "a larger Llama, 8 layers, hidden 512", hidden_size=512, intermediate_size=1376,
+                   num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=8)
+    eng = load(key)
+    doc = json.loads((DOCS / "layer_sweep.json").read_text(encoding="utf-8"))
+    doc["model"]["key"], doc["sites"]["resid"]["layers"] = key, "all"
+    plan = compiler.compile_document(doc, eng, repeated_rows(tmp, rows))
+    step = plan.leaves()[0].steps[0]
+    inputs, n, model = inputs_of(step.forwards[0]), eng.num_layers, eng.model
+    norm, head = eng.final_modules()
+    metric = next(m for m in step.metrics if m.kind == "token_prob")
+    ids = torch.tensor([i or 0 for i in metric.answers[0][1]])
+    out = tmp / "out"
+
+    def hand():  # one forward, every layer tapped at the last token, each projected through norm and head
+        taps: list = []
+        with torch.no_grad():
+            with model.trace(inputs, logits_to_keep=1):
+                for i in range(n):
+                    taps.append(model.layers_output[i][:, -1, :].save())
+            rows_ = torch.arange(len(ids))
+            return [torch.softmax(head(norm(_value(t))), dim=-1)[rows_, ids] for t in taps]
+
+    def execute():
+        return run.execute(plan, eng, fresh(out), progress=False)
+
+    execute()
+    done = OUTS[-1] / str(len(OUTS) - 1)
+    for layer, mine in enumerate(hand()):
+        table = json.loads((done / f"layers={layer}" / "p_answer.json").read_text(encoding="utf-8"))
+        assert all(abs(float(v) - r["value"]) <= 1e-5 for v, r in zip(mine, table)), layer
+    t = side_by_side({"run": execute, "hand": hand}, repeats)
+    ratio = t["run"] / t["hand"]
+    print(f"(k) layers \"all\" logit lens, {key} ({n} layers), {rows} rows: run {t['run'] * 1e3:.1f} ms = {ratio:.2f}x "
+          f"the hand-written trace tapping every layer ({t['hand'] * 1e3:.1f} ms)   "
+          f"[target <= 1.10x: {verdict(ratio <= 1.10)}]")
+    TABLE.append((f"(k) `layers: \"all\"` logit lens (token_prob), {rows} rows, {key} ({n} layers, one point each)",
+                  f"{t['run'] * 1e3:.1f} ms = {ratio:.2f}x a hand-written nnsight trace tapping every layer in one "
+                  f"forward, each tap through the final norm and head ({t['hand'] * 1e3:.1f} ms)",
+                  f"<= 1.10x: {verdict(ratio <= 1.10)}"))
+
+
 def machine() -> str:
     cpu = next((line.split(":", 1)[1].strip() for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor() or "unknown CPU")
@@ -674,7 +723,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="toy sizes: checks the script runs, measures nothing")
     parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--only", default="a,b,c,d,e,f,g,h,i,j")
+    parser.add_argument("--only", default="a,b,c,d,e,f,g,h,i,j,k")
     parser.add_argument("--markdown", default=None, help="also write the results as README's table to this file")
     args = parser.parse_args()
     size = dict(QUICK if args.quick else FULL)
@@ -710,6 +759,8 @@ def main() -> int:
             bench_i(size["i_repeats"])
         if "j" in only:
             bench_j(size["j_only"], tmp / "j")
+        if "k" in only:
+            bench_k(size["rows"], repeats, tmp / "k")
     table = markdown()
     print("\n" + table)
     if args.markdown:

@@ -64,10 +64,9 @@ def _compile(args, engine_name: str, weights: bool = False, device_map: str = "c
     """The one pass down: read -> lower (a protocol document to the plan-shaped one it means) -> validate
     (each point once) -> load the model -> compile. A protocol document's plan keeps the document as
     given and the protocol's digest (SPEC.md PR15, PR16)."""
-    from dataclasses import replace
-
     from .documents import protocol, stepsfirst
     from .runs import memory
+    from .runs.plan import with_digest
     budget = memory.parse_budget(getattr(args, "memory_budget", None))
     given, raw, points = _read_document(args.document, args)  # refusals up to here import no torch (Q17)
     from .engines import loading
@@ -76,10 +75,9 @@ def _compile(args, engine_name: str, weights: bool = False, device_map: str = "c
                                  lambda e: compiler.compile_document(raw, e, Path(args.data_root), points,
                                                                      budget=budget),
                                  kind=engine_name, weights=weights, device_map=device_map)
-    if args.format == "protocol":
-        plan = replace(plan, digest=protocol.digest(given), raw=given)
-    if args.format == "steps-first":
-        plan = replace(plan, digest=stepsfirst.digest(given), raw=given)
+    if args.format != "plan-shaped":
+        own = protocol.digest if args.format == "protocol" else stepsfirst.digest
+        plan = with_digest(plan, own(given), given)
     return raw, eng, plan
 
 

@@ -29,7 +29,7 @@ import inprocess
 import invariant
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-DOCUMENTS = sorted((REPO / "documents").glob("*.json"))
+DOCUMENTS = sorted((REPO / "documents").glob("*.json")) + sorted((REPO / "documents" / "steps_first").glob("*.json"))
 DATA = REPO / "documents" / "data"
 STAGES = ("validation", "compile", "run", "usage")
 
@@ -153,12 +153,47 @@ def _text(rng: random.Random, tree: Any) -> str:
     return text
 
 
+LAYERS = ["all", "all", "ALL", ["all"], {"sweep": ["all", [0]]}, {"sweep": [[0], [1]], "as": "layers"}]
+
+
+def _cycle(rng: random.Random, steps: dict) -> None:
+    """A steps-first reference back: an earlier forward step swaps in a later step's read (a cycle when the
+    later one names it, a forward reference otherwise), or a step's `of` names itself."""
+    runs = [n for n, s in steps.items() if isinstance(s, dict) and s.get("kind") == "forward" and s.get("reads")]
+    others = [n for n, s in steps.items() if isinstance(s, dict) and "of" in s]
+    if len(runs) >= 2 and rng.random() < 0.7:
+        first, last = runs[0], runs[-1]
+        read = next(iter(steps[last]["reads"]))
+        sites = [r.get("site") for r in steps[first]["reads"].values() if isinstance(r, dict)]
+        steps[first]["interventions"] = {"writes": {"back": {"site": sites[0] if sites else "target", "pos": -1,
+                                                             "mechanism": "swap", "operand": f"{last}.{read}"}}}
+    elif others:
+        name = rng.choice(others)
+        steps[name]["of"] = f"{name}.{name}" if rng.random() < 0.5 else steps[name]["of"]
+
+
+def language(rng: random.Random, raw: Any) -> Any:
+    """The later language's fields (issue #32): a site's layers made "all" (or a wrong spelling of it), and in a
+    steps-first document a reference that closes a cycle."""
+    raw = copy.deepcopy(raw)
+    sites = raw.get("sites") if isinstance(raw, dict) else None
+    if isinstance(sites, dict) and sites and rng.random() < 0.6:
+        site = sites[rng.choice(sorted(sites))]
+        if isinstance(site, dict):
+            site["layers"] = copy.deepcopy(rng.choice(LAYERS))
+    if isinstance(raw, dict) and "data" in raw and isinstance(raw.get("steps"), dict) and rng.random() < 0.5:
+        _cycle(rng, raw["steps"])
+    return raw
+
+
 def case(rng: random.Random, tmp: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path, str]:
     """A mutated document (and maybe a mutated data root) in `tmp`; returns (doc, data root, source name)."""
     source = rng.choice(DOCUMENTS)
     raw = json.loads(source.read_text(encoding="utf-8"))
     root = DATA
     which = rng.random()
+    if rng.random() < 0.2:  # the later language's fields, before any other edit (SPEC.md D34-D36, SF6)
+        raw = language(rng, raw)
     if which < 0.7:
         raw = mutate_tree(rng, raw, _keys(raw))
     if which >= 0.55:  # mutate a data table too (or only)

@@ -9,7 +9,7 @@ epochs, is the one callable). `Plan.text()` is `explain`'s text (SPEC.md §4 Run
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Optional
 
 from ..positions import locate
@@ -266,6 +266,18 @@ class Plan:
 
 
 # ---------------------------------------------------------------- explain's structured plan
+
+
+def with_digest(plan: Plan, digest: str, raw: Any) -> Plan:
+    """The plan of a document read in another format, carrying that format's own digest and text (SPEC.md
+    PR15, SF15): on its root and, unswept, on every output's stamp too, so a table and a tensor file it writes
+    name one produced_by (a sweep point keeps its point's)."""
+    def restamped(step):
+        stamps = tuple((name, tuple((k, digest if k == "produced_by" and v == plan.digest else v) for k, v in meta))
+                       for name, meta in getattr(step, "stamps", ()))
+        return replace(step, stamps=stamps) if stamps else step
+    steps = plan.steps if plan.points else tuple(restamped(step) for step in plan.steps)
+    return replace(plan, digest=digest, raw=raw, steps=steps)
 
 
 def plan_json(plan, engine) -> list[dict]:

@@ -152,6 +152,85 @@ def lower_protocol(doc):
                                   "saves": [{"value": s["value"], "file_path": s["file_path"]} for s in m["save"]]}}}
 
 
+def lower_steps_first(doc):
+    """SPEC §15 (SF3-SF10): a steps-first document as the plan-shaped one it means (forward, metric and
+    reduce steps; one intervention and one observe step per stage, `stage<k>`)."""
+    body = {n: st for n, st in doc["steps"].items() if n != "saves"}
+    runs = [n for n, st in body.items() if st["kind"] in ("forward", "generate")]
+    reduces = [n for n, st in body.items() if st["kind"] == "reduce"]
+
+    def named(st):  # the steps a step's references name, and whether each is a reduce value swapped in
+        out = [(st[k].split(".")[0], False) for k in ("of", "against") if isinstance(st.get(k), str)]
+        for w in st.get("interventions", {}).get("writes", {}).values():
+            op = w.get("operand")
+            if isinstance(op, str):
+                out.append((op, True) if op in reduces else (op.split(".")[0], False))
+        return out
+    stage = {n: 0 for n in body}
+    for _ in range(len(body) + 1):
+        for n, st in body.items():
+            deps = named(st)
+            level = max([stage[n]] + [stage[d] + (1 if later else 0) for d, later in deps])
+            for d in [n] + [d for d, later in deps if not later]:
+                stage[d] = max(stage[d], level)
+    metric_of = [body[n]["of"].split(".")[0] for n in body if body[n]["kind"] == "metric"]
+    order = sorted(runs, key=lambda n: (n != (metric_of[0] if metric_of else runs[0]), runs.index(n)))
+    role, roles, rows = {}, {}, {}
+    for n in order:
+        pair = (body[n]["data"], body[n]["field"])
+        have = [r for r, p in roles.items() if p == pair]
+        role[n] = have[0] if have else ("base" if not roles else n)
+        roles[role[n]] = pair
+    base_data = roles["base"][0]
+
+    def ref(x):
+        return x.replace(".", ":", 1)
+    ivs, steps = {}, {}
+    for k in range(max(stage.values()) + 1):
+        name = f"stage{k + 1}"
+        iv = {"reads": {}, "writes": {}, "models": {}, "metrics": {}}
+        outputs = {}
+        for n in [n for n in body if stage[n] == k]:
+            st = body[n]
+            if st["kind"] == "reduce":
+                outputs[n] = {"read": ref(st["of"]), "reduce": st["reduce"], **({"k": st["k"]} if "k" in st else {})}
+            elif st["kind"] == "metric":
+                m = {"kind": st["metric"]}
+                for key, v in st.items():
+                    if key not in ("kind", "metric"):
+                        m[key] = (v[len(base_data) + 1:] if isinstance(v, str) and v.startswith(base_data + ".")
+                                  else ref(v) if isinstance(v, str) and v.split(".")[0] in runs else v)
+                iv["metrics"][n] = m
+            else:
+                writes = st.get("interventions", {}).get("writes", {})
+                model = n if writes else "original"
+                for r, x in st["reads"].items():
+                    site = x["site"]
+                    if isinstance(site, dict):
+                        doc.setdefault("sites", {})[f"{n}:{r}"] = site
+                        site = f"{n}:{r}"
+                    iv["reads"][f"{n}:{r}"] = dict(x, site=site, input=role[n], model=model)
+                for w, x in writes.items():
+                    op = x.get("operand")
+                    op = {"ref": op} if op in reduces else ref(op) if isinstance(op, str) else op
+                    iv["writes"][f"{n}:{w}"] = dict(x, **({"operand": op} if "operand" in x else {}))
+                if writes:
+                    iv["models"][n] = {"input": role[n], "writes": [f"{n}:{w}" for w in writes]}
+        ivs[name] = {k_: v for k_, v in iv.items() if v or k_ == "reads"}
+        steps[name] = {"kind": "observe", "interventions": name, "rows": {r: doc["data"][p[0]]["path"]
+                                                                          for r, p in roles.items()},
+                       **({"outputs": outputs} if outputs else {}), "saves": []}
+    saves = doc["steps"].get("saves", {})
+    if isinstance(saves, list):
+        saves = {v: f"{v}.json" if body[v]["kind"] == "metric" else f"{v}.safetensors" for v in saves}
+    for v, fp in saves.items():
+        steps[f"stage{stage[v] + 1}"]["saves"].append({"value": v, "file_path": fp})
+    sites = {n: dict(x, layers=[x["layers"]]) if isinstance(x.get("layers"), int) else x
+             for n, x in doc.get("sites", {}).items()}
+    return {"model": doc["model"], "roles": {r: {"field": p[1]} for r, p in roles.items()}, "sites": sites,
+            "interventions": ivs, "steps": steps}
+
+
 def get_field(row, path):
     """D7: `column`, `column[i]`, `a.b`."""
     v = row
@@ -1175,7 +1254,9 @@ def run_case(path, fixtures, manifest):
         raise Skip(f"verb {case['verb']}")
     raw = case["document"]
     protocol = "method" in raw
-    doc = lower_protocol(raw) if protocol else raw
+    steps_first = "data" in raw and "steps" in raw and not protocol  # SPEC §15 (SF1)
+    doc = lower_protocol(raw) if protocol else lower_steps_first(json.loads(json.dumps(raw))) if steps_first \
+        else raw
     ent = manifest["fixtures"].get(case["fixture"]["key"], {})
     if ent.get("recipe") != case["fixture"]["recipe"]:
         raise Skip("the fixture folder's recipe is not the case's (re-export the fixtures)")
@@ -1184,6 +1265,8 @@ def run_case(path, fixtures, manifest):
     try:
         for label, point in expand_sweeps(doc):
             pb = produced_by(point, raw if protocol else None)
+            if steps_first and not label:  # SF15: the document as given, without its header
+                pb = sha({k: v for k, v in raw.items() if k != "header"})
             ctx = Context(case, case_dir, fixtures, manifest, label, point, pb)
             ctx.run_steps()
             tables.update(ctx.tables)

@@ -95,3 +95,22 @@ def test_a_metric_of_a_read_that_is_not_logits_is_a_refusal(tmp_path):
     assert ok and status == 2, text
     assert text.startswith("compile: interventions.lens.metrics.p_answer.of: metric 'p_answer' scores token ids"), text
     assert not (tmp_path / "out").exists()
+
+
+def test_the_fuzzer_writes_the_later_languages_fields(tmp_path):
+    """SPEC.md:102 [D36] SPEC.md:2075 [SF6] fuzzing.language makes layers "all" (and its wrong spellings) and
+    steps-first cycles; each such document validates or is refused in one line."""
+    import json
+    pos_sweep = json.loads((fuzzing.REPO / "documents" / "steps_first" / "pos_sweep.json").read_text("utf-8"))
+    made = [fuzzing.language(random.Random(seed), pos_sweep) for seed in range(40)]
+    alls = [m for m in made if m["sites"]["target"].get("layers") == "all"]
+    cycles = [m for m in made if "interventions" in m["steps"]["counterfactual"]]
+    assert alls and cycles
+    doc = tmp_path / "doc.json"
+    for raw in (alls[0], cycles[0], made[0]):
+        doc.write_text(json.dumps(raw), encoding="utf-8")
+        ok, status, text = fuzzing.check(["validate", str(doc), "--data-root", str(fuzzing.DATA)])
+        assert ok and status in (0, 2), text
+    doc.write_text(json.dumps(cycles[0]), encoding="utf-8")
+    assert "name each other in a cycle" in fuzzing.check(["validate", str(doc), "--data-root",
+                                                          str(fuzzing.DATA)])[2]
