@@ -175,7 +175,8 @@ def lower_steps_first(doc):
                 stage[d] = max(stage[d], level)
     metric_of = [body[n]["of"].split(".")[0] for n in body if body[n]["kind"] == "metric"]
     order = sorted(runs, key=lambda n: (n != (metric_of[0] if metric_of else runs[0]), runs.index(n)))
-    role, roles, rows = {}, {}, {}
+    role: dict = {}
+    roles: dict = {}
     for n in order:
         pair = (body[n]["data"], body[n]["field"])
         have = [r for r, p in roles.items() if p == pair]

@@ -333,7 +333,7 @@ SHIPPED_NAMES = ["hydra_effect", "logit_lens_all", "mean_ablation", "multi_posit
 
 
 def test_the_originals_adapted_steps_first_documents_validate(tmp_path):
-    """SPEC.md:2132 [SF16] the five shipped adaptations validate (the corpus runs them); top_k's band is refused."""
+    """SPEC.md:2133 [SF16] the five shipped adaptations validate (the corpus runs them); top_k's band is refused."""
     assert sorted(p.stem for p in SHIPPED.glob("*.json")) == SHIPPED_NAMES
     for name in SHIPPED_NAMES:
         done = cli("validate", str(SHIPPED / f"{name}.json"), "--data-root", DATA)
