@@ -178,6 +178,7 @@ def cmd_vocab(args):
     lines += [
         "mechanisms:       " + ", ".join(mechanisms.describe().values()),
         "metric kinds:     " + ", ".join(kind.signature() for kind in metrics.KINDS.values()),
+        "token forms:      " + ", ".join(metrics.TOKEN_FORMS) + " (an answer column's spelling; the first the default)",
         "position forms:   exactly one cut: index=int, span=tuple[int, int], last=int, all=bool",
         "                  scope: variable=str, segment=str",
         "                  frame: Literal['prompt', 'generated']; a bare integer is {\"index\": i}; "

@@ -309,6 +309,8 @@ class Metric:
     of: str
     columns: tuple[tuple[str, str], ...]  # (field name, column name), e.g. ("expected", "cf_answer")
     token_form: str = "space_prefixed"
+    against: Optional[str] = None  # the reference read of logits (kl, js, top_k)
+    k: Optional[int] = None  # top_k's number of tokens
 
     def column(self, name: str) -> str:
         return dict(self.columns)[name]

@@ -20,9 +20,9 @@ from typing import Any
 
 from ..locations import address
 from . import metrics, places
-from .fields import choice, integer, mapping, record, string
+from .fields import choice, integer, mapping, positive, record, string
 from .reader import type_name
-from ..shapes import IntervenedModel, Intervention, Metric, Read, Refusal, Write
+from ..shapes import IntervenedModel, Intervention, Metric, Read, Refusal, Write, nearest
 
 
 def _fail(path: str, message: str):
@@ -91,13 +91,25 @@ def _intervened_model(name: str, raw: Any, path: str) -> IntervenedModel:
 
 
 def _metric(raw: Any, path: str) -> Metric:
-    record(raw, path, ("kind",) + metrics.COLUMNS + ("of", "token_form"), ("kind",))
-    kind = choice(raw["kind"], f"{path}.kind", tuple(metrics.KINDS))
-    columns = metrics.KINDS[kind].columns
-    record(raw, path, ("kind", "of", "token_form") + columns, ("kind", "of") + columns)
-    choice(raw.get("token_form", "space_prefixed"), f"{path}.token_form", ("space_prefixed",))
-    return Metric(kind=kind, of=string(raw["of"], f"{path}.of"),
-                  columns=tuple((c, string(raw[c], f"{path}.{c}")) for c in columns))
+    """One metric: its kind, `of`, the fields its kind takes (columns, `against`, `k`), its token form
+    (SPEC.md D14, D24-D29)."""
+    record(raw, path, ("kind", "of", "token_form") + metrics.FIELDS, ("kind",))
+    kind = metrics.KINDS[choice(raw["kind"], f"{path}.kind", tuple(metrics.KINDS))]
+    if "against" in kind.reads and "against" not in raw:
+        readout = _READOUT.get(kind.name, "")
+        _fail(f"{path}.against", f"a {kind.name} metric compares `of` with a reference: name it in `against`, a read "
+                                 f"of the vocabulary's logits in this intervention{readout}")
+    record(raw, path, ("kind", "of", "token_form") + kind.fields(), ("kind", "of") + kind.columns + kind.reads)
+    token_form = choice(raw.get("token_form", "space_prefixed"), f"{path}.token_form", metrics.TOKEN_FORMS)
+    k = positive(raw.get("k", metrics.TOP_K_DEFAULT), f"{path}.k", "k") if kind.params else None
+    return Metric(kind=kind.name, of=string(raw["of"], f"{path}.of"),
+                  columns=tuple((c, string(raw[c], f"{path}.{c}")) for c in kind.columns), token_form=token_form,
+                  against=string(raw["against"], f"{path}.against") if kind.reads else None, k=k)
+
+
+_READOUT = {"top_k": " (a metric table holds one number per row, so the original's top_k readout, a list of "
+                     "tokens per row, is not a metric here: top_k is the share of the k top tokens two reads have "
+                     "in common)"}
 
 
 # ---------------------------------------------------------------- how they name each other
@@ -168,15 +180,24 @@ def _check_metric(m: str, metric: Metric, within: Within) -> None:
     mp, prefix, reads = f"{within.path}.metrics.{m}", within.prefix, within.reads
     if metric.of not in reads:
         _fail(f"{mp}.of", f"{prefix}metric '{m}': `of` must be a read name, got '{metric.of}'")
-    if reads[metric.of].featurizer != "identity":
-        _fail(f"{mp}.of", f"{prefix}metric '{m}' reads '{metric.of}' via featurizer "
-                          f"'{reads[metric.of].featurizer}', whose features are not the vocabulary's logits; "
-                          "a metric's read is via 'identity'")
-    width = reads[metric.of].pos.width
+    if metric.against is not None and metric.against not in reads:
+        _fail(f"{mp}.against", f"{prefix}metric '{m}': `against` must be a read name of this intervention, got "
+                               f"'{metric.against}'{nearest(metric.against, sorted(reads))}")
+    _check_metric_read(m, metric.of, "of", within)
+    if metric.against is not None:
+        _check_metric_read(m, metric.against, "against", within)
+
+
+def _check_metric_read(m: str, name: str, field: str, within: Within) -> None:
+    """A read a metric scores (`of`) or compares with (`against`): via 'identity', one position per row (P49, D25)."""
+    path, prefix, read = f"{within.path}.metrics.{m}.{field}", within.prefix, within.reads[name]
+    if read.featurizer != "identity":
+        _fail(path, f"{prefix}metric '{m}' reads '{name}' via featurizer '{read.featurizer}', whose features are "
+                    "not the vocabulary's logits; a metric's read is via 'identity'")
+    width = read.pos.width
     if width != 1:
-        _fail(f"{mp}.of", f"{prefix}metric '{m}' reads '{metric.of}', a window of "
-                          f"{'varying' if width is None else width} positions; a metric scores one position "
-                          "per row")
+        _fail(path, f"{prefix}metric '{m}' reads '{name}', a window of {'varying' if width is None else width} "
+                    "positions; a metric scores one position per row")
 
 
 def _declared_featurizer(op, kind: str, name: str, declared: dict, path: str, prefix: str) -> None:

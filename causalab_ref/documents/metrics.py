@@ -1,13 +1,23 @@
 """The metric kinds: one table row per kind, read by every stage that needs a fact about one.
 
-A row says which base-row columns the kind names (validation, the schema, `vocab`), the unit
-and estimand version its table carries (compile), and how it scores rows of vocabulary
-logits given each row's token id of each column (run). SPEC.md §1 Documents (D14) and §4 Runs (R7, R8).
+A row says which base-row columns the kind names, which further read of logits it compares with
+(`against`) and which numbers it takes (`k`) (validation, the schema, `vocab`), the unit and estimand
+version its table carries (compile), and how it scores rows of vocabulary logits given each row's
+token id of each column and the reference rows (run). SPEC.md §1 Documents (D14, D24-D29) and §4 Runs (R7, R8):
+
+    kind = KINDS["kl"]
+    kind.score(patched, {"against": clean})      # (n, V), (n, V) -> (n,): KL(patched || clean) in nats
+    KINDS["top_k"].score(patched, {"against": clean, "k": 3})   # the fraction of the top 3 both share
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
+
+
+TOKEN_FORMS = ("space_prefixed", "bare")  # how an answer column's text is spelt before encoding (D15, D29)
+TOP_K_DEFAULT = 5  # the original's default k
 
 
 def _match(logits, ids: dict):
@@ -47,6 +57,41 @@ def _token_prob(logits, ids: dict):
     return _at(logits.softmax(-1), ids["token"])
 
 
+def _soft_accuracy(logits, ids: dict):
+    return _at(logits.softmax(-1), ids["expected"])
+
+
+def _weighted(p, q):
+    """Σ exp(p) · (p − q) over the vocabulary, p and q log-probabilities (n, V); a token p gives no mass adds 0
+    (the limit of 0 · log 0), not the NaN the arithmetic would give."""
+    return (p.exp() * (p - q)).masked_fill(p == -math.inf, 0.0).sum(-1)  # torch only as methods: validation needs none
+
+
+def _kl(logits, given: dict):
+    """KL(P || Q) in nats, P the softmax of `of` and Q of `against`, both from log-softmax."""
+    return _weighted(logits.log_softmax(-1), given["against"].log_softmax(-1))
+
+
+def _js(logits, given: dict):
+    """Jensen–Shannon in nats: the mean of KL(P || M) and KL(Q || M), M = (P + Q) / 2."""
+    p, q = logits.log_softmax(-1), given["against"].log_softmax(-1)
+    # log M = max(p, q) + log((1 + exp(-|p - q|)) / 2): exactly p where p == q, so JS(P, P) is 0
+    m = p.maximum(q) + ((1 + (-(p - q).abs()).exp()) / 2).log()
+    return (_weighted(p, m) + _weighted(q, m)) / 2
+
+
+def _top(logits, k: int):
+    """Each row's k highest-ranked ids as a mask (n, V): ranked by logit, a tie to the lower id."""
+    order = logits.sort(dim=-1, descending=True, stable=True).indices[:, :k]  # (n, k); stable: equal logits by id
+    return logits.new_zeros(logits.shape).bool().scatter(-1, order, True)
+
+
+def _top_k(logits, given: dict):
+    """The fraction of `against`'s k top-ranked tokens that are among `of`'s k top-ranked tokens."""
+    k = given["k"]
+    return (_top(logits, k) & _top(given["against"], k)).sum(-1).float() / k
+
+
 def _at(logits, ids):
     """Each row's entry at its own token id: (n, V), (n,) -> (n,)."""
     return logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
@@ -56,20 +101,29 @@ def _at(logits, ids):
 class MetricKind:
     """One metric kind: its columns, the unit and estimand version of its table, its scoring.
 
-    `score(logits, ids)` takes n rows' logits over the vocabulary (a float tensor (n, V)) and
-    each column's token id per row (`{"a": tensor([12, 7]), "b": tensor([40, 40])}`, int64 (n,))
-    and returns the rows' values (n,), differentiable but for `match` (a fit's objective keeps
-    the graph). Each row's value depends on that row alone: scoring rows together gives, bit
-    for bit, what scoring each alone gives (SPEC.md R8)."""
+    `score(logits, given)` takes n rows' logits over the vocabulary (a float tensor (n, V)) and
+    what the kind takes beside them: each column's token id per row (`{"a": tensor([12, 7]),
+    "b": tensor([40, 40])}`, int64 (n,)), each further read's rows of logits (`"against"`: (n, V))
+    and each number (`"k": 3`); it returns the rows' values (n,), differentiable but for `match`
+    and `top_k` (a fit's objective keeps the graph). Each row's value depends on that row alone:
+    scoring rows together gives, bit for bit, what scoring each alone gives (SPEC.md R8).
+    `reads` names the fields that are further reads of logits; `params` the numbers, with defaults."""
     name: str
     columns: tuple[str, ...]
     unit: str
     estimand_version: str
     score: Callable[..., Any]
+    reads: tuple[str, ...] = ()
+    params: tuple[tuple[str, int], ...] = ()
 
     def signature(self) -> str:
-        """`logit_diff(a, b)`: the kind with the columns it names, as `vocab` prints it."""
-        return f"{self.name}({', '.join(self.columns)})"
+        """`logit_diff(a, b)`, `top_k(against, k=5)`: the kind with the fields it takes, as `vocab` prints it."""
+        named = self.columns + self.reads + tuple(f"{p}={d}" for p, d in self.params)
+        return f"{self.name}({', '.join(named)})"
+
+    def fields(self) -> tuple[str, ...]:
+        """Every field of a metric of this kind beside `kind`, `of` and `token_form`."""
+        return self.columns + self.reads + tuple(p for p, _ in self.params)
 
 
 KINDS: dict[str, MetricKind] = {k.name: k for k in (
@@ -78,6 +132,11 @@ KINDS: dict[str, MetricKind] = {k.name: k for k in (
     MetricKind("cross_entropy", ("target",), "nat", "cross_entropy/v1", _cross_entropy),
     MetricKind("token_logit", ("token",), "logit", "token_logit/v1", _token_logit),
     MetricKind("token_prob", ("token",), "probability", "token_prob/v1", _token_prob),
+    MetricKind("soft_accuracy", ("expected",), "probability", "soft_accuracy/v1", _soft_accuracy),
+    MetricKind("kl", (), "nat", "kl/v1", _kl, reads=("against",)),
+    MetricKind("js", (), "nat", "js/v1", _js, reads=("against",)),
+    MetricKind("top_k", (), "fraction", "top_k_overlap/v1", _top_k, reads=("against",), params=(("k", TOP_K_DEFAULT),)),
 )}
 
 COLUMNS = tuple(sorted({c for kind in KINDS.values() for c in kind.columns}))  # every column any kind names
+FIELDS = tuple(sorted({f for kind in KINDS.values() for f in kind.fields()}))  # every field any kind takes

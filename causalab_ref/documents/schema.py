@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from .metrics import KINDS
+from .metrics import KINDS, TOKEN_FORMS
 
 
 def _sw(shape: dict) -> dict:
@@ -60,10 +60,11 @@ _POSITION = {
 
 
 def _metric(kind: str) -> dict:
-    columns = KINDS[kind].columns
-    props = {"kind": {"const": kind}, "of": _sw(STR), "token_form": _sw({"const": "space_prefixed"})}
-    props.update({c: _sw(STR) for c in columns})
-    return _closed(props, ("kind", "of") + columns)
+    row = KINDS[kind]
+    props = {"kind": {"const": kind}, "of": _sw(STR), "token_form": _sw({"enum": list(TOKEN_FORMS)})}
+    props.update({c: _sw(STR) for c in row.columns + row.reads})
+    props.update({p: _sw({"type": "integer", "minimum": 1}) for p, _default in row.params})
+    return _closed(props, ("kind", "of") + row.columns + row.reads)
 
 
 SCHEMA: dict[str, Any] = {

@@ -25,18 +25,6 @@ from ..shapes import Address, Document, Observe, Ref, Refusal, Where
 # ---------------------------------------------------------------- pieces
 
 
-def answer_id(tok, text: str, path: str, where: str = "") -> int:
-    """space_prefixed: strip leading whitespace, prepend one space, encode without specials; one id.
-
-    `where` names the row and column for the refusal (`row 1, column 'cf_answer'`)."""
-    surface = " " + text.lstrip()
-    ids = tok.encode(surface, add_special_tokens=False)
-    if len(ids) != 1:
-        raise Refusal(f"answer '{text}' is {len(ids)} tokens as '{surface}'; a metric column must resolve to "
-                      f"exactly one token{f' ({where})' if where else ''}", path=path, stage="compile")
-    return ids[0]
-
-
 def _batch(tok, rows: list[dict], field: str, path: str, fits=lambda texts: None):
     """Tokenize one role's prompts as a left-padded batch; conversations through the chat template. `fits`
     sees the texts first (data.refuse_long_texts: a text too long to tokenize is refused untokenized)."""
@@ -138,7 +126,8 @@ def _check_selection(address: Address, site, name: str) -> None:
 
 def _check_vocabulary_wide(name: str, read, sites, addresses, metric: str, path: str) -> None:
     """A metric scores token ids, so its read holds the vocabulary's logits: lm_head or logits whole,
-    or a residual-stream read with "view": "logits" (SPEC.md D20)."""
+    or a residual-stream read with "view": "logits" (SPEC.md D20); so does the read it compares with (D26).
+    `path` is the field's (`<metric>.of`, `<metric>.against`)."""
     site = sites[read.site]
     whole = site.heads is None and site.units is None
     if read.view == "logits" or (site.component in ("lm_head", "logits") and whole):
@@ -147,7 +136,7 @@ def _check_vocabulary_wide(name: str, read, sites, addresses, metric: str, path:
                 else f" (units {list(site.units)})" if site.units is not None else "")
     raise Refusal(f"metric '{metric}' scores token ids, and its read '{name}' "
                   f"at {addresses[read.site].label()}{narrowed} does not hold the vocabulary's logits; read lm_head or "
-                  "logits (whole), or the residual stream with \"view\": \"logits\"", path=f"{path}.of",
+                  "logits (whole), or the residual stream with \"view\": \"logits\"", path=path,
                   stage="compile")
 
 
@@ -411,33 +400,28 @@ def _metrics(ctx: Context, intervention, base_rows: list, ipath: str) -> list[Me
     plans = []
     for m, metric in intervention.metrics:
         mpath = f"{ipath}.metrics.{m}"
-        _check_vocabulary_wide(metric.of, reads[metric.of], sites, ctx.addresses, m, mpath)
+        _check_vocabulary_wide(metric.of, reads[metric.of], sites, ctx.addresses, m, f"{mpath}.of")
+        if metric.against is not None:
+            _check_vocabulary_wide(metric.against, reads[metric.against], sites, ctx.addresses, m, f"{mpath}.against")
+        _check_k(metric, ctx.engine.vocab_size, m, mpath)
         columns = tuple(c for _, c in metric.columns)
         eligible = data.answer_eligible(base_rows, columns, m, mpath)
         answers = []
         for field_name, column in metric.columns:
-            answers.append((field_name, _answer_ids(tok, base_rows, eligible, column, f"{mpath}.{field_name}")))
+            answers.append((field_name, data.answer_ids(tok, base_rows, eligible, column, f"{mpath}.{field_name}",
+                                                    metric.token_form)))
         kind = metrics.KINDS[metric.kind]
         plans.append(MetricPlan(name=m, kind=metric.kind, of=metric.of, answers=tuple(answers),
-                                eligible=eligible, unit=kind.unit, estimand_version=kind.estimand_version))
+                                eligible=eligible, unit=kind.unit, estimand_version=kind.estimand_version,
+                                against=metric.against, k=metric.k))
     return plans
 
 
-def _answer_ids(tok, rows: list, eligible: tuple, column: str, path: str) -> tuple:
-    """Each eligible row's answer id in `column` (None for the others); a text many rows share is encoded once,
-    at its first row, which a refusal names."""
-    known: dict[str, int] = {}
-    out: list = []
-    for r, (row, ok) in enumerate(zip(rows, eligible)):
-        text: Any = row[column] if ok else None  # the row's own value: answer_id refuses a non-string
-        if ok and (not isinstance(text, str) or text not in known):
-            got = answer_id(tok, text, path, f"row {r}, column '{column}'")
-            if isinstance(text, str):
-                known[text] = got
-            out.append(got)
-        else:
-            out.append(known[text] if ok else None)
-    return tuple(out)
+def _check_k(metric, vocabulary: int, name: str, path: str) -> None:
+    """top_k's k is at most the vocabulary: the top V of V tokens is every token (SPEC.md D27)."""
+    if metric.k is not None and metric.k > vocabulary:
+        raise Refusal(f"metric '{name}': k {metric.k} is more than the vocabulary's {vocabulary} tokens; k counts "
+                      f"top-ranked tokens, so write a k from 1 to {vocabulary}", path=f"{path}.k", stage="compile")
 
 
 def observe_plan(ctx: Context, name: str, i_name: str, rows: StepRows, saves: tuple,

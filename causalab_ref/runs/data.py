@@ -243,3 +243,33 @@ def answer_eligible(rows: list[dict], columns: tuple[str, ...], metric: str, pat
         _refuse(f"metric '{metric}': none of these {len(rows)} row(s) has a value in {list(columns)}; "
                 "a metric of nothing has no mean", path)
     return eligible
+
+
+def answer_id(tok, text: str, path: str, where: str = "", token_form: str = "space_prefixed") -> int:
+    """space_prefixed: strip leading whitespace, prepend one space, encode without specials; one id. bare: the
+    same without the space (SPEC.md D15, D29).
+
+    `where` names the row and column for the refusal (`row 1, column 'cf_answer'`)."""
+    surface = (" " if token_form == "space_prefixed" else "") + text.lstrip()
+    ids = tok.encode(surface, add_special_tokens=False)
+    if len(ids) != 1:
+        raise Refusal(f"answer '{text}' is {len(ids)} tokens as '{surface}'; a metric column must resolve to "
+                      f"exactly one token{f' ({where})' if where else ''}", path=path, stage="compile")
+    return ids[0]
+
+
+def answer_ids(tok, rows: list, eligible: tuple, column: str, path: str, token_form: str = "space_prefixed") -> tuple:
+    """Each eligible row's answer id in `column` (None for the others); a text many rows share is encoded once,
+    at its first row, which a refusal names."""
+    known: dict[str, int] = {}
+    out: list = []
+    for r, (row, ok) in enumerate(zip(rows, eligible)):
+        text: Any = row[column] if ok else None  # the row's own value: answer_id refuses a non-string
+        if ok and (not isinstance(text, str) or text not in known):
+            got = answer_id(tok, text, path, f"row {r}, column '{column}'", token_form)
+            if isinstance(text, str):
+                known[text] = got
+            out.append(got)
+        else:
+            out.append(known[text] if ok else None)
+    return tuple(out)

@@ -79,7 +79,7 @@ def run_step(engine, step: ObservePlan, batch_size: Optional[int] = None, memo: 
     size = batch_size or rows
     scored_only = _scored_only(step) if lean else set()
     parts: list = []
-    scored: dict[str, list] = {m.name: [] for m in step.metrics if m.of in scored_only}
+    scored: dict[str, list] = {m.name: [] for m in step.metrics if set(m.reads) <= scored_only}
     lengths = _noise_lengths(engine, step, path) if size < rows else {}
     compiled = _compiled_frames(step, memo) if size < rows else {}
     for lo in range(0, rows, size):
@@ -90,8 +90,7 @@ def run_step(engine, step: ObservePlan, batch_size: Optional[int] = None, memo: 
         got, where = run_pass(Pass(engine, window(step, lo, hi), path, lo, live=setting.live, grad=setting.grad,
                                    memo=memo, refs=refs, leads=leads, frames=frames))
         for metric in (m for m in step.metrics if m.name in scored):
-            read = where[metric.of]
-            scored[metric.name] += score(metric, got[metric.of], read, eligible_rows(metric, read, lo), lo)
+            scored[metric.name] += score(metric, got, where, eligible_rows(metric, where, lo), lo)
         parts.append(({k: v for k, v in got.items() if k not in scored_only}, where))
         if setting.bar is not None:
             setting.bar.update(1)
@@ -109,9 +108,9 @@ def _stitched(step: ObservePlan, parts: list, scored: dict[str, list]) -> StepRe
     # A pass of bare integers reports nothing (SPEC.md P32-P33): no "positions" entry at all.
     positions = ({name: {"rows": r.windows, "reason": r.reasons, "tokens": r.tokens} for name, r in placed.items()}
                  if step.dynamic else {})
-    eligible = {m.name: eligible_rows(m, placed[m.of]) for m in step.metrics}
+    eligible = {m.name: eligible_rows(m, placed) for m in step.metrics}
     refuse_metrics_of_nothing(step.metrics, eligible, f"interventions.{step.intervention}")
-    tables = {m.name: scored[m.name] if m.name in scored else score(m, values[m.of], placed[m.of], eligible[m.name])
+    tables = {m.name: scored[m.name] if m.name in scored else score(m, values, placed, eligible[m.name])
               for m in step.metrics}
     made = outputs.publish(step.outputs, values, {k: v.windows for k, v in placed.items()},
                            f"steps.{step.name.split('/')[0]}")
@@ -129,8 +128,12 @@ def _compiled_frames(step: ObservePlan, memo: Optional[share.Memo]) -> dict:
 
 
 def _scored_only(step: ObservePlan) -> set[str]:
-    """The reads only metrics use: no output keeps them (SPEC.md Q10)."""
-    return {m.of for m in step.metrics} - {o.read for _name, o in step.outputs}
+    """The reads only metrics use (no output keeps them), and only metrics each of whose reads is one of
+    them (a metric and its `against` are scored in the same windows; SPEC.md Q10)."""
+    only = {r for m in step.metrics for r in m.reads} - {o.read for _name, o in step.outputs}
+    while any(0 < len(only & set(m.reads)) < len(set(m.reads)) for m in step.metrics):
+        only -= {r for m in step.metrics if not set(m.reads) <= only for r in m.reads}
+    return only
 
 
 def _noise_lengths(engine, step: ObservePlan, path: str) -> dict[str, Optional[list[int]]]:

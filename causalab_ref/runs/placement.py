@@ -123,8 +123,8 @@ def check_step(engine, step: ObservePlan, path: str, frames: dict) -> None:
         for tap in taps:
             if tap.kind == "write" and isinstance(tap.operand, str) and tap.operand in placed:
                 check_operand_windows(tap, placed[tap.name].windows, placed[tap.operand].windows, path, 0, "compile")
-    metrics = tuple(m for m in step.metrics if m.of in placed)
-    refuse_metrics_of_nothing(metrics, {m.name: eligible_rows(m, placed[m.of]) for m in metrics}, path, "compile")
+    metrics = tuple(m for m in step.metrics if all(r in placed for r in m.reads))
+    refuse_metrics_of_nothing(metrics, {m.name: eligible_rows(m, placed) for m in metrics}, path, "compile")
 
 
 def check_ids(tok, forward: Forward, rows: int) -> None:
@@ -140,9 +140,11 @@ def check_ids(tok, forward: Forward, rows: int) -> None:
                "model.key", "compile")
 
 
-def eligible_rows(metric: MetricPlan, read: Resolved, lo: int = 0) -> tuple[bool, ...]:
-    """A metric's rows lo.. of a window: column-eligible and placed by its read (SPEC.md P30)."""
-    return tuple(col and not reason for col, reason in zip(metric.eligible[lo:lo + len(read.reasons)], read.reasons))
+def eligible_rows(metric: MetricPlan, placed: dict, lo: int = 0) -> tuple[bool, ...]:
+    """A metric's rows lo.. of a window: column-eligible and placed by its read, and by the read it compares
+    with when it has one (`placed`: read name -> Resolved; SPEC.md P30, D25)."""
+    reads = [placed[name].reasons for name in metric.reads]
+    return tuple(col and not any(reasons) for col, *reasons in zip(metric.eligible[lo:lo + len(reads[0])], *reads))
 
 
 def refuse_metrics_of_nothing(metrics: tuple[MetricPlan, ...], eligible: dict, path: str, stage: str = "run") -> None:

@@ -95,6 +95,18 @@ class MetricPlan:
     eligible: tuple[bool, ...]  # the column half
     unit: str
     estimand_version: str
+    against: Optional[str] = None  # the reference read (kl, js, top_k), placed on the rows `of` is
+    k: Optional[int] = None  # top_k's number of tokens
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """The reads this metric scores: `of`, then `against` when it has one."""
+        return (self.of,) if self.against is None else (self.of, self.against)
+
+    def given(self, values: dict) -> dict:
+        """What the kind takes beside `of`'s logits and the columns' ids: `against`'s rows, `k` (metrics.py)."""
+        extra: dict = {} if self.against is None else {"against": values[self.against]}
+        return extra if self.k is None else {**extra, "k": self.k}
 
 
 @dataclass(frozen=True)

@@ -46,8 +46,7 @@ class Fitted:
 
 def metric_vectors(step: ObservePlan, result: StepResult) -> dict[str, torch.Tensor]:
     """Each metric over its eligible rows as one float32 vector, keeping the graph (a fit's loss terms)."""
-    return {metric.name: scoring.vector(metric, result.values[metric.of], result.placed[metric.of],
-                                        result.eligible[metric.name])
+    return {metric.name: scoring.vector(metric, result.values, result.placed, result.eligible[metric.name])
             for metric in step.metrics}
 
 

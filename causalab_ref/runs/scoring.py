@@ -5,8 +5,8 @@ there (the run's half); the kind scores those rows together (documents/metrics.p
 own. The pass loop (passes.py) scores a window or a whole step; a fit keeps the graph (`vector`); which rows
 both halves admit is placement.py's (`eligible_rows`, with the refusal of a metric of nothing):
 
-    both = placement.eligible_rows(metric, placed[metric.of])
-    table = score(metric, values[metric.of], placed[metric.of], both)    # [float | None per row]
+    both = placement.eligible_rows(metric, placed)      # placed: read name -> Resolved
+    table = score(metric, values, placed, both)          # [float | None per row]; values: read name -> tensor
 
 A scored row whose vector or value is not finite gets None; its table row is ineligible with the
 reason NON_FINITE (SPEC.md S52), never a null marked eligible.
@@ -38,27 +38,40 @@ def _row_index(value: torch.Tensor, resolved: Resolved) -> tuple[torch.Tensor, l
     return value, out
 
 
-def _scored(metric: MetricPlan, value: torch.Tensor, resolved: Resolved, both: tuple[bool, ...],
-            lo: int = 0) -> tuple[list[int], torch.Tensor, torch.Tensor]:
-    """The rows scored (both eligible and placed), their vectors and their values, scored together by the kind
-    (one row's value is that row's alone, metrics.py); `lo` is the window's first row in the answers' numbering."""
-    matrix, index = _row_index(value, resolved)
-    rows = [r for r, i in enumerate(index) if both[r] and i is not None]
-    at = [index[r] for r in rows]
-    whole = at == list(range(matrix.shape[0]))  # every row scored: no copy of the logits
-    picked = matrix if whole else matrix.index_select(0, torch.tensor(at, dtype=torch.long))  # (len(rows), V)
+def _scored(metric: MetricPlan, values: dict, placed: dict, both: tuple[bool, ...],
+            lo: int = 0) -> tuple[list[int], list[torch.Tensor], torch.Tensor]:
+    """The rows scored (both eligible and placed), the vectors of each read the metric scores over those rows
+    (`of`'s first, then `against`'s), and their values, scored together by the kind (one row's value is that
+    row's alone, metrics.py); `lo` is the window's first row in the answers' numbering."""
+    rows = [r for r, ok in enumerate(both) if ok]
+    picked = []
+    for name in metric.reads:
+        matrix, index = _row_index(values[name], placed[name])
+        rows = [r for r in rows if index[r] is not None]
+        picked.append((matrix, index))
+    vectors = [_rows_of(matrix, [int(index[r] or 0) for r in rows]) for matrix, index in picked]  # (len(rows), V)
     ids = {column: torch.tensor([ids[lo + r] for r in rows], dtype=torch.long) for column, ids in metric.answers}
-    return rows, picked, metrics.KINDS[metric.kind].score(picked, ids)
+    given = {**ids, **metric.given(dict(zip(metric.reads, vectors)))}
+    return rows, vectors, metrics.KINDS[metric.kind].score(vectors[0], given)
 
 
-def score(metric: MetricPlan, value: torch.Tensor, resolved: Resolved, both: tuple[bool, ...],
+def _rows_of(matrix: torch.Tensor, at: list[int]) -> torch.Tensor:
+    """The matrix's rows `at`, with no copy when they are all of its rows in order."""
+    if at == list(range(matrix.shape[0])):
+        return matrix
+    return matrix.index_select(0, torch.tensor(at, dtype=torch.long))
+
+
+def score(metric: MetricPlan, values: dict, placed: dict, both: tuple[bool, ...],
           lo: int = 0) -> list[Optional[float]]:
-    """Per-row metric values (None where the row is not scored, or its value or any entry of the vector it
-    scored is not finite: a match on NaN logits is no measurement); `value`, `resolved` and `both` are rows
-    lo.. of the step (a window's)."""
-    out: list[Optional[float]] = [None] * len(resolved.windows)
-    rows, picked, values = _scored(metric, value.detach().float(), resolved, both, lo)
-    for r, v, whole in zip(rows, values.tolist(), finite_rows(picked).tolist()):
+    """Per-row metric values (None where the row is not scored, or its value or any entry of a vector it
+    scored, `of`'s or `against`'s, is not finite: a match on NaN logits is no measurement); `values` and
+    `placed` hold each read's rows lo.. of the step (a window's), by read name, and `both` those rows'
+    eligibility."""
+    out: list[Optional[float]] = [None] * len(placed[metric.of].windows)
+    rows, vectors, scored = _scored(metric, {n: values[n].detach().float() for n in metric.reads}, placed, both, lo)
+    finite = finite_rows(vectors[0]) if len(vectors) == 1 else finite_rows(vectors[0]) & finite_rows(vectors[1])
+    for r, v, whole in zip(rows, scored.tolist(), finite.tolist()):
         out[r] = v if whole and math.isfinite(v) else None
     return out
 
@@ -70,6 +83,6 @@ def finite_rows(matrix: torch.Tensor) -> torch.Tensor:
     return torch.isfinite(matrix.amax(dim=-1)) & torch.isfinite(matrix.amin(dim=-1))  # (m,)
 
 
-def vector(metric: MetricPlan, value: torch.Tensor, resolved: Resolved, both: tuple[bool, ...]) -> torch.Tensor:
+def vector(metric: MetricPlan, values: dict, placed: dict, both: tuple[bool, ...]) -> torch.Tensor:
     """A metric over its scored rows as one float32 vector, keeping the graph (a fit's loss term)."""
-    return _scored(metric, value.float(), resolved, both)[2]
+    return _scored(metric, {n: values[n].float() for n in metric.reads}, placed, both)[2]

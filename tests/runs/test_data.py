@@ -118,14 +118,14 @@ def test_an_answer_is_space_prefixed_and_one_token(llama):
     want = tok.encode(" Friday", add_special_tokens=False)
     assert len(want) == 1
     for text in ("Friday", " Friday", "   Friday", "\tFriday"):
-        assert compiler.answer_id(tok, text, "p") == want[0]
+        assert data.answer_id(tok, text, "p") == want[0]
 
 
 def test_an_answer_of_several_tokens_is_refused(llama, tmp_path):
     """SPEC.md:50 [D15] — on the Llama fixture " Tuesday" is 3 tokens: refused at compile with the
     seed's text, at the metric's column path."""
     with pytest.raises(Refusal) as e:
-        compiler.answer_id(llama.tokenizer, "Tuesday", "p")
+        data.answer_id(llama.tokenizer, "Tuesday", "p")
     assert e.value.message == ("answer 'Tuesday' is 3 tokens as ' Tuesday'; a metric column must resolve to "
                                "exactly one token")
     rows = copy.deepcopy(TRAIN)

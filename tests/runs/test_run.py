@@ -240,15 +240,21 @@ def test_rows_scored_together_equal_each_row_scored_alone():
     ids = torch.randint(0, 32000, (9,), generator=gen)
     other = torch.randint(0, 32000, (9,), generator=gen)
     ids[3], ids[4] = 17, 0
+    against = torch.randn(9, 32000, generator=gen) * 6
+    against[5] = logits[5]  # a row equal to its reference: kl and js 0, top_k 1
     alone = {"match": lambda v, r: (v.argmax() == ids[r]).float(),
              "logit_diff": lambda v, r: v[ids[r]] - v[other[r]],
              "cross_entropy": lambda v, r: -v.log_softmax(-1)[ids[r]],
              "token_logit": lambda v, r: v[ids[r]],
-             "token_prob": lambda v, r: v.softmax(-1)[ids[r]]}
+             "token_prob": lambda v, r: v.softmax(-1)[ids[r]],
+             "soft_accuracy": lambda v, r: v.softmax(-1)[ids[r]],
+             "kl": lambda v, r: metrics.KINDS["kl"].score(v[None], {"against": against[r][None]})[0],
+             "js": lambda v, r: metrics.KINDS["js"].score(v[None], {"against": against[r][None]})[0],
+             "top_k": lambda v, r: metrics.KINDS["top_k"].score(v[None], {"against": against[r][None], "k": 7})[0]}
     assert set(alone) == set(metrics.KINDS)
     for name, formula in alone.items():
         kind = metrics.KINDS[name]
-        columns = dict(zip(kind.columns, (ids, other)))
+        columns = {**dict(zip(kind.columns, (ids, other))), "against": against, "k": 7}
         together = kind.score(logits, columns)
         want = torch.stack([formula(logits[r], r) for r in range(9)])
         assert torch.equal(together, want), (name, (together - want).abs().max())

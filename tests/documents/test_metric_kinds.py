@@ -1,0 +1,364 @@
+"""The original's later metric kinds (soft_accuracy, kl, js, top_k) and `token_form: "bare"`: validation
+without a model, compile on the session's Llama fixture and the weekday fixture's tokenizer, and the
+formulas on tensors held against closed forms computed here in float64 (SPEC.md D24-D29).
+
+Every test starts from documents/patching.json with a `clean` read (the unpatched head at the last
+token) beside the patched `logits`, changes one thing and checks one behaviour.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import pathlib
+
+import pytest
+import torch
+
+from causalab_ref.documents import metrics, validate
+from causalab_ref.runs import compile as compiler
+from causalab_ref.runs import data, scoring
+from causalab_ref.runs.placement import Resolved, eligible_rows
+from causalab_ref.runs.plan import MetricPlan
+from causalab_ref.shapes import Refusal
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+DATA = REPO / "documents" / "data"
+_SHIPPED = json.loads((REPO / "documents" / "patching.json").read_text(encoding="utf-8"))
+MP = "interventions.patching.metrics"
+
+
+def doc(**metric) -> dict:
+    """The shipped document with a `clean` read and one metric `m` (what `metric` gives), saved."""
+    raw = copy.deepcopy(_SHIPPED)
+    iv = raw["interventions"]["patching"]
+    iv["reads"]["clean"] = {"site": "head", "pos": -1, "model": "original", "input": "base"}
+    iv["metrics"] = {"m": metric}
+    raw["steps"]["score"]["saves"] = [{"value": "m", "file_path": "m.json"}]
+    return raw
+
+
+def _refused(raw: dict) -> Refusal:
+    with pytest.raises(Refusal) as refusal:
+        validate.document(raw)
+    return refusal.value
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("metric", [
+    {"kind": "soft_accuracy", "of": "logits", "expected": "cf_answer"},
+    {"kind": "kl", "of": "logits", "against": "clean"},
+    {"kind": "js", "of": "logits", "against": "clean", "token_form": "space_prefixed"},
+    {"kind": "top_k", "of": "logits", "against": "clean", "k": 3},
+    {"kind": "top_k", "of": "logits", "against": "clean"},
+])
+def test_the_four_later_kinds_validate_with_their_fields(metric):
+    """SPEC.md:89 [D24] each later kind is accepted with the fields the original's documents give it."""
+    got = dict(dict(validate.document(doc(**metric)).interventions)["patching"].metrics)["m"]
+    assert (got.kind, got.of, got.against) == (metric["kind"], "logits", metric.get("against"))
+    assert got.k == (metric.get("k", 5) if metric["kind"] == "top_k" else None)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("kind", ["kl", "js", "top_k"])
+def test_a_comparing_kind_without_against_is_refused_naming_against(kind):
+    """SPEC.md:89 [D24] kl, js and top_k need `against`; its absence is refused at `<metric>.against`."""
+    refusal = _refused(doc(kind=kind, of="logits"))
+    assert (refusal.stage, refusal.path) == ("validation", f"{MP}.m.against")
+    assert refusal.message.startswith(f"a {kind} metric compares `of` with a reference: name it in `against`")
+
+
+@pytest.mark.fast
+def test_the_originals_top_k_readout_is_refused_saying_why():
+    """SPEC.md:89 [D24] the original's top_k.json (`k` and no `against`) gets one line saying a table holds
+    one number per row."""
+    refusal = _refused(doc(kind="top_k", of="logits", k=3))
+    assert refusal.path == f"{MP}.m.against"
+    assert "the original's top_k readout, a list of tokens per row, is not a metric here" in refusal.message
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("metric, key", [
+    ({"kind": "match", "of": "logits", "expected": "cf_answer", "against": "clean"}, "against"),
+    ({"kind": "kl", "of": "logits", "against": "clean", "k": 3}, "k"),
+    ({"kind": "soft_accuracy", "of": "logits", "token": "cf_answer"}, "token"),
+])
+def test_a_field_its_kind_does_not_take_is_an_unknown_key(metric, key):
+    """SPEC.md:89 [D24] `against` on a match or `k` on a kl is an unknown key (D2)."""
+    refusal = _refused(doc(**metric))
+    assert (refusal.path, refusal.message.split(";")[0]) == (f"{MP}.m.{key}", f"unknown key '{key}'")
+
+
+@pytest.mark.fast
+def test_against_must_name_a_read_of_the_intervention():
+    """SPEC.md:95 [D25] `against` names a read of the same intervention, with the nearest names."""
+    refusal = _refused(doc(kind="kl", of="logits", against="cleen"))
+    assert refusal.path == f"{MP}.m.against"
+    assert refusal.message == ("interventions.patching: metric 'm': `against` must be a read name of this "
+                               "intervention, got 'cleen'; did you mean 'clean'?")
+
+
+@pytest.mark.fast
+def test_against_over_a_window_wider_than_one_is_refused():
+    """SPEC.md:95 [D25] `against` is of width 1 as `of` is (P49), refused at `<metric>.against`."""
+    raw = doc(kind="js", of="logits", against="clean")
+    raw["interventions"]["patching"]["reads"]["clean"]["pos"] = {"last": 3}
+    refusal = _refused(raw)
+    assert refusal.path == f"{MP}.m.against"
+    assert refusal.message.endswith("metric 'm' reads 'clean', a window of 3 positions; a metric scores one "
+                                    "position per row")
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("k, said", [(0, "k 0 is not a positive number"), (-2, "k -2 is not a positive number"),
+                                     (1e9, "expected an integer, got a number"), ("3", "expected an integer, got a string"),
+                                     (True, "expected an integer, got a boolean"), (None, "expected an integer, got null")])
+def test_k_is_a_positive_integer_at_validation(k, said):
+    """SPEC.md:101 [D27] k of 0, a float, a string, a boolean or null is one refusal at `<metric>.k`."""
+    refusal = _refused(doc(kind="top_k", of="logits", against="clean", k=k))
+    assert (refusal.stage, refusal.path, refusal.message) == ("validation", f"{MP}.m.k", said)
+
+
+def test_k_past_the_vocabulary_is_refused_at_compile(llama):
+    """SPEC.md:101 [D27] k is at most the vocabulary (32000 on the Llama fixture): 32001 and 1e9 are refused
+    at compile before any forward, 32000 compiles."""
+    for k in (32001, 10**9):
+        with pytest.raises(Refusal) as refusal:
+            compiler.compile_document(doc(kind="top_k", of="logits", against="clean", k=k), llama, DATA)
+        assert (refusal.value.stage, refusal.value.path) == ("compile", f"{MP}.m.k")
+        assert refusal.value.message.startswith(f"metric 'm': k {k} is more than the vocabulary's 32000 tokens")
+    plan = compiler.compile_document(doc(kind="top_k", of="logits", against="clean", k=32000), llama, DATA)
+    assert plan.leaves()[0].steps[0].metrics[0].k == 32000
+
+
+def test_against_that_is_not_logits_is_refused_at_compile(llama):
+    """SPEC.md:99 [D26] `against` holds the vocabulary's logits (D20), refused at `<metric>.against`."""
+    raw = doc(kind="kl", of="logits", against="clean")
+    raw["interventions"]["patching"]["reads"]["clean"]["site"] = "target"
+    with pytest.raises(Refusal) as refusal:
+        compiler.compile_document(raw, llama, DATA)
+    assert (refusal.value.stage, refusal.value.path) == ("compile", f"{MP}.m.against")
+    assert refusal.value.message.startswith("metric 'm' scores token ids, and its read 'clean' at block_output[0]")
+
+
+# ---------------------------------------------------------------- the formulas (D28), against float64 closed forms
+
+
+def _rows(seed: int = 3, n: int = 6, vocab: int = 500, scale: float = 4.0) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(n, vocab, generator=gen) * scale, torch.randn(n, vocab, generator=gen) * scale
+
+
+def _kl64(p_logits: torch.Tensor, q_logits: torch.Tensor) -> torch.Tensor:
+    p, q = p_logits.double().softmax(-1), q_logits.double().softmax(-1)
+    return (p * (p.log() - q.log())).sum(-1)
+
+
+@pytest.mark.fast
+def test_kl_is_kl_of_of_against_against_in_nats():
+    """SPEC.md:104 [D28] kl = Σ P (log P − log Q), P of `of`, Q of `against`, natural log (float64 here)."""
+    of, against = _rows()
+    got = metrics.KINDS["kl"].score(of, {"against": against})
+    assert torch.allclose(got.double(), _kl64(of, against), rtol=1e-5)
+    assert not torch.allclose(got, metrics.KINDS["kl"].score(against, {"against": of}), rtol=1e-3)  # P is `of`'s
+
+
+@pytest.mark.fast
+def test_js_is_the_mean_kl_to_the_mixture_and_at_most_log_2():
+    """SPEC.md:104 [D28] js = ½KL(P‖M) + ½KL(Q‖M), M = (P + Q)/2, in nats; symmetric; ≤ log 2, nearly
+    log 2 for two distributions on different tokens."""
+    of, against = _rows()
+    p, q = of.double().softmax(-1), against.double().softmax(-1)
+    m = (p + q) / 2
+    want = ((p * (p.log() - m.log())).sum(-1) + (q * (q.log() - m.log())).sum(-1)) / 2
+    got = metrics.KINDS["js"].score(of, {"against": against})
+    assert torch.allclose(got.double(), want, rtol=1e-5)
+    assert torch.allclose(got, metrics.KINDS["js"].score(against, {"against": of}), rtol=1e-6)
+    apart = torch.full((2, 50), -30.0)
+    apart[0, 3], apart[1, 7] = 30.0, 30.0
+    far = metrics.KINDS["js"].score(apart[:1], {"against": apart[1:]})
+    assert math.log(2) - 1e-6 <= far.item() <= math.log(2) + 1e-6
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("kind", ["kl", "js"])
+def test_a_divergence_of_a_read_against_itself_is_exactly_0(kind):
+    """SPEC.md:104 [D28] kl and js are 0 exactly (not to rounding) when the two reads are equal."""
+    of, _ = _rows(scale=9.0)
+    assert torch.equal(metrics.KINDS[kind].score(of, {"against": of.clone()}), torch.zeros(of.shape[0]))
+
+
+@pytest.mark.fast
+def test_kl_stays_finite_where_a_softmax_underflows():
+    """SPEC.md:104 [D28] from log-softmax: logits 200 apart (softmax underflows to 0 in float32) give the
+    closed form, where log(softmax) would give inf."""
+    of = torch.tensor([[0.0, -200.0, 5.0]])
+    against = torch.tensor([[-200.0, 0.0, 5.0]])
+    got = metrics.KINDS["kl"].score(of, {"against": against})
+    assert math.isfinite(got.item())
+    assert got.item() == pytest.approx(_kl64(of, against).item(), rel=1e-6)
+    assert not math.isfinite((of.softmax(-1) * (of.softmax(-1).log() - against.softmax(-1).log())).sum().item())
+
+
+@pytest.mark.fast
+def test_soft_accuracy_is_the_probability_of_the_expected_token():
+    """SPEC.md:104 [D28] soft_accuracy = softmax(of)[expected], bit for bit token_prob of the same id."""
+    of, _ = _rows()
+    ids = torch.tensor([0, 5, 9, 499, 12, 3])
+    got = metrics.KINDS["soft_accuracy"].score(of, {"expected": ids})
+    assert torch.equal(got, metrics.KINDS["token_prob"].score(of, {"token": ids}))
+    assert torch.allclose(got.double(), of.double().softmax(-1)[torch.arange(6), ids], rtol=1e-5)
+
+
+@pytest.mark.fast
+def test_top_k_is_the_share_of_the_k_top_tokens_both_reads_hold():
+    """SPEC.md:104 [D28] top_k = |T_k(of) ∩ T_k(against)| / k: tops {4, 3, 2} and {4, 2, 0} share 2 of 3."""
+    of = torch.tensor([[0.0, 1.0, 2.0, 3.0, 4.0]])
+    against = torch.tensor([[3.5, 0.0, 4.0, 1.0, 5.0]])
+    assert metrics.KINDS["top_k"].score(of, {"against": against, "k": 3}).item() == pytest.approx(2 / 3)
+    assert metrics.KINDS["top_k"].score(of, {"against": against, "k": 5}).item() == 1.0
+    assert metrics.KINDS["top_k"].score(of, {"against": against, "k": 1}).item() == 1.0
+
+
+@pytest.mark.fast
+def test_top_k_ranks_a_tie_to_the_lower_id():
+    """SPEC.md:104 [D28] equal logits rank by id: with every logit tied, T_2 is {0, 1}, so a read whose top
+    two are ids 0 and 1 shares both and one whose top two are 2 and 3 shares none."""
+    tied = torch.zeros(1, 6)
+    low = torch.tensor([[9.0, 8.0, 0.0, 0.0, 0.0, 0.0]])
+    high = torch.tensor([[0.0, 0.0, 9.0, 8.0, 0.0, 0.0]])
+    assert metrics.KINDS["top_k"].score(tied, {"against": low, "k": 2}).item() == 1.0
+    assert metrics.KINDS["top_k"].score(tied, {"against": high, "k": 2}).item() == 0.0
+
+
+def _plan(kind: str, **extra) -> MetricPlan:
+    row = metrics.KINDS[kind]
+    return MetricPlan(name="m", kind=kind, of="of", answers=(), eligible=(True, True, True), unit=row.unit,
+                      estimand_version=row.estimand_version, **extra)
+
+
+def _placed(reasons: tuple) -> Resolved:
+    return Resolved(windows=tuple(() if r else (5,) for r in reasons), reasons=reasons, tokens=("",) * len(reasons))
+
+
+@pytest.mark.fast
+def test_a_row_against_did_not_place_is_not_scored():
+    """SPEC.md:95 [D25] a row is scored when both `of` and `against` placed it (P30 over both reads)."""
+    plan = _plan("kl", against="ref")
+    placed = {"of": _placed(("", "", "")), "ref": _placed(("", "anchor_not_found", ""))}
+    assert eligible_rows(plan, placed) == (True, False, True)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_a_non_finite_logit_in_against_gives_the_row_a_null(bad):
+    """SPEC.md:104 [D28] a non-finite entry in `against`'s vector (not only `of`'s) gives S52's null for that
+    row alone; the other rows keep their values."""
+    of, against = _rows(n=3)
+    against[1, 7] = bad
+    plan = _plan("js", against="ref")
+    placed = {"of": _placed(("", "", "")), "ref": _placed(("", "", ""))}
+    values = {"of": of.unsqueeze(1), "ref": against.unsqueeze(1)}  # (rows, 1, V), as a rectangular read is
+    got = scoring.score(plan, values, placed, (True, True, True))
+    assert got[1] is None and all(isinstance(v, float) and math.isfinite(v) for v in (got[0], got[2]))
+
+
+# ---------------------------------------------------------------- token_form "bare" (D29)
+
+
+@pytest.fixture(scope="module")
+def weekday_tok():
+    from causalab_ref.fixtures import builder
+    return builder.tokenizer("fixture:weekday-llama")
+
+
+@pytest.mark.fast
+def test_bare_encodes_the_stripped_text_with_no_space(weekday_tok):
+    """SPEC.md:120 [D29] `bare` spells the answer as the first word of a text: on the weekday BPE ' Monday'
+    is 519 bare and 315 space_prefixed (its own encodings of 'Monday' and ' Monday')."""
+    assert data.answer_id(weekday_tok, " Monday", "p", token_form="bare") == 519
+    assert data.answer_id(weekday_tok, "Monday", "p", token_form="bare") == 519
+    assert data.answer_id(weekday_tok, "Monday", "p") == 315
+    assert weekday_tok.encode("Monday", add_special_tokens=False) == [519]
+
+
+@pytest.mark.fast
+def test_a_bare_answer_of_two_tokens_is_refused_with_its_surface():
+    """SPEC.md:120 [D29] a bare answer is exactly one id too, else D15's refusal quoting the bare surface."""
+    from causalab_ref.fixtures import builder
+    tok = builder.tokenizer("fixture:tiny-gpt2")  # 'Monday' is 3 tokens there, ' Monday' one
+    assert data.answer_id(tok, "Monday", "p") == 615
+    with pytest.raises(Refusal) as refusal:
+        data.answer_id(tok, "Monday", "p", token_form="bare")
+    assert refusal.value.message.startswith("answer 'Monday' is 3 tokens as 'Monday'; a metric column must resolve")
+
+
+@pytest.mark.fast
+def test_token_form_is_one_of_the_two_forms():
+    """SPEC.md:120 [D29] token_form is space_prefixed or bare; anything else is refused naming both."""
+    refusal = _refused(doc(kind="soft_accuracy", of="logits", expected="cf_answer", token_form="spaced"))
+    assert refusal.path == f"{MP}.m.token_form"
+    assert refusal.message.startswith("'spaced' is not one of ['space_prefixed', 'bare']")
+
+
+# ---------------------------------------------------------------- a run of all four on the Llama fixture
+
+
+def _four() -> dict:
+    raw = doc(kind="soft_accuracy", of="logits", expected="cf_answer")
+    raw["interventions"]["patching"]["metrics"] = {
+        "soft": {"kind": "soft_accuracy", "of": "logits", "expected": "cf_answer"},
+        "prob": {"kind": "token_prob", "of": "logits", "token": "cf_answer"},
+        "kl": {"kind": "kl", "of": "logits", "against": "clean"},
+        "js": {"kind": "js", "of": "logits", "against": "clean"},
+        "top": {"kind": "top_k", "of": "logits", "against": "clean", "k": 4},
+        "same": {"kind": "kl", "of": "clean", "against": "clean"}}
+    raw["steps"]["score"]["saves"] = [{"value": m, "file_path": f"{m}.json"}
+                                      for m in raw["interventions"]["patching"]["metrics"]]
+    return raw
+
+
+@pytest.fixture(scope="module")
+def tables(llama):
+    from causalab_ref.runs import passes
+    plan = compiler.compile_document(_four(), llama, DATA)
+    step = plan.leaves()[0].steps[0]
+    return step, passes.run_step(llama, step, lean=True), passes.run_step(llama, step, batch_size=2, lean=True)
+
+
+def test_the_four_kinds_run_with_their_units_and_versions(tables):
+    """SPEC.md:104 [D28] each kind's table carries its unit and estimand version; soft_accuracy equals
+    token_prob of the same column bit for bit; kl of a read against itself is 0 on every row."""
+    step, whole, _ = tables
+    units = {m.name: (m.unit, m.estimand_version) for m in step.metrics}
+    assert units["soft"] == ("probability", "soft_accuracy/v1") and units["kl"] == ("nat", "kl/v1")
+    assert units["js"] == ("nat", "js/v1") and units["top"] == ("fraction", "top_k_overlap/v1")
+    assert whole.scores["soft"] == whole.scores["prob"]
+    assert whole.scores["same"] == [0.0] * len(step.example_ids)
+    assert all(0 <= v <= math.log(2) + 1e-6 for v in whole.scores["js"] if v is not None)
+    assert all(v in (0.0, 0.25, 0.5, 0.75, 1.0) for v in whole.scores["top"])
+
+
+def test_a_comparing_metric_scored_in_windows_equals_the_whole_pass(tables):
+    """SPEC.md:95 [D25] `of` and `against` are scored in the same windows: --batch-size 2 gives the whole
+    pass's values (R11, to float32 rounding)."""
+    _, whole, windows = tables
+    for name in ("kl", "js", "top"):
+        assert windows.scores[name] == pytest.approx(whole.scores[name], rel=1e-4, abs=1e-6)
+
+
+@pytest.mark.fast
+def test_vocab_and_the_schema_name_the_later_kinds_and_their_fields(capsys):
+    """SPEC.md:89 [D24] `vocab` lists each kind with its fields (`top_k(against, k=5)`) and the two token
+    forms; the JSON Schema's metric of each kind requires `against` where the kind does and takes `k` as an
+    integer >= 1."""
+    from causalab_ref import cli
+    from causalab_ref.documents import schema
+    assert cli.main(["vocab"]) == 0
+    out = capsys.readouterr().out
+    assert "soft_accuracy(expected), kl(against), js(against), top_k(against, k=5)" in out
+    assert "token forms:      space_prefixed, bare" in out
+    kinds = {m["properties"]["kind"]["const"]: m for m in schema.SCHEMA["$defs"]["metric"]["oneOf"]}
+    assert kinds["top_k"]["required"] == ["kind", "of", "against"]
+    assert kinds["top_k"]["properties"]["k"]["anyOf"][0] == {"type": "integer", "minimum": 1}
+    assert kinds["soft_accuracy"]["properties"]["token_form"]["anyOf"][0] == {"enum": ["space_prefixed", "bare"]}
