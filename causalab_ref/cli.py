@@ -19,6 +19,7 @@ from .shapes import Refusal
 
 DEFAULT_DATA_ROOT = "documents/data"
 DEVICE_MAP_HELP = "where the model runs: cpu (default), cuda, cuda:N or auto (transformers' device_map)"
+ENGINES = ("nnterp", "hooks", "ndif")  # engines/loading.ENGINES, named here so argparse imports no torch
 
 
 class _Parser(argparse.ArgumentParser):
@@ -463,7 +464,7 @@ def _document_verbs(verbs) -> None:
         p = _verb(verbs, name, func, help_text)
         p.add_argument("document")
         p.add_argument("--data-root", default=DEFAULT_DATA_ROOT)
-        p.add_argument("--engine", choices=("nnterp", "hooks"), default="nnterp")
+        p.add_argument("--engine", choices=ENGINES, default="nnterp")
         p.add_argument("--device-map", default="cpu", help=DEVICE_MAP_HELP)
         p.add_argument("--memory-budget", default=None, help=BUDGET_HELP)
         if name == "run":
@@ -489,7 +490,7 @@ def _inspection_verbs(verbs) -> None:
     p = _verb(verbs, "model", cmd_model, "every component at every layer of a checkpoint (no weights)")
     p.add_argument("key")
     p.add_argument("--revision", default="main")
-    p.add_argument("--engine", choices=("nnterp", "hooks"), default="nnterp")
+    p.add_argument("--engine", choices=ENGINES, default="nnterp")
     p.add_argument("--attn-implementation", choices=("eager", "sdpa"), default=None)
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="the dtype the model would load in")
     p.add_argument("--device-map", default="cpu", help=DEVICE_MAP_HELP)

@@ -17,11 +17,40 @@ from . import checkpoint, contract
 from .contract import Engine
 
 
+ENGINES = ("nnterp", "hooks", "ndif")  # what --engine names; ndif is known and refused (refuse_remote)
+
+
+def refuse_remote(kind: str) -> None:
+    """`--engine ndif` names remote execution on an NDIF server, which this stack cannot reach: refused by name,
+    before any config or weights are read (SPEC.md E12). A remote engine is one module implementing the
+    contract (E13); none is faked here."""
+    if kind != "ndif":
+        return
+    import platform
+    from importlib import metadata
+    nnsight = metadata.version("nnsight") if _installed("nnsight") else "not installed"
+    raise Refusal(f"engine 'ndif' runs a document on a remote NDIF server, and this installation cannot reach "
+                  f"one: NDIF's server stack needs nnsight >= 0.8 and Python >= 3.12 (a GPU on the server), and "
+                  f"nnterp 1.3.0, whose names the nnterp engine uses, does not import under nnsight 0.8 "
+                  f"(here: nnsight {nnsight}, Python {platform.python_version()}); run the same document here "
+                  "with --engine nnterp or --engine hooks", path="--engine", stage="compile")
+
+
+def _installed(name: str) -> bool:
+    from importlib import metadata
+    try:
+        metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
 def compiled(spec: Model, compile: Callable[[Engine], Any], kind: str = "nnterp", weights: bool = False,
              device_map: str = "cpu") -> tuple[Engine, Any]:
     """(engine, compile(engine)) for a document's model block. With no weights on the nnterp engine, compile
     runs on the weightless engine, and again on a meta load when that engine cannot answer exactly: no row
     for the checkpoint (`weightless.load` is None) or a config question it was not built for (`Uncovered`)."""
+    refuse_remote(kind)
     if kind == "nnterp" and not weights:
         from . import weightless
 
@@ -42,6 +71,7 @@ def load(spec: Model, kind: str = "nnterp", weights: bool = True, extra=None, de
     adds places the component table does not have (Python only; SPEC.md §3 Locations, L23); `device_map`
     is `--device-map` (cpu, cuda, cuda:N, auto; SPEC.md R21), refused here when unknown or unavailable.
     """
+    refuse_remote(kind)
     device_map = contract.device_map(device_map)
     if kind == "hooks":
         from .hooks import HooksEngine  # imported only when asked for
