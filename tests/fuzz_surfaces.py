@@ -402,16 +402,21 @@ def _built_folder() -> pathlib.Path:
 
 
 def damaged_cache(rng: random.Random, tmp: pathlib.Path, sentinel: pathlib.Path) -> pathlib.Path:
-    """A copy of the built fixture folder in tmp/cache with one to three files added, removed, truncated,
-    replaced by links (to the sentinel, to a sibling, dangling) or by a folder."""
+    """A copy of the built fixture folder (and of its cached tokenizer.json's folder) in tmp/cache with one to
+    three files added, removed, truncated, replaced by links (to the sentinel, to a sibling, dangling) or by a
+    folder."""
     source = _built_folder()
     cache = tmp / "cache"
     shutil.rmtree(cache, ignore_errors=True)
     cache.mkdir()
     folder = cache / source.name
     shutil.copytree(source, folder)
+    derived = source.parent / "tokenizers" / source.name  # the fixture's cached tokenizer.json (SPEC S71)
+    if derived.is_dir():
+        shutil.copytree(derived, cache / "tokenizers" / source.name)
     for _ in range(rng.randrange(1, 4)):
-        files = sorted(p for p in folder.iterdir()) or [folder / "x"]
+        kept = [*folder.iterdir(), *((cache / "tokenizers" / source.name).glob("*"))]
+        files = sorted(p for p in kept) or [folder / "x"]
         file = rng.choice(files)
         op = rng.randrange(7)
         with contextlib.suppress(OSError):

@@ -18,10 +18,10 @@ from typing import Any, ContextManager, Optional
 
 import torch
 
-from ..fixtures import recipes
+from ..fixtures import builder, recipes
 from ..locations import families
 from ..shapes import Address, Batch, Model, read_json
-from . import checkpoint
+from . import checkpoint, tokenjson
 from .contract import Engine
 
 
@@ -85,11 +85,22 @@ def tokenizer(path: str, raw: dict):
     return AutoTokenizer.from_pretrained(path, config=config, revision=None, padding_side="left")
 
 
+def loaded(path: str, raw: dict):
+    """`tokenizer`, with transformers' loading chatter off (checkpoint.quiet_transformers)."""
+    checkpoint.quiet_transformers()
+    return tokenizer(path, raw)
+
+
+def fixture_tokenizer(key: str, path: str, raw: dict):
+    """A fixture's tokenizer served from its cached tokenizer.json (tokenjson.py, SPEC.md E14): the AutoTokenizer
+    is loaded only to derive the cached files, or to render a chat template."""
+    return tokenjson.cached(Path(path), builder.recipe_digest(key), lambda: loaded(path, raw))
+
+
 def load(spec: Model, device_map: str = "cpu") -> Optional[WeightlessEngine]:
     """The weightless engine of a model block, or None where only a meta load answers exactly: a config that
     is not a recipe's, a family or attention implementation families.py has no row for, or a tokenizer that
     does not load (the meta load then refuses as it always has)."""
-    checkpoint.quiet_transformers()
     path, recipe = checkpoint.where(spec, weights=False)
     checkpoint.own_code(path, spec)
     raw = read_json(Path(path) / "config.json")  # None: the meta load meets it and refuses it as it always has
@@ -97,7 +108,7 @@ def load(spec: Model, device_map: str = "cpu") -> Optional[WeightlessEngine]:
     if tree is None:
         return None
     try:
-        tok = tokenizer(path, raw)
+        tok = fixture_tokenizer(spec.key, path, raw) if builder.is_fixture(spec.key) else loaded(path, raw)
     except Exception:  # noqa: BLE001 -- whatever it is, the meta load meets it and says it as it always has
         return None
     return WeightlessEngine(spec, tok, tree, recipe, device_map=device_map)

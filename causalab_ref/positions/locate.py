@@ -86,8 +86,8 @@ def _prefix_offset(tok, ids: list[int], k: int, text: str, before: int) -> int:
 # a strip at the very start (SPEC.md Q2). These are the sentencepiece (Llama) and byte-level BPE (GPT-2) families.
 LOCAL_DECODERS = ("ByteLevel", "Metaspace", "Replace", "ByteFallback", "Fuse", "Strip")
 # transformers' decode of a fast tokenizer, when a model's tokenizer class does not override it: the backend's
-# own decode and, with clean-up off, nothing else (4.x and 5.x spellings).
-BACKEND_DECODES = ("TokenizersBackend._decode", "PreTrainedTokenizerFast._decode")
+# own decode and, with clean-up off, nothing else (4.x and 5.x spellings; engines/tokenjson.py's adapter, E14).
+BACKEND_DECODES = ("TokenizersBackend._decode", "PreTrainedTokenizerFast._decode", "JsonTokenizer._decode")
 WINDOW = 8  # tokens a window may span before its start moves up to a later clean cut
 
 

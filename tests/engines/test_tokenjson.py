@@ -1,0 +1,204 @@
+"""tokenjson.py: compile's tokenizer from the cached tokenizer.json, call for call against transformers' AutoTokenizer.
+
+On every fixture, the adapter `weightless.load` serves and the AutoTokenizer loaded as nnsight loads it (the
+run engines' tokenizer, E9) must give the same ids, pieces, decodes, left-padded batches, masks and character
+maps for the seeds' texts, every string of the shipped documents and data tables, and odd text; a damaged
+cached file is rebuilt, never read.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from causalab_ref.engines import tokenjson, weightless
+from causalab_ref.fixtures import builder
+from causalab_ref.positions import locate
+from causalab_ref.runs import data
+from causalab_ref.shapes import Model, read_json
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ("tiny-llama", "tiny-gpt2", "tiny-gemma2", "tiny-gptoss", "tiny-olmo2", "tiny-qwen3next", "weekday-llama",
+            "distributed-gpt2")
+ODD = ["", " ", "  ", "\t", "\n", "a  b   c\t\td\n\ne", "   leading", "trailing   ", "naïve café", "日本語のテキスト",
+       "emoji 🙂🧪 and 𝔘𝔫𝔦𝔠𝔬𝔡𝔢", "e\u0301 combining", "\u200b zero width", "\ufffd replacement", "Ωμέγα ∑ ∫",
+       "<s>", "</s>", "<unk>", "<pad>", "<|endoftext|>", "a<s>b</s>c", " <|endoftext|> x", "<0x41> looks like a byte",
+       "don't , you ' re . ? !", "x" * 600, "\u2581 the metaspace", "12345 67.89", "\r\n windows"]
+
+
+def _strings(value, out: list) -> None:
+    if isinstance(value, str):
+        out.append(value)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _strings(v, out)
+    elif isinstance(value, list):
+        for v in value:
+            _strings(v, out)
+
+
+def _all_texts() -> list[str]:
+    """The seeds' lines, every string of the shipped documents and data tables, and ODD, once each."""
+    found: list[str] = []
+    for seed in sorted((ROOT.parent / "shared" / "seeds").glob("*.txt")):
+        found += seed.read_text(encoding="utf-8").splitlines()
+    for path in sorted([*(ROOT / "documents").rglob("*.json")]):
+        _strings(read_json(path), found)
+    return list(dict.fromkeys([*ODD, *found]))
+
+
+TEXTS = _all_texts()
+#: one fixture of each tokenizer family sees every text; the others, which share a family's files, the odd
+#: texts and every fourth other (the suite's budget)
+FULL = ("tiny-llama", "tiny-gpt2", "weekday-llama", "distributed-gpt2")
+
+
+@pytest.fixture(scope="session", params=FIXTURES)
+def pair(request):
+    """(the adapter compile is served, the AutoTokenizer as nnsight loads it), each with the contract's pad."""
+    key = f"fixture:{request.param}"
+    path = builder.checkpoint_dir(key)
+    raw = read_json(path / "config.json")
+    adapter = weightless.fixture_tokenizer(key, str(path), raw)
+    assert isinstance(adapter, tokenjson.JsonTokenizer)
+    texts = TEXTS if request.param in FULL else [*ODD, *TEXTS[len(ODD)::4]]
+    return locate.with_pad(adapter), locate.with_pad(weightless.tokenizer(str(path), raw)), texts
+
+
+def test_the_texts_cover_the_seeds_tables_and_odd_text():
+    """SPEC.md:1659 [E14] — the compared texts hold the seeds' prose, the shipped tables' strings and ODD."""
+    assert len(TEXTS) > 500 and set(ODD) <= set(TEXTS) and "" in TEXTS
+
+
+def test_the_adapter_has_the_tokenizers_special_tokens_and_side(pair):
+    """SPEC.md:1659 [E14] — special tokens and their ids, the padding side, the length limit, the vocabulary
+    and its size and the chat template are the AutoTokenizer's."""
+    ours, theirs, texts = pair
+    for name in ("bos_token", "eos_token", "pad_token", "unk_token", "bos_token_id", "eos_token_id", "pad_token_id",
+                 "unk_token_id", "padding_side", "model_max_length", "chat_template"):
+        assert getattr(ours, name) == getattr(theirs, name), name
+    assert ours.get_vocab() == theirs.get_vocab() and len(ours) == len(theirs)
+
+
+def test_the_adapter_encodes_and_decodes_every_text_as_the_autotokenizer(pair):
+    """SPEC.md:1659 [E14] — each text's ids with and without special tokens, its pieces, and its decodes with
+    and without special tokens and clean-up are the AutoTokenizer's (transformers' own batch calls, which
+    take each text as its single call does)."""
+    ours, theirs, texts = pair
+    rows = {special: theirs(texts, add_special_tokens=special)["input_ids"] for special in (True, False)}
+    assert [ours.encode(t, add_special_tokens=True) for t in texts] == rows[True]
+    assert [ours.encode(t, add_special_tokens=False) for t in texts] == rows[False]
+    assert [ours(t)["input_ids"] for t in texts] == rows[True]
+    assert [ours.convert_ids_to_tokens(r) for r in rows[True]] == [theirs.convert_ids_to_tokens(r) for r in rows[True]]
+    for skip, clean in ((False, False), (True, None)):
+        assert [ours.decode(r, skip_special_tokens=skip, clean_up_tokenization_spaces=clean) for r in rows[True]] == (
+            theirs.batch_decode(rows[True], skip_special_tokens=skip, clean_up_tokenization_spaces=clean))
+
+
+def test_the_adapter_pads_batches_and_maps_characters_as_the_autotokenizer(pair):
+    """SPEC.md:1659 [E14] — left-padded batches of the texts (ids and attention masks) and their frames (content
+    spans, decoded texts, character maps, for the odd texts and every 20th other; P22's definition as well
+    for the odd texts) are the AutoTokenizer's."""
+    ours, theirs, texts = pair
+    for lo in range(0, len(texts), 64):
+        chunk = texts[lo: lo + 64]
+        assert locate.batch_of_texts(ours, chunk) == locate.batch_of_texts(theirs, chunk), chunk
+    framed = [*ODD, *texts[len(ODD)::20]]  # the maps are locate's code on the decodes compared above: a sample
+    for lo in range(0, len(framed), 24):
+        chunk = framed[lo: lo + 24]
+        assert locate.frame_of_texts(ours, chunk) == locate.frame_of_texts(theirs, chunk), chunk
+    for text in ODD:
+        ids = theirs.encode(text, add_special_tokens=True)
+        assert locate.char_map(ours, ids) == locate.char_map(theirs, ids), text
+    assert locate.linear_map_serves(ours) == locate.linear_map_serves(theirs)
+    assert locate.decodes_by_pieces(ours) == locate.decodes_by_pieces(theirs)
+    assert data.characters_per_token(ours) == data.characters_per_token(theirs)
+
+
+def test_a_chat_template_is_rendered_by_the_autotokenizer():
+    """SPEC.md:1678 [E16] — a conversation renders through the checkpoint's template to the AutoTokenizer's text."""
+    key = "fixture:tiny-llama"
+    path = builder.checkpoint_dir(key)
+    raw = read_json(path / "config.json")
+    ours = weightless.fixture_tokenizer(key, str(path), raw)
+    theirs = weightless.tokenizer(str(path), raw)
+    chat = [{"role": "user", "content": "Which day follows Monday?"}, {"role": "assistant", "content": "Tuesday"},
+            {"role": "user", "content": "And then?"}]
+    assert data.render_chat(ours, chat) == data.render_chat(theirs, chat) and data.render_chat(ours, chat)
+
+
+def _copy_fixture_cache(tmp_path: Path, monkeypatch) -> Path:
+    """The tiny-gpt2 fixture folder copied into a fresh cache root; the cache points there."""
+    source = builder.checkpoint_dir("fixture:tiny-gpt2")
+    root = tmp_path / "cache"
+    (root / source.name).mkdir(parents=True)
+    for entry in source.iterdir():
+        (root / source.name / entry.name).write_bytes(entry.read_bytes())
+    monkeypatch.setenv(builder.CACHE_ENV, str(root))
+    return root / source.name
+
+
+@pytest.mark.parametrize("damage", ["truncated", "changed", "linked", "record", "foreign recipe", "missing"])
+def test_a_damaged_cached_tokenizer_is_rebuilt_never_trusted(tmp_path, monkeypatch, damage):
+    """SPEC.md:968 [S71] — a cached tokenizer.json or adapter.json whose bytes are not its record's, a link, a
+    damaged record or one of another recipe is not read: the files are derived again from the AutoTokenizer
+    and the adapter answers as it does."""
+    folder = _copy_fixture_cache(tmp_path, monkeypatch)
+    spec = Model(key="fixture:tiny-gpt2", revision="seeded", dtype="fp32")
+    first = weightless.load(spec)
+    cached = tokenjson.folder_of(folder)
+    good = (cached / "tokenizer.json").read_bytes()
+    target = cached / "tokenizer.json"
+    decoy = tmp_path / "decoy.json"
+    decoy.write_text(json.dumps({**json.loads(good), "added_tokens": []}), encoding="utf-8")
+    if damage == "truncated":
+        target.write_bytes(good[: len(good) // 2])
+    elif damage == "changed":
+        target.write_bytes(decoy.read_bytes())
+    elif damage == "linked":
+        target.unlink()
+        os.symlink(decoy, target)
+    elif damage == "record":
+        (cached / tokenjson.RECORD).write_text("{not json", encoding="utf-8")
+    elif damage == "foreign recipe":
+        record = json.loads((cached / tokenjson.RECORD).read_text(encoding="utf-8"))
+        (cached / tokenjson.RECORD).write_text(json.dumps({**record, "digest": "0" * 64}), encoding="utf-8")
+    else:
+        (cached / "adapter.json").unlink()
+    assert tokenjson.read_cached(cached, builder.recipe_digest(spec.key)) is None
+    again = weightless.load(spec)
+    assert (cached / "tokenizer.json").read_bytes() == good and not (cached / "tokenizer.json").is_symlink()
+    assert again.tokenizer.encode("<|endoftext|> Monday") == first.tokenizer.encode("<|endoftext|> Monday")
+    assert tokenjson.read_cached(cached, builder.recipe_digest(spec.key)) is not None
+
+
+@pytest.mark.parametrize("block", ["file", "link"])
+def test_a_cache_that_cannot_be_written_still_serves_the_adapter(tmp_path, monkeypatch, block):
+    """SPEC.md:974 [S72] — where the tokenizers folder is a file, or a link (nothing is written through it), the
+    adapter is served from memory."""
+    folder = _copy_fixture_cache(tmp_path, monkeypatch)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    if block == "file":
+        (folder.parent / "tokenizers").write_text("a file where the folder would be", encoding="utf-8")
+    else:
+        (folder.parent / "tokenizers").symlink_to(elsewhere)
+    tok = weightless.fixture_tokenizer("fixture:tiny-gpt2", str(folder), read_json(folder / "config.json"))
+    assert isinstance(tok, tokenjson.JsonTokenizer) and tok.encode(" Monday") == weightless.tokenizer(
+        str(folder), read_json(folder / "config.json")).encode(" Monday")
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_tokenizer_class_that_overrides_a_served_call_is_not_adapted(pair):
+    """SPEC.md:1675 [E15] — a tokenizer whose class overrides one of the calls the adapter answers is not
+    derived (the caller keeps the AutoTokenizer)."""
+    _ours, theirs, _texts = pair
+    assert tokenjson.servable(theirs)
+    odd = type("Odd", (type(theirs),), {"encode": lambda self, text, **kw: [0]})
+    theirs.__class__ = odd
+    try:
+        assert not tokenjson.servable(theirs) and tokenjson.derive(theirs) is None
+    finally:
+        theirs.__class__ = odd.__mro__[1]
