@@ -202,3 +202,53 @@ def test_a_tokenizer_class_that_overrides_a_served_call_is_not_adapted(pair):
         assert not tokenjson.servable(theirs) and tokenjson.derive(theirs) is None
     finally:
         theirs.__class__ = odd.__mro__[1]
+
+
+class Mirror(tokenjson.JsonTokenizer):
+    """The adapter, each call compile makes also made on the AutoTokenizer; what differs is kept in `differ`."""
+
+    def __init__(self, ours: tokenjson.JsonTokenizer, theirs):
+        self.__dict__.update(ours.__dict__)
+        self.theirs, self.calls, self.differ = theirs, 0, []
+
+    def _both(self, name: str, args, kwargs, view=lambda x: x):
+        mine = getattr(tokenjson.JsonTokenizer, name)(self, *args, **kwargs)
+        yours = getattr(self.theirs, name)(*args, **kwargs)
+        self.calls += 1
+        if view(mine) != view(yours):
+            self.differ.append((name, args, kwargs))
+        return mine
+
+    def __call__(self, *args, **kwargs):
+        return self._both("__call__", args, kwargs, lambda e: (e["input_ids"], e["attention_mask"]))
+
+    def encode(self, *args, **kwargs):
+        return self._both("encode", args, kwargs)
+
+    def decode(self, *args, **kwargs):
+        return self._both("decode", args, kwargs)
+
+    def convert_ids_to_tokens(self, *args, **kwargs):
+        return self._both("convert_ids_to_tokens", args, kwargs)
+
+
+def test_compile_and_the_run_engines_tokenizer_agree_on_every_shipped_document(monkeypatch):
+    """SPEC.md:1 [E14] — validating every shipped document (documents/, steps_first/ too), each tokenizer call
+    compile makes gives on the adapter what it gives on the AutoTokenizer the run engines load (ids, masks,
+    decodes, pieces): the batches, and so the positions compiled with one, are the other's."""
+    from inprocess import cli
+
+    real, mirrors = weightless.fixture_tokenizer, {}
+
+    def mirrored(key, path, raw):
+        if path not in mirrors:
+            mirrors[path] = Mirror(real(key, path, raw), locate.with_pad(weightless.tokenizer(path, raw)))
+        return mirrors[path]
+
+    monkeypatch.setattr(weightless, "fixture_tokenizer", mirrored)
+    documents = sorted((ROOT / "documents").glob("*.json")) + sorted((ROOT / "documents" / "steps_first").glob("*.json"))
+    for document in documents:
+        done = cli("validate", str(document.relative_to(ROOT)))
+        assert done.returncode == 0, (document, done.stderr)
+    assert len(mirrors) >= 3 and all(m.calls > 0 for m in mirrors.values())
+    assert [m.differ for m in mirrors.values()] == [[] for _ in mirrors]
