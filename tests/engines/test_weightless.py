@@ -102,7 +102,7 @@ print(status, *(name for name in ("nnsight", "nnterp", "transformers") if name i
 
 @pytest.mark.parametrize("verb", ["validate", "explain"])
 def test_validate_and_explain_import_no_nnsight_nnterp_or_transformers(verb):
-    """SPEC.md:1679 [E9] SPEC.md:1724 [E17] — `validate` and `explain` of documents/patching.json, in a new process
+    """SPEC.md:1679 [E9] SPEC.md:1736 [E17] — `validate` and `explain` of documents/patching.json, in a new process
     and once the fixture's tokenizer.json is cached, answer (status 0) without nnsight, nnterp or transformers
     ever being imported."""
     weightless.load(Model(key="fixture:tiny-llama", revision="seeded", dtype="fp32"))  # the tokenizer cached
