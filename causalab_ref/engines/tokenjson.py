@@ -19,10 +19,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import stat
-import tempfile
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Union
+
+from ..fixtures import builder
 
 #: the transformers methods whose answers the adapter gives; a class overriding one of them is not served (E15)
 SERVED = ("__call__", "encode", "decode", "_decode", "_encode_plus", "_batch_encode_plus", "convert_ids_to_tokens",
@@ -189,20 +191,20 @@ def read_cached(folder: Path, digest: str) -> Optional[dict[str, bytes]]:
 
 
 def write_cached(folder: Path, digest: str, files: dict[str, bytes]) -> None:
-    """Write the files, each whole under its name by a rename (the record last), so a reader sees old or new."""
+    """Write the files in a staging folder beside `folder` (`.<name>.partial-pid<P>-<8>`, what a killed writer
+    left removed first, S26), then move each over its name (the record last): a reader sees old or new."""
     if folder.is_symlink() or folder.parent.is_symlink():
         raise NotADirectoryError(f"{folder} is reached through a link; nothing is written there")
     folder.mkdir(parents=True, exist_ok=True)
+    builder.clean_stale(folder.parent, folder.name)
     record = {"digest": digest, "files": {fn: hashlib.sha256(b).hexdigest() for fn, b in files.items()}}
-    for fn, data in [*files.items(), (RECORD, json.dumps(record, sort_keys=True, indent=2).encode())]:
-        fd, tmp = tempfile.mkstemp(prefix=f".{fn}.partial-", dir=folder)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, folder / fn)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+    tmp = builder.staging(folder.parent, folder.name)
+    try:
+        for fn, data in [*files.items(), (RECORD, json.dumps(record, sort_keys=True, indent=2).encode())]:
+            (tmp / fn).write_bytes(data)
+            os.replace(tmp / fn, folder / fn)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def cached(checkpoint: Path, digest: str, load: Callable[[], Any]):
