@@ -8,7 +8,7 @@ writes its backend's tokenizer.json and the few attributes compile reads into th
 (`<cache>/tokenizers/<fixture folder>/`, with a record of both files' sha256 and the fixture's recipe digest),
 and every later process answers from those files without importing transformers:
 
-    tok = tokenjson.cached("fixture:tiny-llama", folder, load)   # load(): the AutoTokenizer, on a miss only
+    tok = tokenjson.cached(folder, builder.recipe_digest(key), load)   # load(): the AutoTokenizer, on a miss only
     tok(["The cat", "A dog sat"], padding=True, add_special_tokens=True)["input_ids"]   # left-padded rows
 
 A cached file whose bytes are not the record's (or a record of another recipe) is never read: the files are
