@@ -98,14 +98,16 @@ def test_a_metric_of_a_read_that_is_not_logits_is_a_refusal(tmp_path):
 
 
 def test_the_fuzzer_writes_the_later_languages_fields(tmp_path):
-    """SPEC.md:102 [D36] SPEC.md:2188 [SF6] fuzzing.language makes layers "all" (and its wrong spellings) and
-    steps-first cycles; each such document validates or is refused in one line."""
+    """SPEC.md:1148 [S63] SPEC.md:102 [D36] SPEC.md:2194 [SF6] fuzzing.language makes layers "all" (and its wrong
+    spellings) and steps-first cycles, the steps-first documents are among its sources; each such document
+    validates or is refused in one line."""
     import json
     pos_sweep = json.loads((fuzzing.REPO / "documents" / "steps_first" / "pos_sweep.json").read_text("utf-8"))
     made = [fuzzing.language(random.Random(seed), pos_sweep) for seed in range(40)]
     alls = [m for m in made if m["sites"]["target"].get("layers") == "all"]
     cycles = [m for m in made if "interventions" in m["steps"]["counterfactual"]]
     assert alls and cycles
+    assert {p.parent.name for p in fuzzing.DOCUMENTS} >= {"documents", "steps_first"}
     doc = tmp_path / "doc.json"
     for raw in (alls[0], cycles[0], made[0]):
         doc.write_text(json.dumps(raw), encoding="utf-8")
