@@ -394,13 +394,15 @@ def test_a_read_only_or_full_file_system_under_out_is_one_line(llama, tmp_path):
 
 def test_a_bug_while_loading_stays_an_internal_error(monkeypatch, capsys):
     """SPEC.md:952 [S10] an exception loading does not raise for a bad checkpoint (a TypeError here) is the
-    project's failure: exit 1 and `internal error`, never a refusal of model.key. The bug is in both loads
-    validate may make: the weightless engine's tokenizer (which then leaves the compile to the meta load,
-    SPEC.md:1686 [E9]) and the meta load."""
+    project's failure: exit 1 and `internal error`, never a refusal of model.key. The bug is in every load
+    validate may make: the weightless engine's tokenizer, served from the cached tokenizer.json (tokenjson.py) or
+    loaded by transformers on a cold cache (either then leaves the compile to the meta load, SPEC.md:1686 [E9]),
+    and the meta load."""
     def broken(*args, **kwargs):
         raise TypeError("a bug")
     monkeypatch.setattr(checkpoint, "standardized", broken)
     monkeypatch.setattr(weightless, "tokenizer", broken)
+    monkeypatch.setattr(weightless, "fixture_tokenizer", broken)
     assert cli.main(["validate", str(DOC)]) == 1
     err = capsys.readouterr().err
     assert "internal error (TypeError): a bug" in err and "model.key" not in err
