@@ -36,10 +36,11 @@ STAGES = ("validation", "compile", "run", "usage")
 WEIRD_STRINGS = ["", " ", "..", "../x", "/abs", "a/../../b", "\u00e9t\u00e9", "\U0001F600\U0001F680", "\x00",
                  "\u202e\u0301", "x" * 5000, "weekdays/../weekdays/train", "weekdays/train#nope", "#",
                  "weekdays//train", "\ud800", "a.b[0]", "c[999]", "[", "block_output", "eager", "fixture:nope",
-                 "fixture:tiny-gpt2", "-1", "null", "\n\t", "Monday", "\u3042\u3044"]
+                 "fixture:tiny-gpt2", "-1", "null", "\n\t", "Monday", "\u3042\u3044",
+                 "kl", "js", "top_k", "soft_accuracy", "against", "bare", "clean_logits", "k"]  # D24-D29's fields
 PATH_NAMES = ["a/b", "a.b", "..", ".", "", "x/../y", "a\\b", "/abs", "iia.json/x", "n\nl", "a" * 300]
 WEIRD_NUMBERS = [0, 1, -1, 2, 3, 7, -7, 10 ** 6, -(10 ** 6), 2 ** 31, 2 ** 63, 10 ** 100, -(10 ** 100), 0.5, -0.0,
-                 1e308, float("inf"), float("nan"), True, False]
+                 1e308, float("inf"), float("nan"), True, False, 1e9, 32000, 32001]
 
 
 def weird_value(rng: random.Random, depth: int = 0) -> Any:

@@ -41,9 +41,11 @@ class Refusal(Exception):
 
 
 UNITS = {"match": "fraction", "logit_diff": "logit", "cross_entropy": "nat", "token_logit": "logit",
-         "token_prob": "probability"}
+         "token_prob": "probability", "soft_accuracy": "probability", "kl": "nat", "js": "nat", "top_k": "fraction"}
+VERSIONS = {"top_k": "top_k_overlap/v1"}  # D28; every other kind's is "<kind>/v1"
 COLUMNS = {"match": ["expected"], "logit_diff": ["a", "b"], "cross_entropy": ["target"],
-           "token_logit": ["token"], "token_prob": ["token"]}
+           "token_logit": ["token"], "token_prob": ["token"], "soft_accuracy": ["expected"], "kl": [], "js": [],
+           "top_k": []}
 # Refusal templates, verbatim from SPEC.md section 13 (the placement ones the corpus's run cases reach).
 T_FIXED = ("<kind> '<name>' at <spelling> has no position on row(s) <rows>. A position of a fixed width names the "
            "same number of tokens on every row, so a row it does not fit is refused rather than skipped; a position "
@@ -833,16 +835,34 @@ def dynamic(iv):
     return False
 
 
-def answer_id(tok, text):
-    """D15: space_prefixed: leading whitespace stripped, one space prepended, no special tokens, one id."""
-    ids = tok(" " + text.lstrip(), add_special_tokens=False).input_ids
+def answer_id(tok, text, form="space_prefixed"):
+    """D15: space_prefixed: leading whitespace stripped, one space prepended, no special tokens, one id; D29:
+    bare, the stripped text with no space."""
+    ids = tok((" " if form == "space_prefixed" else "") + text.lstrip(), add_special_tokens=False).input_ids
     if len(ids) != 1:
         raise Skip(f"answer {text!r} is {len(ids)} tokens (a compile refusal)")
     return ids[0]
 
 
+def divergence(kind, v, ref, k):
+    """D28 on one row: P from `of` (v), Q from `against` (ref); KL in nats, JS to the mixture, top-k overlap."""
+    if kind == "top_k":
+        def top(x):  # ties to the lower id: sort by (-logit, id)
+            xs = x.float().tolist()
+            return set(sorted(range(len(xs)), key=lambda j: (-xs[j], j))[:k])
+        return torch.tensor(len(top(v) & top(ref)) / k)
+    p, q = torch.softmax(v.double(), -1), torch.softmax(ref.double(), -1)
+    logp, logq = torch.log_softmax(v.double(), -1), torch.log_softmax(ref.double(), -1)
+    if kind == "kl":
+        return torch.where(p > 0, p * (logp - logq), torch.zeros_like(p)).sum()
+    logm = torch.log((p + q) / 2)
+    return 0.5 * (torch.where(p > 0, p * (logp - logm), 0.0).sum() + torch.where(q > 0, q * (logq - logm), 0.0).sum())
+
+
 def metric_value(kind, v, ids):
     v = v.float()
+    if kind == "soft_accuracy":
+        return torch.softmax(v, -1)[ids[0]]
     if kind == "match":
         return (v.argmax() == ids[0]).float()
     if kind == "logit_diff":
@@ -998,10 +1018,15 @@ class Pass:
         for i, row in enumerate(base):
             cols = [spec[c] for c in COLUMNS[kind]]
             col_ok = all(isinstance(row.get(c), str) and row[c].strip() for c in cols)
-            placed = tap.windows[i] is not None
+            ref = self.reads[spec["against"]] if "against" in spec else None  # D25: placed by both reads
+            placed = tap.windows[i] is not None and (ref is None or ref.windows[i] is not None)
             value = None
+            if col_ok and placed and ref is not None:
+                v = divergence(kind, tap.values[i][0], ref.values[i][0], spec.get("k", 5))
+            elif col_ok and placed:
+                form = spec.get("token_form", "space_prefixed")
+                v = metric_value(kind, tap.values[i][0], [answer_id(tok, row[c], form) for c in cols])
             if col_ok and placed:
-                v = metric_value(kind, tap.values[i][0], [answer_id(tok, row[c]) for c in cols])
                 vec.append(v)
                 value = float(v)
                 value = value if math.isfinite(value) else None
@@ -1016,7 +1041,7 @@ class Pass:
                 positions, reason, text = None, "", ""
             out.append({"example_id": str(row.get("example_id", i)), "metric": name, "value": value,
                         "eligible": bool(col_ok and placed), "positions": positions, "reason": reason,
-                        "tokens": text, "unit": UNITS[kind], "estimand_version": f"{kind}/v1",
+                        "tokens": text, "unit": UNITS[kind], "estimand_version": VERSIONS.get(kind, f"{kind}/v1"),
                         "produced_by": self.ctx.produced_by})
         if not vec:
             raise Refusal("run" if tap.generated else "compile", f"{self.where}.metrics.{name}", T_EMPTY_METRIC)  # P31, P58

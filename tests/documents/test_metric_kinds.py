@@ -274,7 +274,7 @@ def weekday_tok():
 
 @pytest.mark.fast
 def test_bare_encodes_the_stripped_text_with_no_space(weekday_tok):
-    """SPEC.md:140 [D29] `bare` spells the answer as the first word of a text: on the weekday BPE ' Monday'
+    """SPEC.md:142 [D29] `bare` spells the answer as the first word of a text: on the weekday BPE ' Monday'
     is 519 bare and 315 space_prefixed (its own encodings of 'Monday' and ' Monday')."""
     assert data.answer_id(weekday_tok, " Monday", "p", token_form="bare") == 519
     assert data.answer_id(weekday_tok, "Monday", "p", token_form="bare") == 519
@@ -284,7 +284,7 @@ def test_bare_encodes_the_stripped_text_with_no_space(weekday_tok):
 
 @pytest.mark.fast
 def test_a_bare_answer_of_two_tokens_is_refused_with_its_surface():
-    """SPEC.md:140 [D29] a bare answer is exactly one id too, else D15's refusal quoting the bare surface."""
+    """SPEC.md:142 [D29] a bare answer is exactly one id too, else D15's refusal quoting the bare surface."""
     from causalab_ref.fixtures import builder
     tok = builder.tokenizer("fixture:tiny-gpt2")  # 'Monday' is 3 tokens there, ' Monday' one
     assert data.answer_id(tok, "Monday", "p") == 615
@@ -295,7 +295,7 @@ def test_a_bare_answer_of_two_tokens_is_refused_with_its_surface():
 
 @pytest.mark.fast
 def test_token_form_is_one_of_the_two_forms():
-    """SPEC.md:140 [D29] token_form is space_prefixed or bare; anything else is refused naming both."""
+    """SPEC.md:142 [D29] token_form is space_prefixed or bare; anything else is refused naming both."""
     refusal = _refused(doc(kind="soft_accuracy", of="logits", expected="cf_answer", token_form="spaced"))
     assert refusal.path == f"{MP}.m.token_form"
     assert refusal.message.startswith("'spaced' is not one of ['space_prefixed', 'bare']")
@@ -362,3 +362,22 @@ def test_vocab_and_the_schema_name_the_later_kinds_and_their_fields(capsys):
     assert kinds["top_k"]["required"] == ["kind", "of", "against"]
     assert kinds["top_k"]["properties"]["k"]["anyOf"][0] == {"type": "integer", "minimum": 1}
     assert kinds["soft_accuracy"]["properties"]["token_form"]["anyOf"][0] == {"enum": ["space_prefixed", "bare"]}
+
+
+@pytest.mark.fast
+def test_the_weekday_cases_hold_the_laws_stated_before_measuring():
+    """SPEC.md:877 [C38] the entity swap's top_k (k = 1) is 0 and kl, js > 0 on every row, bare and spaced answers
+    differ; the shared-token swap's kl and js are 0 and top_k 1 exactly (the cases' recorded expectations)."""
+    corpus = REPO / "causalab_ref" / "conformance" / "corpus"
+
+    def values(case: str, table: str) -> list:
+        return [r["value"] for r in json.loads((corpus / f"{case}.json").read_text())["expect"]["tables"][table]]
+    entity = "run_weekday_divergence"
+    assert set(values(entity, "top1.json")) == {0.0} and set(values(entity, "iia.json")) == {1.0}
+    assert all(0 < v for v in values(entity, "kl.json"))
+    assert all(0 < v <= math.log(2) for v in values(entity, "js.json"))
+    assert values(entity, "soft.json") == values(entity, "p_spaced.json")
+    assert all(b != s for b, s in zip(values(entity, "p_bare.json"), values(entity, "p_spaced.json")))
+    shared = "run_weekday_shared_token_divergence"
+    assert set(values(shared, "kl.json")) == set(values(shared, "js.json")) == {0.0}
+    assert set(values(shared, "top3.json")) == {1.0}
