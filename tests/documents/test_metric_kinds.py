@@ -114,7 +114,8 @@ def test_against_over_a_window_wider_than_one_is_refused():
                                      (1e9, "expected an integer, got a number"), ("3", "expected an integer, got a string"),
                                      (True, "expected an integer, got a boolean"), (None, "expected an integer, got null")])
 def test_k_is_a_positive_integer_at_validation(k, said):
-    """SPEC.md:121 [D27] k of 0, a float, a string, a boolean or null is one refusal at `<metric>.k`."""
+    """SPEC.md:121 [D27] k of 0, a float, a string, a boolean or null is one refusal at `<metric>.k`.
+    SPEC.md:1155 [S58] the surface: one line at the field's path."""
     refusal = _refused(doc(kind="top_k", of="logits", against="clean", k=k))
     assert (refusal.stage, refusal.path, refusal.message) == ("validation", f"{MP}.m.k", said)
 
@@ -381,3 +382,15 @@ def test_the_weekday_cases_hold_the_laws_stated_before_measuring():
     shared = "run_weekday_shared_token_divergence"
     assert set(values(shared, "kl.json")) == set(values(shared, "js.json")) == {0.0}
     assert set(values(shared, "top3.json")) == {1.0}
+
+
+@pytest.mark.fast
+def test_the_fuzzer_knows_the_later_fields():
+    """SPEC.md:1155 [S58] the document fuzzer mutates the shipped divergence document with the new fields' names, kinds
+    and k's hostile numbers."""
+    import sys
+    sys.path.insert(0, str(REPO / "tests"))
+    import fuzzing
+    assert REPO / "documents" / "weekday_divergence.json" in fuzzing.DOCUMENTS
+    assert {"kl", "js", "top_k", "soft_accuracy", "against", "bare", "k"} <= set(fuzzing.WEIRD_STRINGS)
+    assert {1e9, 32000, 32001} <= set(fuzzing.WEIRD_NUMBERS)
