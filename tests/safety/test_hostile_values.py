@@ -341,7 +341,7 @@ def test_the_lr_bound_is_adamws_own():
 
 
 def test_a_data_table_that_is_a_link_loop_is_one_refusal(tmp_path):
-    """SPEC.md:1155 [S53] weekdays/train.json a link to itself (Python 3.11 resolves it with RuntimeError): one
+    """SPEC.md:1162 [S53] weekdays/train.json a link to itself (Python 3.11 resolves it with RuntimeError): one
     refusal naming the ref, not an internal error."""
     root = tmp_path / "data"
     shutil.copytree(fuzzing.DATA, root)
@@ -354,7 +354,7 @@ def test_a_data_table_that_is_a_link_loop_is_one_refusal(tmp_path):
 
 
 def test_a_data_root_that_is_a_link_loop_is_one_refusal(tmp_path):
-    """SPEC.md:1155 [S53] `--data-root` a link to itself: the same one refusal."""
+    """SPEC.md:1162 [S53] `--data-root` a link to itself: the same one refusal."""
     root = tmp_path / "loop"
     os.symlink(root, root)
     line = _refusal(["validate", str(DOCUMENTS / "patching.json"), "--data-root", str(root)])
