@@ -315,7 +315,7 @@ def run_peak(doc: pathlib.Path, out: pathlib.Path, data_root: pathlib.Path = DAT
 
 
 def load_peak(key: str = LLAMA) -> float:
-    return _peak("from causalab_ref import engine; from causalab_ref.shapes import Model; "
+    return _peak("from causalab_ref.engines import loading; from causalab_ref.shapes import Model; "
                  f"loading.load(Model(key={key!r}, revision='seeded', dtype='fp32'), weights=True); {HWM}")
 
 
