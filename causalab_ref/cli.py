@@ -569,7 +569,7 @@ def main(argv=None) -> int:
     try:
         result = args.func(args)
     except Refusal as refusal:
-        if getattr(args, "format", "") != "plan-shaped" and getattr(args, "repath", None):
+        if getattr(args, "repath", None):  # set for a protocol or steps-first document only (_lowered)
             refusal.path = args.repath(refusal.path)  # the protocol or steps-first document's own (PR19, SF14)
         where = f"{refusal.path}: " if refusal.path else ""
         line = f"{refusal.stage}: {where}{refusal.message}"  # one line whatever the document's text holds (D4)

@@ -101,10 +101,11 @@ def _metric(raw: Any, path: str) -> Metric:
                                  f"of the vocabulary's logits in this intervention{readout}")
     record(raw, path, ("kind", "of", "token_form") + kind.fields(), ("kind", "of") + kind.columns + kind.reads)
     token_form = choice(raw.get("token_form", "space_prefixed"), f"{path}.token_form", metrics.TOKEN_FORMS)
-    k = positive(raw.get("k", metrics.TOP_K_DEFAULT), f"{path}.k", "k") if kind.params else None
+    params = {p: positive(raw.get(p, default), f"{path}.{p}", p) for p, default in kind.params}
     return Metric(kind=kind.name, of=string(raw["of"], f"{path}.of"),
                   columns=tuple((c, string(raw[c], f"{path}.{c}")) for c in kind.columns), token_form=token_form,
-                  against=string(raw["against"], f"{path}.against") if kind.reads else None, k=k)
+                  against=string(raw["against"], f"{path}.against") if "against" in kind.reads else None,
+                  k=params.get("k"))
 
 
 _READOUT = {"top_k": " (a metric table holds one number per row, so the original's top_k readout, a list of "

@@ -141,5 +141,4 @@ KINDS: dict[str, MetricKind] = {k.name: k for k in (
     MetricKind("top_k", (), "fraction", "top_k_overlap/v1", _top_k, reads=("against",), params=(("k", TOP_K_DEFAULT),)),
 )}
 
-COLUMNS = tuple(sorted({c for kind in KINDS.values() for c in kind.columns}))  # every column any kind names
 FIELDS = tuple(sorted({f for kind in KINDS.values() for f in kind.fields()}))  # every field any kind takes

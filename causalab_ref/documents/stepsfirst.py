@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn, Optional
 
 from . import sweeps
-from .names import one_segment
+from .fields import mapping
 from .reader import canonical_sha256, type_name
 from ..shapes import Refusal, nearest
 
@@ -68,14 +68,6 @@ def _keys(raw: Any, path: str, allowed: tuple, required: tuple = ()) -> dict:
     for key in required:
         if key not in raw:
             _fail(f"{path}.{key}" if path else key, "required field is missing")
-    return raw
-
-
-def _named(raw: Any, path: str) -> dict:
-    if not isinstance(raw, dict):
-        _fail(path, f"expected an object of named entries, got {type_name(raw)}")
-    for name in raw:
-        one_segment(name, f"{path}.{name}")
     return raw
 
 
@@ -269,9 +261,9 @@ def _step(name: str, raw: Any, data: dict) -> dict:
             _fail(f"{path}.data", f"step '{name}' runs on dataset {json.dumps(step['data'])[:60]}, which `data` does "
                                   f"not declare; declared: {sorted(data)}"
                                   f"{nearest(step['data'], sorted(data)) if isinstance(step['data'], str) else ''}")
-        _named(step["reads"], f"{path}.reads")
+        mapping(step["reads"], f"{path}.reads")
         if "interventions" in step:
-            _named(_keys(step["interventions"], f"{path}.interventions", ("writes",), ("writes",))["writes"],
+            mapping(_keys(step["interventions"], f"{path}.interventions", ("writes",), ("writes",))["writes"],
                    f"{path}.interventions.writes")
     return step
 
@@ -432,12 +424,13 @@ def _decode(build: _Build, names: list[str]) -> int:
     lengths = {n: _generate(n, build.steps[n]) for n in names if build.steps[n]["kind"] == "generate"}
     if not lengths:
         return 0
+    first = next(iter(lengths))  # the first generate step of the stage, in its order
     for n in names:
-        if n not in lengths or lengths[n] != lengths[names[0] if names[0] in lengths else next(iter(lengths))]:
-            _fail(f"steps.{n}.kind", f"step '{n}' runs in one pass with generate step '{next(iter(lengths))}', and a "
+        if lengths.get(n) != lengths[first]:
+            _fail(f"steps.{n}.kind", f"step '{n}' runs in one pass with generate step '{first}', and a "
                                      "pass decodes its every forward alike; give the steps one kind and one "
                                      "max_new_tokens, or write the document plan-shaped")
-    return next(iter(lengths.values()))
+    return lengths[first]
 
 
 def _stage(build: _Build, k: int, names: list[str], rows: dict) -> tuple[dict, dict]:
@@ -474,14 +467,14 @@ def lower(raw: Any) -> Lowered:
     """The plan-shaped document a steps-first document means (SF2-SF13)."""
     top = _keys(raw, "", TOP, ("model", "data", "steps"))
     header = _keys(top.get("header", {}), "header", ("title", "description"))
-    data = {name: _dataset(name, entry) for name, entry in _named(top["data"], "data").items()}
-    given = _named(top["steps"], "steps")
+    data = {name: _dataset(name, entry) for name, entry in mapping(top["data"], "data").items()}
+    given = mapping(top["steps"], "steps")
     steps = {name: _step(name, s, data) for name, s in given.items() if name != SAVES}
     clash = sorted(set(steps) & set(data))
     if clash:
         _fail(f"steps.{clash[0]}", f"'{clash[0]}' names both a dataset and a step, so '{clash[0]}.<x>' would mean "
                                    "either; rename one")
-    sites = {name: _site(s, f"sites.{name}") for name, s in _named(top.get("sites", {}), "sites").items()}
+    sites = {name: _site(s, f"sites.{name}") for name, s in mapping(top.get("sites", {}), "sites").items()}
     build = _Build(data=data, steps=steps, sites=sites)
     build.origin.update({f"sites.{n}": (f"sites.{n}", {}) for n in sites})
     check_order(steps)

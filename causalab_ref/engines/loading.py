@@ -28,21 +28,15 @@ def refuse_remote(kind: str) -> None:
         return
     import platform
     from importlib import metadata
-    nnsight = metadata.version("nnsight") if _installed("nnsight") else "not installed"
+    try:
+        nnsight = metadata.version("nnsight")
+    except metadata.PackageNotFoundError:
+        nnsight = "not installed"
     raise Refusal(f"engine 'ndif' runs a document on a remote NDIF server, and this installation cannot reach "
                   f"one: NDIF's server stack needs nnsight >= 0.8 and Python >= 3.12 (a GPU on the server), and "
                   f"nnterp 1.3.0, whose names the nnterp engine uses, does not import under nnsight 0.8 "
                   f"(here: nnsight {nnsight}, Python {platform.python_version()}); run the same document here "
                   "with --engine nnterp or --engine hooks", path="--engine", stage="compile")
-
-
-def _installed(name: str) -> bool:
-    from importlib import metadata
-    try:
-        metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return False
-    return True
 
 
 def compiled(spec: Model, compile: Callable[[Engine], Any], kind: str = "nnterp", weights: bool = False,

@@ -91,10 +91,12 @@ def loaded(path: str, raw: dict):
     return tokenizer(path, raw)
 
 
-def fixture_tokenizer(key: str, path: str, raw: dict):
+def fixture_tokenizer(key: str, path: str, raw: dict, digest: Optional[str] = None):
     """A fixture's tokenizer served from its cached tokenizer.json (tokenjson.py, SPEC.md E14): the AutoTokenizer
-    is loaded only to derive the cached files, or to render a chat template."""
-    return tokenjson.cached(Path(path), builder.recipe_digest(key), lambda: loaded(path, raw))
+    is loaded only to derive the cached files, or to render a chat template. `digest` is the key's recipe digest
+    where the caller has it (checkpoint.where's), so its files are not hashed again."""
+    digest = builder.recipe_digest(key) if digest is None else digest
+    return tokenjson.cached(Path(path), digest, lambda: loaded(path, raw))
 
 
 def load(spec: Model, device_map: str = "cpu") -> Optional[WeightlessEngine]:
@@ -108,7 +110,8 @@ def load(spec: Model, device_map: str = "cpu") -> Optional[WeightlessEngine]:
     if tree is None:
         return None
     try:
-        tok = fixture_tokenizer(spec.key, path, raw) if builder.is_fixture(spec.key) else loaded(path, raw)
+        tok = (fixture_tokenizer(spec.key, path, raw, recipe["fixture_recipe"]) if builder.is_fixture(spec.key)
+               else loaded(path, raw))
     except Exception:  # noqa: BLE001 -- whatever it is, the meta load meets it and says it as it always has
         return None
     return WeightlessEngine(spec, tok, tree, recipe, device_map=device_map)

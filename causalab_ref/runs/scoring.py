@@ -70,7 +70,9 @@ def score(metric: MetricPlan, values: dict, placed: dict, both: tuple[bool, ...]
     eligibility."""
     out: list[Optional[float]] = [None] * len(placed[metric.of].windows)
     rows, vectors, scored = _scored(metric, {n: values[n].detach().float() for n in metric.reads}, placed, both, lo)
-    finite = finite_rows(vectors[0]) if len(vectors) == 1 else finite_rows(vectors[0]) & finite_rows(vectors[1])
+    finite = finite_rows(vectors[0])
+    for vector in vectors[1:]:  # `against`'s too: a row is scored only where every vector it reads is finite
+        finite = finite & finite_rows(vector)
     for r, v, whole in zip(rows, scored.tolist(), finite.tolist()):
         out[r] = v if whole and math.isfinite(v) else None
     return out

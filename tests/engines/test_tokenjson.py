@@ -243,9 +243,9 @@ def test_compile_and_the_run_engines_tokenizer_agree_on_every_shipped_document(m
 
     real, mirrors = weightless.fixture_tokenizer, {}
 
-    def mirrored(key, path, raw):
+    def mirrored(key, path, raw, digest=None):
         if path not in mirrors:
-            mirrors[path] = Mirror(real(key, path, raw), locate.with_pad(weightless.tokenizer(path, raw)))
+            mirrors[path] = Mirror(real(key, path, raw, digest), locate.with_pad(weightless.tokenizer(path, raw)))
         return mirrors[path]
 
     monkeypatch.setattr(weightless, "fixture_tokenizer", mirrored)
