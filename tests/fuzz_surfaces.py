@@ -9,7 +9,7 @@ surface and checks one invariant per case:
   `conform --cases DIR` in this process;
 * impl: `conform --impl` against a fake implementation that misbehaves at random (exit codes, junk
   stdout, junk files under --out, sleeping past --timeout, flooding);
-* flags: random values of --memory-budget, --batch-size, --device-map, --out, --data-root, --timeout, --jobs;
+* flags: random values of --memory-budget, --batch-size, --device-map, --engine, --out, --data-root, --timeout, --jobs;
 * cache: a copy of a built fixture folder under a temporary $CAUSALAB_REF_CACHE with files added,
   removed, truncated or replaced by links;
 * results: a copy of a run's results folder (a swept patching run, a fit with its loss curve) with
@@ -265,6 +265,7 @@ BUDGETS = ["0", "-1", "1", "1KiB", "1 GiB", "1GiB", "1gib", "nan", "inf", "1e400
 BATCHES = ["0", "-1", "1", "2", "3", "1000000", str(10 ** 30), "x", "1.5", "", "\u0661"]
 DEVICE_MAPS = ["cpu", "cuda", "auto", "meta", "disk", "", "{}", '{"": "cpu"}', '{"": "meta"}', "[", "null",
                "cuda:9", "mps", "balanced", '{"model": 0}']
+ENGINES = ["nnterp", "hooks", "ndif", "NDIF", "", "remote"]  # ndif: known and refused by name (E12)
 TIMEOUTS = ["0", "-1", "nan", "inf", "-inf", "1e308", "1e-9", "x", "", "0.5", "1e999", "10"]
 JOBS = ["0", "-1", "1", "2", "3", "x", "1e9", "1.5", "", "256", "257", "9" * 5000, "\u0661", " 2"]
 
@@ -285,7 +286,7 @@ def flags_case(rng: random.Random, tmp: pathlib.Path, sentinel: pathlib.Path,
                  str(fixtures), "--timeout=" + rng.choice(TIMEOUTS), "--jobs=" + rng.choice(JOBS), "--quiet"]]
     verb = rng.choice(["validate", "explain", "run", "run"])
     argv = [verb, str(PATCHING)]
-    options = {"--memory-budget": BUDGETS, "--device-map": DEVICE_MAPS}
+    options = {"--memory-budget": BUDGETS, "--device-map": DEVICE_MAPS, "--engine": ENGINES}
     if verb == "run":
         options["--batch-size"] = BATCHES
     for flag, values in options.items():

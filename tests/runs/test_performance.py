@@ -19,7 +19,7 @@ SPECIALS = (float("nan"), float("inf"), float("-inf"))
 @pytest.mark.fast
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
 def test_finite_rows_is_isfinite_all_for_every_special_value_at_every_place(dtype):
-    """SPEC.md:1623 [Q25] a NaN, +inf or -inf at the first, a middle, the next-to-last or the last entry of a row, at
+    """SPEC.md:1624 [Q25] a NaN, +inf or -inf at the first, a middle, the next-to-last or the last entry of a row, at
     widths around the vector lengths a reduction unrolls by, contiguous or strided: the row, and only it, is not
     finite, exactly as `torch.isfinite(m).all(-1)` says."""
     for width in (1, 2, 7, 8, 9, 31, 32, 33, 65, 1000):
@@ -35,7 +35,7 @@ def test_finite_rows_is_isfinite_all_for_every_special_value_at_every_place(dtyp
 
 @pytest.mark.fast
 def test_finite_rows_of_rows_wholly_special_or_mixed():
-    """SPEC.md:1623 [Q25] a row all NaN, all +inf, +inf beside -inf, NaN beside inf, and the float32 extremes
+    """SPEC.md:1624 [Q25] a row all NaN, all +inf, +inf beside -inf, NaN beside inf, and the float32 extremes
     (finite): each row's answer is isfinite's."""
     big = torch.finfo(torch.float32).max
     m = torch.tensor([[float("nan")] * 3, [float("inf")] * 3, [float("inf"), 0.0, float("-inf")],
@@ -54,7 +54,7 @@ def _entity_plan(llama):
 
 
 def test_a_frames_rows_are_the_frame_of_those_rows_alone(llama):
-    """SPEC.md:1629 [Q26] rows lo..hi of the frame of a padded batch (anchored rows of different lengths, char maps
+    """SPEC.md:1630 [Q26] rows lo..hi of the frame of a padded batch (anchored rows of different lengths, char maps
     built) equal the frame `frame_of_ids` builds from those rows alone at the same width, for every window."""
     forward = _entity_plan(llama).steps[0].forwards[0]
     whole = locate.frame_of_ids(llama.tokenizer, forward.ids, forward.mask)
@@ -67,7 +67,7 @@ def test_a_frames_rows_are_the_frame_of_those_rows_alone(llama):
 
 
 def test_a_windowed_run_builds_no_frame_and_writes_what_it_wrote_building_them(llama, tmp_path, monkeypatch):
-    """SPEC.md:1629 [Q26] with --batch-size 3 the run builds no frame (compile built them over all the rows), and
+    """SPEC.md:1630 [Q26] with --batch-size 3 the run builds no frame (compile built them over all the rows), and
     its files are byte for byte those of the same run building each window's frame itself."""
     from causalab_ref.runs import passes, placement, run
 
@@ -102,7 +102,7 @@ def _general_pieces_map(tok, ids, text):
 
 @pytest.mark.fast
 def test_a_row_without_byte_pieces_has_its_pieces_running_lengths_as_offsets():
-    """SPEC.md:1635 [Q27] rows with no byte piece (words, digits, punctuation, a leading space, one token, none) are
+    """SPEC.md:1636 [Q27] rows with no byte piece (words, digits, punctuation, a leading space, one token, none) are
     mapped from the running lengths of their pieces, the offsets Q14's pass over every piece gives and the
     definition's (P22)."""
     from causalab_ref.fixtures import builder
@@ -120,7 +120,7 @@ def test_a_row_without_byte_pieces_has_its_pieces_running_lengths_as_offsets():
 
 @pytest.mark.fast
 def test_the_tokens_over_a_span_found_by_bisection_are_the_scans():
-    """SPEC.md:1639 [Q28] on non-decreasing offsets with tokens that cover no character (equal neighbours), for every
+    """SPEC.md:1640 [Q28] on non-decreasing offsets with tokens that cover no character (equal neighbours), for every
     character span [lo, hi) around and inside the text, the bisection gives the range the scan of every token
     gives (P23)."""
     import random
@@ -144,7 +144,7 @@ def test_the_tokens_over_a_span_found_by_bisection_are_the_scans():
 
 @pytest.mark.fast
 def test_stale_cleanup_among_many_runs_removes_what_a_scan_of_every_entry_removes(tmp_path):
-    """SPEC.md:1645 [Q29] beside --out `res`: other runs' folders and files (`0`..`299`, `.res2.partial-pid…`, `res.x`,
+    """SPEC.md:1646 [Q29] beside --out `res`: other runs' folders and files (`0`..`299`, `.res2.partial-pid…`, `res.x`,
     `.res.lock`) and a dead run's staging folder of each kind; exactly the entries `writer_of` names as a dead
     run's of `res` go, as a scan of every entry decides, and the rest stay."""
     from causalab_ref.runs import results
@@ -168,7 +168,7 @@ def test_stale_cleanup_among_many_runs_removes_what_a_scan_of_every_entry_remove
 
 @pytest.mark.fast
 def test_argmax_is_is_argmax_equal_with_ties_infinities_and_nan():
-    """SPEC.md:1648 [Q30] rows of few distinct values (ties everywhere), rows with +inf, -inf, all -inf, NaN at the
+    """SPEC.md:1649 [Q30] rows of few distinct values (ties everywhere), rows with +inf, -inf, all -inf, NaN at the
     front, middle and end; each row's expected id before, at and after its first maximum: the match is exactly
     `argmax(-1) == expected`, so the metric's values are argmax's."""
     from causalab_ref.documents import metrics
