@@ -73,17 +73,23 @@ def _first_input(args: tuple, kwargs: dict):
     raise RuntimeError("a forward pre-hook saw a call with no tensor argument")
 
 
+class _Stopped(Exception):
+    """Raised by the hook of a plain forward's last boundary once its actions have landed (SPEC.md Q36)."""
+
+
 class _Hooked:
     """The hooks of one forward, or of every step of a decode: each boundary's actions through the seam.
 
     `step` counts the model's forwards (a pre-hook on the root, registered first); `length` is the
-    prompt's length in a decode (0: a plain forward, no per-step placement)."""
+    prompt's length in a decode (0: a plain forward, no per-step placement). `last` is a plain forward's
+    last group of actions: once it has fired, the forward stops (`_Stopped`), as nothing after it is read."""
 
-    def __init__(self, actions, length: int = 0, grad: bool = False):
+    def __init__(self, actions, length: int = 0, grad: bool = False, last=None):
         self.reads = seam.Reads(actions)
         self.length = length
         self.grad = grad
         self.step = -1
+        self.last = last
 
     def count(self, module, args):
         self.step += 1
@@ -98,6 +104,8 @@ class _Hooked:
             acting = [seam.at_step(a, current.shape[a.address.seq_axis], self.length) for a in acting]
         landed = seam.apply(current, acting, self.step, self.grad)
         self.reads.keep(landed)
+        if group is self.last:
+            raise _Stopped
         return landed.value if landed.changed else None
 
     def on_input(self, group):
@@ -205,11 +213,11 @@ class HooksEngine(Engine):
             out.setdefault((self.module_name(action.address), side), []).append(action)
         return out
 
-    def _hook(self, hooked: _Hooked, actions) -> list:
-        """Register the hooks (the step counter first); returns their handles."""
+    def _hook(self, hooked: _Hooked, bounds: dict) -> list:
+        """Register the hooks of `bounds` (`_boundaries`' groups; the step counter first); returns their handles."""
         self._weighted()
         handles = [self.hf_model.register_forward_pre_hook(hooked.count)]
-        for (name, side), group in self._boundaries(actions).items():
+        for (name, side), group in bounds.items():
             module = self.hf_model.get_submodule(name)
             if side == "input":
                 handles.append(module.register_forward_pre_hook(hooked.on_input(group), with_kwargs=True))
@@ -221,11 +229,14 @@ class HooksEngine(Engine):
     def forward(self, batch: Batch) -> dict[str, torch.Tensor]:
         """One forward with hooks: the actions in rank order. Returns each read's value, detached, on the CPU."""
         inputs, actions = self.forward_inputs(batch)
-        hooked = _Hooked(actions, grad=batch.grad)
-        handles = self._hook(hooked, actions)
+        bounds = self._boundaries(actions)  # in rank order: the last group is the last the forward reaches
+        hooked = _Hooked(actions, grad=batch.grad, last=list(bounds.values())[-1] if bounds else None)
+        handles = self._hook(hooked, bounds)
         try:
             with torch.set_grad_enabled(batch.grad):
                 self.hf_model(**inputs, use_cache=False)
+        except _Stopped:  # the last boundary's actions landed: nothing the model computes after them is read (Q36)
+            pass
         finally:
             for handle in handles:
                 handle.remove()
@@ -237,7 +248,7 @@ class HooksEngine(Engine):
         nnterp engine places them (seam.at_step). Returns (reads, generated ids (rows, decode))."""
         length = len(batch.ids[0])
         hooked = _Hooked(batch.actions, length)
-        handles = self._hook(hooked, batch.actions)
+        handles = self._hook(hooked, self._boundaries(batch.actions))
         try:
             with torch.no_grad():
                 out = self.hf_model.generate(**self.inputs(batch.ids, batch.mask), **self.decoding(batch))

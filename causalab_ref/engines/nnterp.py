@@ -67,9 +67,10 @@ def _softmax(model, address: Address, path: str = ""):
 def _call_arg(k: int):
     """The reach of argument `k` of the attention call: read it, or replace it in the call's inputs."""
     def get(model, address, path):
-        return _op(model, address).inputs[0][k]  # the query or the key, (B, heads, T, head_dim)
+        arg = _op(model, address).inputs[0][k]  # the query or the key, (B, heads, T, head_dim)
+        return arg, arg
 
-    def put(model, address, new, path):
+    def put(model, address, new, held, path):
         op = _op(model, address)
         args, kwargs = op.inputs
         args = list(args)
@@ -78,69 +79,92 @@ def _call_arg(k: int):
     return get, put
 
 
-def _put_call_output(model, address, new, path):
-    op = _op(model, address)
-    out = op.output
-    op.output = (new, *out[1:]) if isinstance(out, tuple) else new  # z, (B, T, heads, head_dim), in slot 0
+def _get_call_output(model, address, path):
+    out = _op(model, address).output
+    return out[0], out  # z, (B, T, H, D), in slot 0
 
 
-def _put_softmax_input(model, address, new, path):
+def _put_call_output(model, address, new, held, path):
+    _op(model, address).output = (new, *held[1:]) if isinstance(held, tuple) else new
+
+
+def _get_softmax_input(model, address, path):
+    got = _softmax(model, address, path).input  # (B, H, T, T)
+    return got, got
+
+
+def _put_softmax_input(model, address, new, held, path):
     _softmax(model, address, path).input = new
 
 
-def _put_pattern(model, address, new, path):
+def _get_pattern(model, address, path):
+    got = model.attention_probabilities[address.layer]  # (B, H, T, T)
+    return got, got
+
+
+def _put_pattern(model, address, new, held, path):
     model.attention_probabilities[address.layer] = new
 
 
-def _put_model_logits(model, address, new, path):
+def _get_model_logits(model, address, path):
+    got = model.output.logits  # (B, kept, vocab)
+    return got, got
+
+
+def _put_model_logits(model, address, new, held, path):
     model.output.logits = new
 
 
 def _get_boundary(model, address, path):
     env = envoy(model, address)
     got = env.input if address.io == "input" else env.output
-    return got[0] if isinstance(got, tuple) else got
+    return (got[0] if isinstance(got, tuple) else got), got
 
 
-def _put_boundary(model, address, new, path):
+def _put_boundary(model, address, new, held, path):
     env = envoy(model, address)
     if address.io == "input":
         env.input = new
         return
-    out = env.output
-    env.output = (new, *out[1:]) if isinstance(out, tuple) else new
+    env.output = (new, *held[1:]) if isinstance(held, tuple) else new
 
 
-#: the component table's `reach` column -> (read, write): how a trace reaches each kind of place
+#: the component table's `reach` column -> (get, put): how a trace reaches each kind of place. `get` returns the
+#: tensor there and what the module holds (`held`: a tuple whose slot 0 it is, or the tensor itself); `put` takes
+#: that `held` back, so a write rebuilds the tuple it came in without asking the trace for it again
 REACH = {
     "boundary": (_get_boundary, _put_boundary),
     "call_arg1": _call_arg(1),
     "call_arg2": _call_arg(2),
-    "call_output": (lambda model, address, path: _op(model, address).output[0], _put_call_output),  # (B, T, H, D)
-    "softmax_input": (lambda model, address, path: _softmax(model, address, path).input,  # (B, H, T, T)
-                      _put_softmax_input),
-    "pattern": (lambda model, address, path: model.attention_probabilities[address.layer],  # (B, H, T, T)
-                _put_pattern),
-    "model_logits": (lambda model, address, path: model.output.logits, _put_model_logits),  # (B, kept, vocab)
+    "call_output": (_get_call_output, _put_call_output),
+    "softmax_input": (_get_softmax_input, _put_softmax_input),
+    "pattern": (_get_pattern, _put_pattern),
+    "model_logits": (_get_model_logits, _put_model_logits),
 }
+
+
+def reached(model, address: Address, path: str = ""):
+    """(the tensor held at `address` in the running trace, what its module holds there: `assign`'s `held`)."""
+    get, _ = REACH[reach(address.component)]
+    return get(model, address, path)
 
 
 def value(model, address: Address, path: str = ""):
     """The tensor held at `address` in the running trace (read it, or `.save()` it).
 
     `path` is the document path a refusal here carries (the site's, `sites.<site>`)."""
-    get, _ = REACH[reach(address.component)]
-    return get(model, address, path)
+    return reached(model, address, path)[0]
 
 
-def assign(model, address: Address, new, path: str = "") -> None:
-    """Replace the tensor at `address` with `new` in the running trace (`path` as for `value`)."""
+def assign(model, address: Address, new, path: str = "", held=None) -> None:
+    """Replace the tensor at `address` with `new` in the running trace (`path` as for `value`); `held` is what
+    `reached` said the module holds there (asked again when not given)."""
     row = TABLE.get(address.component)
     if row is not None and row.read_only:
         raise Refusal(f"{address.component} is read-only: it is the model's input, and a write naming it "
                       "means nothing", path=path, stage="run")
     _, put = REACH[reach(address.component)]
-    put(model, address, new, path)
+    put(model, address, new, reached(model, address, path)[1] if held is None else held, path)
 
 
 # ---------------------------------------------------------------- the engine
@@ -184,21 +208,22 @@ class NNterpEngine(Engine):
         replaces the tensor there (`assign`), a read is saved."""
         for addr, group in seam.groups(actions):
             path = f"sites.{group[0].tap.site}"
-            current = value(self.model, addr, path=path)
+            current, held = reached(self.model, addr, path=path)
             if length:
                 here = current.shape[addr.seq_axis]  # positions held at this step (seam.at_step)
                 group = [seam.at_step(a, here, length) for a in group]
             landed = seam.apply(current, group, step, grad)
             if landed.changed:
-                assign(self.model, addr, landed.value, path=path)
+                assign(self.model, addr, landed.value, path=path, held=held)
             reads.keep(landed, keep=lambda v: v.save())
 
     def forward(self, batch: Batch) -> dict[str, torch.Tensor]:
         """One trace: the actions in rank order. Returns each read's value, detached, on the CPU."""
         inputs, actions = self.forward_inputs(batch)
         reads = seam.Reads(actions)
-        with torch.set_grad_enabled(batch.grad), self.model.trace(inputs):
+        with torch.set_grad_enabled(batch.grad), self.model.trace(inputs) as tracer:
             self._land(actions, reads, grad=batch.grad)
+            tracer.stop()  # the last action has landed: nothing the model computes after it is read (Q36)
         return reads.result(self.viewed, _unwrap, batch.grad)
 
     def generate(self, batch: Batch) -> tuple[dict[str, torch.Tensor], torch.Tensor]:

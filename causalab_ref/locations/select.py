@@ -134,6 +134,11 @@ def scatter(tensor: torch.Tensor, selection: Selection, values: torch.Tensor) ->
     canon = _canonical(tensor, selection.seq_axis)
     _check(selection, canon)
     out = canon.clone()  # (B, T, F), or (B, T)
+    run = span(selection, canon.shape[1]) if selection.groups is None else None
+    if run is not None:  # every window the same run lo..hi-1: a slice names the positions the index would (Q35)
+        n, (lo, hi) = len(selection.windows), run
+        out[:n, lo:hi] = values.to(dtype=out.dtype, device=out.device).reshape(n, hi - lo, *out.shape[2:])
+        return _restore(out, tensor, selection.seq_axis)
     rows, pos = _index(selection, canon.device)  # (P,), (P,)
     total = rows.shape[0]
     vals = values.to(dtype=out.dtype, device=out.device)  # (N, W, F') or (P, F'), as gathered

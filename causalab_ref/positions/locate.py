@@ -23,7 +23,8 @@ from __future__ import annotations
 import json
 import re
 from bisect import bisect_left, bisect_right
-from itertools import accumulate
+from itertools import accumulate, chain, repeat
+from operator import itemgetter
 from typing import Optional, Sequence
 
 from typing import TYPE_CHECKING
@@ -42,11 +43,19 @@ def _decode(tok, ids: Sequence[int]) -> str:
     return tok.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
-def _rows(x) -> list[list[int]]:
-    """A 2-D tensor or a sequence of sequences, as lists of ints."""
+def _rows(x) -> Sequence[Sequence[int]]:
+    """A 2-D tensor or a sequence of sequences, as rows of ints: a plan's tuple of tuples of ints as it is (one
+    pass in C asks every entry's type; SPEC.md Q37), anything else converted to lists."""
     if isinstance(x, torch.Tensor):
         return x.long().tolist()
+    if type(x) is tuple and _ints(x):
+        return x
     return [list(map(int, row)) for row in x]
+
+
+def _ints(rows: Sequence) -> bool:
+    """Whether `rows` is a tuple of tuples of ints (bools not), asked in C: the rows a plan holds."""
+    return all(type(row) is tuple for row in rows) and set(map(type, chain.from_iterable(rows))) <= {int}
 
 
 def special_prefix(tok) -> tuple[int, ...]:
@@ -155,15 +164,16 @@ def pieces_char_map(tok, ids: Sequence[int], text: str, known: Optional[dict] = 
     entries = list(map(known.__getitem__, ids))
     if "\ufffd" in text or None in entries:
         return None
-    pieces = [piece for piece, _byte in entries]
-    values = [byte for _piece, byte in entries]
+    pieces, values = list(map(itemgetter(0), entries)), list(map(itemgetter(1), entries))  # (piece, byte) each
     plain = values.count(None) == len(values)  # no byte pieces: the lengths are the pieces' own, one C pass
     spelled, lengths = ("".join(pieces), None) if plain else _spelled(pieces, values)
     strip = 1 if spelled.startswith(" ") else 0
     if spelled[strip:] != text:
         return None
     if lengths is None:  # ids[:k] spells the first k pieces: running lengths, non-decreasing from 0
-        offsets = [0, *(max(n - strip, 0) for n in accumulate(map(len, pieces[:len(ids) - 1])))]
+        offsets = list(accumulate(map(len, pieces[:len(ids) - 1]), initial=-strip))  # ids[:k] less the strip
+        if strip:  # the stripped space's own prefixes are at 0, not -1: a prefix of -1s, as the lengths never fall
+            offsets[:bisect_right(offsets, -1)] = repeat(0, bisect_right(offsets, -1))
         return tuple(offsets[: len(ids)]) + (len(text),)
     offsets = [0]
     for k in range(1, len(ids)):
@@ -247,7 +257,7 @@ def row_map(tok, ids: Sequence[int], linear: bool, text: Optional[str] = None, b
 # ---------------------------------------------------------------- frames
 
 
-def _content_span(row: list[int], mask: list[int], prefix: tuple[int, ...], r: int) -> tuple[int, int]:
+def _content_span(row: Sequence[int], mask: Sequence[int], prefix: tuple[int, ...], r: int) -> tuple[int, int]:
     real = list(map(bool, mask))
     if True not in real:
         return 0, 0
@@ -276,10 +286,10 @@ def frame_of_ids(tok, ids, mask, segments=None, char_map=True) -> shapes.Frame:
         return shapes.Frame(starts=starts, ends=ends, segments=segs)
     contents = [row[lo:hi] for row, (lo, hi) in zip(rows, spans)]
     linear = linear_map_serves(tok)
-    # A served tokenizer's decode is its backend's (Q2): the same text without transformers' wrapper.
-    decode = (lambda c: tok.backend_tokenizer.decode(c, skip_special_tokens=False)) if linear else (
-        lambda c: _decode(tok, c))
-    texts = tuple(decode(c) for c in contents)
+    # A served tokenizer's decode is its backend's (Q2): the same text without transformers' wrapper, every
+    # row's in one call (the backend's decode_batch is its decode of each, Q34).
+    texts = tuple(tok.backend_tokenizer.decode_batch([list(c) for c in contents], skip_special_tokens=False)
+                  if linear else (_decode(tok, c) for c in contents))
     by_pieces = linear and decodes_by_pieces(tok)  # asked once, and each id's piece looked up once, for every row
     known: dict[int, Optional[tuple[str, Optional[int]]]] = {}
     offsets = tuple(row_map(tok, c, linear, t, by_pieces, known) for c, t in zip(contents, texts))
@@ -321,8 +331,9 @@ def frame_of_texts(tok, texts: Sequence[str], char_map: bool = True):
 def batch_of_texts(tok, texts: Sequence[str]) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]:
     """The (ids, mask) of `frame_of_texts`, tokenized as it tokenizes, without the frame."""
     enc = with_pad(tok)(list(texts), padding=True, add_special_tokens=True)
-    return (tuple(tuple(map(int, row)) for row in enc["input_ids"]),
-            tuple(tuple(map(int, row)) for row in enc["attention_mask"]))
+    ids, mask = tuple(map(tuple, enc["input_ids"])), tuple(map(tuple, enc["attention_mask"]))
+    return ids if _ints(ids) else tuple(tuple(map(int, row)) for row in ids), (
+        mask if _ints(mask) else tuple(tuple(map(int, row)) for row in mask))
 
 
 def segments_of(text: str, messages: Sequence[dict]) -> dict:

@@ -280,7 +280,8 @@ class Context:
 
     def bound(self, passes: list, step_name: str) -> None:
         """Fold one document step's passes into the rows per pass (refused when one row does not fit, Q12)."""
-        fit = memory.rows_per_pass(self.engine, passes, self.budget, f"steps.{step_name}.rows")
+        fit = memory.rows_per_pass(self.engine, passes, self.budget, f"steps.{step_name}.rows",
+                                   self.cache.get("frames"))
         if fit:
             self.window = fit if not self.window else min(self.window, fit)
 

@@ -14,7 +14,7 @@ from typing import Optional
 
 from ..locations import address
 from ..positions import locate
-from .plan import Forward, ObservePlan, Tap
+from .plan import Forward, ObservePlan, Tap, frame_key
 from ..shapes import Refusal
 
 DEFAULT_BUDGET = 1 << 30  # 1 GiB
@@ -75,10 +75,12 @@ def _width(engine, tap: Tap, length: int) -> int:
     return width
 
 
-def forward_cost(engine, forward: Forward) -> tuple[int, int, str]:
-    """(working set, kept reads, how) in bytes per row for one forward (SPEC.md Q10)."""
-    tok = engine.tokenizer
-    frame = locate.frame_of_ids(tok, forward.ids, forward.mask, segments=forward.segments, char_map=False)
+def forward_cost(engine, forward: Forward, frame=None) -> tuple[int, int, str]:
+    """(working set, kept reads, how) in bytes per row for one forward (SPEC.md Q10); `frame` is the forward's
+    frame when compile has built it (its content spans are what is read here), else the spans are built."""
+    if frame is None:
+        frame = locate.frame_of_ids(engine.tokenizer, forward.ids, forward.mask, segments=forward.segments,
+                                    char_map=False)
     length, b = len(forward.ids[0]), 2 if engine.spec.dtype == "bf16" else 4
     hidden, vocab = _config(engine, "hidden_size", "n_embd"), _config(engine, "vocab_size")
     inner = _config(engine, "intermediate_size", "n_inner", default=4 * hidden)
@@ -96,22 +98,25 @@ def forward_cost(engine, forward: Forward) -> tuple[int, int, str]:
     return work, kept, how
 
 
-def pass_cost(engine, step: ObservePlan) -> tuple[int, str]:
+def pass_cost(engine, step: ObservePlan, frames: Optional[dict] = None) -> tuple[int, str]:
     """(bytes per row, the costliest forward described) of one observe pass: the largest working set of its
-    forwards plus every read it keeps (reads accumulate over the pass; working sets do not)."""
-    costs = [forward_cost(engine, f) for f in step.forwards]
+    forwards plus every read it keeps (reads accumulate over the pass; working sets do not). `frames` holds
+    the frames compile built, by `plan.frame_key` (SPEC.md Q37)."""
+    frames = frames or {}
+    costs = [forward_cost(engine, f, frames.get(frame_key(f, step.dynamic))) for f in step.forwards]
     if not costs:
         return 0, ""
     work, _kept, how = max(costs, key=lambda c: c[0] + c[1])
     return max(c[0] for c in costs) + sum(c[1] for c in costs), how
 
 
-def rows_per_pass(engine, passes: list, budget: int, path: str) -> int:
+def rows_per_pass(engine, passes: list, budget: int, path: str, frames: Optional[dict] = None) -> int:
     """The most rows each of `passes` (one document step's) can run at once within `budget` bytes (0: no
-    bound); a pass one row of which does not fit is refused at `path` (SPEC.md Q11, Q12)."""
+    bound); a pass one row of which does not fit is refused at `path` (SPEC.md Q11, Q12). `frames` as for
+    `pass_cost`."""
     fit = 0
     for step in passes:
-        per_row, how = pass_cost(engine, step)
+        per_row, how = pass_cost(engine, step, frames)
         if per_row > budget:
             raise Refusal(f"step '{path.split('.')[1]}': one row of this pass needs about {per_row} bytes "
                           f"({per_row / MIB:.1f} MiB; {how}), above the memory budget of {budget} bytes "

@@ -89,8 +89,9 @@ def run_step(engine, step: ObservePlan, batch_size: Optional[int] = None, memo: 
         frames = {role: locate.frame_rows(frame, lo, hi) for role, frame in compiled.items()}
         got, where = run_pass(Pass(engine, window(step, lo, hi), path, lo, live=setting.live, grad=setting.grad,
                                    memo=memo, refs=refs, leads=leads, frames=frames))
+        finite: dict = {}  # each read's finite rows, asked once for this window's metrics (Q33)
         for metric in (m for m in step.metrics if m.name in scored):
-            scored[metric.name] += score(metric, got, where, eligible_rows(metric, where, lo), lo)
+            scored[metric.name] += score(metric, got, where, eligible_rows(metric, where, lo), lo, finite)
         parts.append(({k: v for k, v in got.items() if k not in scored_only}, where))
         if setting.bar is not None:
             setting.bar.update(1)
@@ -110,7 +111,8 @@ def _stitched(step: ObservePlan, parts: list, scored: dict[str, list]) -> StepRe
                  if step.dynamic else {})
     eligible = {m.name: eligible_rows(m, placed) for m in step.metrics}
     refuse_metrics_of_nothing(step.metrics, eligible, f"interventions.{step.intervention}")
-    tables = {m.name: scored[m.name] if m.name in scored else score(m, values, placed, eligible[m.name])
+    finite: dict = {}  # each read's finite rows, asked once for the step's metrics (Q33)
+    tables = {m.name: scored[m.name] if m.name in scored else score(m, values, placed, eligible[m.name], 0, finite)
               for m in step.metrics}
     made = outputs.publish(step.outputs, values, {k: v.windows for k, v in placed.items()},
                            f"steps.{step.name.split('/')[0]}")

@@ -22,7 +22,7 @@ import torch
 
 from ..positions import locate
 from . import share
-from .plan import Forward, MetricPlan, ObservePlan, Tap
+from .plan import Forward, MetricPlan, ObservePlan, Tap, frame_key
 from ..shapes import Ref, Refusal, Selection
 
 FIXED_WIDTH = ("{kind} '{name}' at {spelling} has no position on row(s) {rows}. A position of a fixed width "
@@ -154,12 +154,6 @@ def refuse_metrics_of_nothing(metrics: tuple[MetricPlan, ...], eligible: dict, p
             raise Refusal(f"metric '{metric.name}': no row is both column-eligible and placed by its read "
                           f"'{metric.of}'; a metric of nothing has no mean", path=f"{path}.metrics.{metric.name}",
                           stage=stage)
-
-
-def frame_key(forward: Forward, dynamic: bool) -> tuple:
-    """What a forward's frame depends on: its rows' ids and mask, their chat segments, whether a character map
-    is built (a dynamic step's; SPEC.md P32)."""
-    return (forward.ids, forward.mask, repr(forward.segments), dynamic)
 
 
 def build_frame(tok, forward: Forward, dynamic: bool):

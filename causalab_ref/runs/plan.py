@@ -86,6 +86,12 @@ class Forward:
         return f"forward '{self.model}' on '{self.input}'  ({len(self.ids)} rows x {len(self.ids[0])} tokens{tail})"
 
 
+def frame_key(forward: Forward, dynamic: bool) -> tuple:
+    """What a forward's frame depends on: its rows' ids and mask, their chat segments, whether a character map
+    is built (a dynamic step's; SPEC.md P32)."""
+    return (forward.ids, forward.mask, repr(forward.segments), dynamic)
+
+
 @dataclass(frozen=True)
 class MetricPlan:
     name: str

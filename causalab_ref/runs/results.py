@@ -22,16 +22,26 @@ import stat
 import sys
 import tempfile
 from contextlib import contextmanager
+from itertools import chain
 from pathlib import Path
 from typing import Any, Optional
 
 from ..shapes import Refusal, alive, read_json, staged_prefix, writer_of
 
 
-def dump(path: Path, obj: Any) -> None:
-    """One JSON file (its folders made), indented, newline-terminated."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(dumps(obj) + "\n", encoding="utf-8")
+def dump(path: Path, obj: Any, made: Optional[Path] = None) -> None:
+    """One JSON file, indented, newline-terminated; its folders are made unless its folder is `made` (one the
+    caller made and holds), and it is written in one call."""
+    if path.parent != made:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    data = (dumps(obj) + "\n").encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o666)
+    try:
+        view = memoryview(data)
+        while view:  # a regular file takes it whole; a short write goes on where it stopped
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
 
 
 _SCALARS = frozenset((str, int, float, bool, type(None)))
@@ -45,8 +55,9 @@ def dumps(obj: Any) -> str:
     only without `indent`: given the row separators, only the lines between rows and around the table differ,
     and a raw newline, which the encoder writes only between items, marks them. Everything else is
     `json.dumps` itself."""
-    if type(obj) is list and obj and all(type(row) is dict and row and all(type(k) is str for k in row)
-                                         and _SCALARS.issuperset(map(type, row.values())) for row in obj):
+    if (type(obj) is list and obj and set(map(type, obj)) == {dict} and all(obj)  # asked in C, row by row
+            and set(map(type, chain.from_iterable(obj))) == {str}
+            and _SCALARS.issuperset(map(type, chain.from_iterable(map(dict.values, obj))))):
         try:
             text = _ROWS.encode(obj)  # '[{' row ',\n  ' ... '},\n  {' next row ... '}]'
         except ValueError:  # what json refuses (an int too long to print) it refuses below, in its own words
@@ -333,7 +344,7 @@ class Folder:
         """Write one JSON file; `at` puts it at that place in the list of written files."""
         target = self.confine(relative, path)
         try:
-            dump(target, obj)
+            dump(target, obj, made=self.staging)
         except OSError as error:
             raise fault(error, f"write {self.out / relative}") from None
         self.written.insert(len(self.written) if at is None else at, relative)

@@ -39,20 +39,21 @@ def _row_index(value: torch.Tensor, resolved: Resolved) -> tuple[torch.Tensor, l
 
 
 def _scored(metric: MetricPlan, values: dict, placed: dict, both: tuple[bool, ...],
-            lo: int = 0) -> tuple[list[int], list[torch.Tensor], torch.Tensor]:
-    """The rows scored (both eligible and placed), the vectors of each read the metric scores over those rows
-    (`of`'s first, then `against`'s), and their values, scored together by the kind (one row's value is that
-    row's alone, metrics.py); `lo` is the window's first row in the answers' numbering."""
+            lo: int = 0) -> tuple[list[int], list[tuple[torch.Tensor, list[int]]], torch.Tensor]:
+    """The rows scored (both eligible and placed), for each read the metric scores (`of`'s first, then
+    `against`'s) its matrix and the matrix rows those rows are, and their values, scored together by the kind
+    (one row's value is that row's alone, metrics.py); `lo` is the window's first row in the answers' numbering."""
     rows = [r for r, ok in enumerate(both) if ok]
     picked = []
     for name in metric.reads:
         matrix, index = _row_index(values[name], placed[name])
         rows = [r for r in rows if index[r] is not None]
         picked.append((matrix, index))
-    vectors = [_rows_of(matrix, [int(index[r] or 0) for r in rows]) for matrix, index in picked]  # (len(rows), V)
+    at = [(matrix, [int(index[r] or 0) for r in rows]) for matrix, index in picked]
+    vectors = [_rows_of(matrix, where) for matrix, where in at]  # (len(rows), V)
     ids = {column: torch.tensor([ids[lo + r] for r in rows], dtype=torch.long) for column, ids in metric.answers}
     given = {**ids, **metric.given(dict(zip(metric.reads, vectors)))}
-    return rows, vectors, metrics.KINDS[metric.kind].score(vectors[0], given)
+    return rows, at, metrics.KINDS[metric.kind].score(vectors[0], given)
 
 
 def _rows_of(matrix: torch.Tensor, at: list[int]) -> torch.Tensor:
@@ -63,26 +64,38 @@ def _rows_of(matrix: torch.Tensor, at: list[int]) -> torch.Tensor:
 
 
 def score(metric: MetricPlan, values: dict, placed: dict, both: tuple[bool, ...],
-          lo: int = 0) -> list[Optional[float]]:
+          lo: int = 0, finite: Optional[dict] = None) -> list[Optional[float]]:
     """Per-row metric values (None where the row is not scored, or its value or any entry of a vector it
     scored, `of`'s or `against`'s, is not finite: a match on NaN logits is no measurement); `values` and
     `placed` hold each read's rows lo.. of the step (a window's), by read name, and `both` those rows'
-    eligibility."""
+    eligibility. `finite`, when given, keeps each read's `finite_rows` over all its rows for the other metrics
+    of the same `values` (the metrics of one read ask it once, SPEC.md Q33)."""
     out: list[Optional[float]] = [None] * len(placed[metric.of].windows)
-    rows, vectors, scored = _scored(metric, {n: values[n].detach().float() for n in metric.reads}, placed, both, lo)
-    finite = finite_rows(vectors[0])
-    for vector in vectors[1:]:  # `against`'s too: a row is scored only where every vector it reads is finite
-        finite = finite & finite_rows(vector)
-    for r, v, whole in zip(rows, scored.tolist(), finite.tolist()):
-        out[r] = v if whole and math.isfinite(v) else None
+    rows, at, scored = _scored(metric, {n: values[n].detach().float() for n in metric.reads}, placed, both, lo)
+    memo = {} if finite is None else finite
+    whole = torch.ones(len(rows), dtype=torch.bool)  # (len(rows),)
+    for name, (matrix, where) in zip(metric.reads, at):  # `against`'s too: every vector a row reads is finite
+        if name not in memo:
+            memo[name] = finite_rows(matrix)  # (matrix rows,)
+        whole &= _rows_of(memo[name], where)
+    for r, v, ok in zip(rows, scored.tolist(), whole.tolist()):
+        out[r] = v if ok and math.isfinite(v) else None
     return out
 
 
 def finite_rows(matrix: torch.Tensor) -> torch.Tensor:
-    """Whether each row of `matrix` (m, V) is finite throughout: exactly `torch.isfinite(matrix).all(-1)`, read
-    from the row's largest and smallest entries (NaN propagates through both, +inf is the largest, -inf the
-    smallest), two reductions instead of an (m, V) mask: about 15x less time on a 32,000-wide head (SPEC.md Q25)."""
-    return torch.isfinite(matrix.amax(dim=-1)) & torch.isfinite(matrix.amin(dim=-1))  # (m,)
+    """Whether each row of `matrix` (m, V) is finite throughout: exactly `torch.isfinite(matrix).all(-1)`. A row
+    whose sum is finite is finite throughout (a NaN or an infinity in a sum leaves it NaN or infinite, whatever
+    the order of the additions), so one sum answers most rows; a row whose sum is not finite (a non-finite entry,
+    or finite entries whose sum overflows) is answered by its largest and smallest entries, which are both finite
+    exactly when every entry is (NaN propagates through both, +inf is the largest, -inf the smallest). No
+    (m, V) mask is made (SPEC.md Q25, Q33)."""
+    finite = torch.isfinite(matrix.sum(dim=-1))  # (m,)
+    if not bool(finite.all()):
+        doubt = (~finite).nonzero()[:, 0]  # (d,): the rows the sum cannot answer
+        rest = matrix.index_select(0, doubt)  # (d, V)
+        finite[doubt] = torch.isfinite(rest.amax(dim=-1)) & torch.isfinite(rest.amin(dim=-1))
+    return finite
 
 
 def vector(metric: MetricPlan, values: dict, placed: dict, both: tuple[bool, ...]) -> torch.Tensor:

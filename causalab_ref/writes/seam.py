@@ -51,8 +51,8 @@ def operand_for(action: Action, f: torch.Tensor):
     features = getattr(tap, "features", None)
     if features is not None and operand.shape == f.shape[:-1] + (len(features),):
         return operand.to(f.device)
-    try:
-        fits = torch.broadcast_shapes(operand.shape, f.shape) == f.shape  # a mean lands on every row (LR§1)
+    try:  # the operand's own shape, or one that broadcasts to it (a mean lands on every row, LR§1)
+        fits = operand.shape == f.shape or torch.broadcast_shapes(operand.shape, f.shape) == f.shape
     except RuntimeError:
         fits = False
     if not fits:

@@ -19,7 +19,7 @@ SPECIALS = (float("nan"), float("inf"), float("-inf"))
 @pytest.mark.fast
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
 def test_finite_rows_is_isfinite_all_for_every_special_value_at_every_place(dtype):
-    """SPEC.md:1624 [Q25] a NaN, +inf or -inf at the first, a middle, the next-to-last or the last entry of a row, at
+    """SPEC.md:1635 [Q25] a NaN, +inf or -inf at the first, a middle, the next-to-last or the last entry of a row, at
     widths around the vector lengths a reduction unrolls by, contiguous or strided: the row, and only it, is not
     finite, exactly as `torch.isfinite(m).all(-1)` says."""
     for width in (1, 2, 7, 8, 9, 31, 32, 33, 65, 1000):
@@ -35,7 +35,7 @@ def test_finite_rows_is_isfinite_all_for_every_special_value_at_every_place(dtyp
 
 @pytest.mark.fast
 def test_finite_rows_of_rows_wholly_special_or_mixed():
-    """SPEC.md:1624 [Q25] a row all NaN, all +inf, +inf beside -inf, NaN beside inf, and the float32 extremes
+    """SPEC.md:1635 [Q25] a row all NaN, all +inf, +inf beside -inf, NaN beside inf, and the float32 extremes
     (finite): each row's answer is isfinite's."""
     big = torch.finfo(torch.float32).max
     m = torch.tensor([[float("nan")] * 3, [float("inf")] * 3, [float("inf"), 0.0, float("-inf")],
@@ -54,7 +54,7 @@ def _entity_plan(llama):
 
 
 def test_a_frames_rows_are_the_frame_of_those_rows_alone(llama):
-    """SPEC.md:1630 [Q26] rows lo..hi of the frame of a padded batch (anchored rows of different lengths, char maps
+    """SPEC.md:1641 [Q26] rows lo..hi of the frame of a padded batch (anchored rows of different lengths, char maps
     built) equal the frame `frame_of_ids` builds from those rows alone at the same width, for every window."""
     forward = _entity_plan(llama).steps[0].forwards[0]
     whole = locate.frame_of_ids(llama.tokenizer, forward.ids, forward.mask)
@@ -67,7 +67,7 @@ def test_a_frames_rows_are_the_frame_of_those_rows_alone(llama):
 
 
 def test_a_windowed_run_builds_no_frame_and_writes_what_it_wrote_building_them(llama, tmp_path, monkeypatch):
-    """SPEC.md:1630 [Q26] with --batch-size 3 the run builds no frame (compile built them over all the rows), and
+    """SPEC.md:1641 [Q26] with --batch-size 3 the run builds no frame (compile built them over all the rows), and
     its files are byte for byte those of the same run building each window's frame itself."""
     from causalab_ref.runs import passes, placement, run
 
@@ -102,7 +102,7 @@ def _general_pieces_map(tok, ids, text):
 
 @pytest.mark.fast
 def test_a_row_without_byte_pieces_has_its_pieces_running_lengths_as_offsets():
-    """SPEC.md:1636 [Q27] rows with no byte piece (words, digits, punctuation, a leading space, one token, none) are
+    """SPEC.md:1647 [Q27] rows with no byte piece (words, digits, punctuation, a leading space, one token, none) are
     mapped from the running lengths of their pieces, the offsets Q14's pass over every piece gives and the
     definition's (P22)."""
     from causalab_ref.fixtures import builder
@@ -120,7 +120,7 @@ def test_a_row_without_byte_pieces_has_its_pieces_running_lengths_as_offsets():
 
 @pytest.mark.fast
 def test_the_tokens_over_a_span_found_by_bisection_are_the_scans():
-    """SPEC.md:1640 [Q28] on non-decreasing offsets with tokens that cover no character (equal neighbours), for every
+    """SPEC.md:1651 [Q28] on non-decreasing offsets with tokens that cover no character (equal neighbours), for every
     character span [lo, hi) around and inside the text, the bisection gives the range the scan of every token
     gives (P23)."""
     import random
@@ -144,7 +144,7 @@ def test_the_tokens_over_a_span_found_by_bisection_are_the_scans():
 
 @pytest.mark.fast
 def test_stale_cleanup_among_many_runs_removes_what_a_scan_of_every_entry_removes(tmp_path):
-    """SPEC.md:1646 [Q29] beside --out `res`: other runs' folders and files (`0`..`299`, `.res2.partial-pid…`, `res.x`,
+    """SPEC.md:1657 [Q29] beside --out `res`: other runs' folders and files (`0`..`299`, `.res2.partial-pid…`, `res.x`,
     `.res.lock`) and a dead run's staging folder of each kind; exactly the entries `writer_of` names as a dead
     run's of `res` go, as a scan of every entry decides, and the rest stay."""
     from causalab_ref.runs import results
@@ -168,7 +168,7 @@ def test_stale_cleanup_among_many_runs_removes_what_a_scan_of_every_entry_remove
 
 @pytest.mark.fast
 def test_argmax_is_is_argmax_equal_with_ties_infinities_and_nan():
-    """SPEC.md:1649 [Q30] rows of few distinct values (ties everywhere), rows with +inf, -inf, all -inf, NaN at the
+    """SPEC.md:1660 [Q30] rows of few distinct values (ties everywhere), rows with +inf, -inf, all -inf, NaN at the
     front, middle and end; each row's expected id before, at and after its first maximum: the match is exactly
     `argmax(-1) == expected`, so the metric's values are argmax's."""
     from causalab_ref.documents import metrics
@@ -189,3 +189,158 @@ def test_argmax_is_is_argmax_equal_with_ties_infinities_and_nan():
             assert torch.equal(metrics.argmax_is(m, expected), m.argmax(-1) == expected), (width, expected)
             assert torch.equal(metrics.KINDS["match"].score(m, {"expected": expected}),
                                (m.argmax(-1) == expected).float())
+
+
+# ---------------------------------------------------------------- issue 33, second pass: each shortcut is the plain computation
+
+
+@pytest.mark.fast
+def test_finite_rows_whose_sum_overflows_are_finite_and_special_rows_are_not():
+    """SPEC.md:1665 [Q33] rows of float32 extremes whose sums overflow to +inf, -inf or NaN (the sum cannot say), beside a
+    row with an infinity and a row with a NaN: each answer is `torch.isfinite(m).all(-1)`'s."""
+    big = torch.finfo(torch.float32).max
+    m = torch.tensor([[big, big, 1.0], [-big, -big, 0.0], [big, big, -big], [big, float("inf"), 0.0],
+                      [0.0, float("nan"), big], [1.0, 2.0, 3.0]])
+    assert torch.isinf(m[:3].sum(-1)).all()  # the sum overflows on the three finite rows
+    assert scoring.finite_rows(m).tolist() == torch.isfinite(m).all(-1).tolist() == [True] * 3 + [False] * 2 + [True]
+
+
+def test_the_metrics_of_one_read_ask_its_finiteness_once_and_score_as_each_alone(llama, monkeypatch):
+    """SPEC.md:1665 [Q33] patching.json's two metrics read one head: a step asks `finite_rows` once per window (once
+    whole, three times with --batch-size 2 over 6 rows), and each metric's values, a NaN row made None included,
+    are those of scoring it alone."""
+    from causalab_ref.runs import compile as compiler, run
+
+    raw = json.loads((ROOT / "documents" / "patching.json").read_text(encoding="utf-8"))
+    step = compiler.compile_document(raw, llama, DATA).steps[0]
+    calls: list = []
+    real = scoring.finite_rows
+    monkeypatch.setattr(scoring, "finite_rows", lambda m: calls.append(m.shape) or real(m))
+    got = run.run_step(llama, step)
+    assert len(step.metrics) == 2 and len(calls) == 1
+    values = dict(got.values)
+    values["logits"] = values["logits"].clone()
+    values["logits"][1, 0, 7] = float("nan")
+    alone = {m.name: scoring.score(m, values, got.placed, got.eligible[m.name]) for m in step.metrics}
+    shared: dict = {}
+    together = {m.name: scoring.score(m, values, got.placed, got.eligible[m.name], 0, shared) for m in step.metrics}
+    assert together == alone and all(v[1] is None for v in alone.values()) and list(shared) == ["logits"]
+    calls.clear()
+    run.run_step(llama, step, batch_size=2, lean=True)
+    assert len(calls) == -(-len(step.example_ids) // 2)
+
+
+def test_a_frames_texts_are_each_rows_own_decode():
+    """SPEC.md:1673 [Q34] on the Llama, GPT-2 and weekday fixtures' tokenizers, a left-padded batch of prompts with
+    special tokens, byte pieces and a chat turn's markers: the frame's texts, read by one decode_batch, are each
+    row's content decoded alone (special tokens kept, no clean-up)."""
+    from causalab_ref.fixtures import builder
+
+    texts = ["If today is Thursday, tomorrow is", "日本語 鿰 é 😀 then</s><s> more", "x", " lead", "a\nb\tc  d"]
+    for key in ("fixture:tiny-llama", "fixture:tiny-gpt2", "fixture:weekday-llama"):
+        tok = builder.tokenizer(key)
+        ids, mask, frame = locate.frame_of_texts(tok, texts)
+        assert locate.linear_map_serves(tok), key
+        for r, row in enumerate(ids):
+            content = list(row[frame.starts[r]:frame.ends[r]])
+            assert frame.texts[r] == locate._decode(tok, content), (key, r)
+
+
+@pytest.mark.fast
+def test_a_scatter_over_one_run_of_positions_is_the_indexed_scatter():
+    """SPEC.md:1676 [Q35] a run of positions the same in every row (the first rows of the batch, or all), on a
+    (B, T, F) boundary, a (B, H, T, D) per-head tensor (seq_axis 2) and a (B, T) tensor: the slice assignment
+    gives the tensor the indexed assignment gives, written entry by entry here."""
+    from causalab_ref.locations import select
+    from causalab_ref.shapes import Selection
+
+    gen = torch.Generator().manual_seed(1)
+    for shape, axis in (((5, 7, 6), 1), ((5, 3, 7, 2), 2), ((5, 7), 1)):
+        tensor = torch.randn(shape, generator=gen)
+        for rows in (1, 3, 5):
+            for lo, hi in ((0, 1), (6, 7), (2, 5), (0, 7)):
+                sel = Selection(windows=(tuple(range(lo, hi)),) * rows, seq_axis=axis)
+                assert select.span(sel, 7) == (lo, hi)
+                values = torch.randn(select.gather(tensor, sel).shape, generator=gen)
+                want = tensor.clone()
+                moved = want.movedim(axis, 1)  # a view: entries written through it land in `want`
+                for r in range(rows):
+                    for k, p in enumerate(range(lo, hi)):
+                        part = values[r, k]  # (F') flat over the trailing axes, as gathered
+                        moved[r, p] = part.reshape(moved[r, p].shape)
+                assert torch.equal(select.scatter(tensor, sel, values), want), (shape, rows, lo, hi)
+
+
+@pytest.fixture(scope="module")
+def hooked():
+    from causalab_ref.engines import loading
+    from causalab_ref.shapes import Model
+
+    return loading.load(Model(key="fixture:tiny-llama", revision="seeded", dtype="fp32"), kind="hooks")
+
+
+def _layer_calls(eng) -> tuple[list, list]:
+    """Hooks on the two decoder layers of the model the engine runs, counting their calls."""
+    model = eng.hf_model if hasattr(eng, "hf_model") else eng.model._model
+    counts: list = [[], []]
+    handles = [layer.register_forward_hook(lambda m, a, o, k=k: counts[k].append(1))
+               for k, layer in enumerate(model.model.layers)]
+    return counts, handles
+
+
+@pytest.mark.parametrize("engine_name", ["nnterp", "hooks"])
+def test_a_forward_stops_at_its_last_action_and_reads_what_the_whole_forward_holds(llama, hooked, engine_name):
+    """SPEC.md:1679 [Q36] patching.json: the counterfactual forward's last tap is block_output[0], so layer 1 runs only
+    in the base forward (whose head is read); the counterfactual read equals layer 0's output at the last position
+    in a plain transformers forward of the same rows run to the end."""
+    from causalab_ref.runs import compile as compiler, run
+
+    eng = llama if engine_name == "nnterp" else hooked
+    raw = json.loads((ROOT / "documents" / "patching.json").read_text(encoding="utf-8"))
+    step = compiler.compile_document(raw, eng, DATA).steps[0]
+    counts, handles = _layer_calls(eng)
+    try:
+        got = run.run_step(eng, step)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert (len(counts[0]), len(counts[1])) == (2, 1)
+    cf = next(f for f in step.forwards if f.input == "counterfactual")
+    model = llama.model._model
+    seen: list = []
+    handle = model.model.layers[0].register_forward_hook(lambda m, a, o: seen.append(o[0] if isinstance(o, tuple)
+                                                                                     else o))
+    try:
+        with torch.no_grad():
+            model(**llama.inputs(cf.ids, cf.mask))
+    finally:
+        handle.remove()
+    read = next(t.name for t in cf.taps if t.kind == "read")
+    assert torch.equal(got.values[read][:, 0], seen[0][:, -1])
+
+
+def test_the_memory_estimate_from_compiles_frames_is_that_of_frames_built_for_it(llama):
+    """SPEC.md:1687 [Q37] for an anchored step (entity_patch.json) and an unanchored one (patching.json), every pass's
+    cost read from compile's frames equals the cost from frames built without character maps."""
+    from causalab_ref.runs import compile as compiler, memory
+
+    for name in ("entity_patch.json", "patching.json"):
+        raw = json.loads((ROOT / "documents" / name).read_text(encoding="utf-8"))
+        plan = compiler.compile_document(raw, llama, DATA)
+        assert plan.frames, name
+        for step in plan.steps:
+            assert memory.pass_cost(llama, step, plan.frames) == memory.pass_cost(llama, step), name
+
+
+@pytest.mark.fast
+def test_the_rows_digest_tells_rows_apart_and_the_same_rows_alike():
+    """SPEC.md:1691 [Q38] the same rows in other tuples give one digest; rows that flatten alike but split otherwise,
+    one row more, an empty batch, an int past 8 bytes, each give another."""
+    from causalab_ref.runs import share
+
+    same = share._rows_digest(((1, 2), (3, 4))), share._rows_digest(tuple(tuple([a, b]) for a, b in ((1, 2), (3, 4))))
+    assert same[0] == same[1]
+    others = [((1, 2), (3,)), ((1,), (2, 3)), ((1, 2, 3),), ((1, 2), (3,), ()), (), ((),), ((2 ** 70, 2),),
+              ((1, 2), (3, 4), (0, 0)), ((1, 2), (3, 5))]
+    digests = {share._rows_digest(rows) for rows in others} | {same[0]}
+    assert len(digests) == len(others) + 1
