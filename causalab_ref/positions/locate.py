@@ -376,13 +376,20 @@ def frame_of_continuation(tok, generated, stop_ids) -> shapes.Frame:
         stops = {stop_ids}
     else:
         stops = {int(s) for s in stop_ids}
-    texts, offsets, ends, segments = [], [], [], []
-    linear = linear_map_serves(tok)
+    offsets, ends, segments = [], [], []
+    cuts, stopped = [], []
     for row in _rows(generated):
         stop = next((j for j, i in enumerate(row) if i in stops), None)
-        cut = row if stop is None else row[: stop + 1]
-        offs = row_map(tok, cut, linear)
-        texts.append(_decode(tok, cut))
+        cuts.append(list(row if stop is None else row[: stop + 1]))
+        stopped.append(stop)
+    linear = linear_map_serves(tok)
+    # each row's text decoded once, every row's in one call where the tokenizer is served (Q2, Q34)
+    texts = (tok.backend_tokenizer.decode_batch(cuts, skip_special_tokens=False) if linear
+             else [_decode(tok, cut) for cut in cuts])
+    by_pieces = linear and decodes_by_pieces(tok)
+    known: dict[int, Optional[tuple[str, Optional[int]]]] = {}
+    for cut, text, stop in zip(cuts, texts, stopped):
+        offs = row_map(tok, cut, linear, text, by_pieces, known)
         offsets.append(offs)
         ends.append(len(cut))
         segments.append({} if stop is None else {"eos": (offs[stop], offs[stop + 1])})
