@@ -247,8 +247,9 @@ def bench_a(key: str, rows: int, repeats: int, tmp: pathlib.Path, target: float)
     print(f"    run_step (no files)          {t['run_step'] * 1e3:8.2f} ms   = {t['run_step'] / t['hand']:.2f}x hand, "
           f"{t['run_step'] / t['bare']:.2f}x bare")
     print(f"    hand-written nnsight trace   {t['hand'] * 1e3:8.2f} ms   = {t['hand'] / t['bare']:.2f}x bare")
-    print(f"    the same, stopped at its read {t['hand_stop'] * 1e3:7.2f} ms   (run = {t['run'] / t['hand_stop']:.2f}x it; "
-          "the run stops the counterfactual forward at block_output[0], SPEC Q36)")
+    print(f"    the same, stopped at its read {t['hand_stop'] * 1e3:7.2f} ms   "
+          f"(run = {t['run'] / t['hand_stop']:.2f}x it; the run stops the counterfactual forward at block_output[0], "
+          "SPEC Q36)")
     print(f"    bare forward passes          {t['bare'] * 1e3:8.2f} ms")
     TABLE.append((f"(a) `run` of `documents/patching.json`, {rows} rows, {key} ({what})",
                   f"{t['run'] * 1e3:.1f} ms = {ratio:.2f}x the hand-written nnsight trace ({t['hand'] * 1e3:.1f} ms, "
@@ -406,18 +407,40 @@ def bench_e(rows: int, tokens: int, repeats: int, tmp: pathlib.Path) -> None:
             for forward in forwards:
                 model(**eng.inputs(forward.ids, forward.mask), logits_to_keep=1)
 
+    class Stop(Exception):
+        pass
+
+    def stop(module, args, output):
+        raise Stop
+
+    def bare_stopped():  # the same, the counterfactual forward stopped after layer 0 (its read), as the run does (Q36)
+        with torch.no_grad():
+            for forward in forwards:
+                hook = model.model.layers[0].register_forward_hook(stop) if forward.input == "counterfactual" else None
+                try:
+                    model(**eng.inputs(forward.ids, forward.mask), logits_to_keep=1)
+                except Stop:
+                    pass
+                finally:
+                    if hook is not None:
+                        hook.remove()
+
     whole()
     placed = json.loads((out / str(len(OUTS) - 1) / "iia.json").read_text(encoding="utf-8"))
-    t = side_by_side({"run": whole, "bare": bare}, repeats)
+    t = side_by_side({"run": whole, "bare": bare, "bare_stopped": bare_stopped}, repeats)
     ratio = t["run"] / t["bare"]
     print(f"(e) entity_patch.json, {rows} rows x {real:.0f} tokens (padded to {width}), anchored write and operand, "
           f"{LLAMA}; compile alone {compile_s:.2f} s; {sum(r['eligible'] for r in placed)}/{rows} rows placed")
     print(f"    run (compile + execute, files written) {t['run']:7.2f} s = {ratio:.2f}x the bare forwards "
           f"({t['bare']:.2f} s)   [target <= {E_TARGET}x: {verdict(ratio <= E_TARGET)}]")
+    print(f"    the bare forwards, the counterfactual one stopped after layer 0 (its read): {t['bare_stopped']:.2f} s "
+          f"(run = {t['run'] / t['bare_stopped']:.2f}x it; the run stops there too, SPEC Q36)")
     TABLE.append((f"(e) `run` of `documents/entity_patch.json` (write and operand anchored to each row's entity), "
                   f"{rows} rows x {real:.0f} tokens, {LLAMA}",
                   f"{t['run']:.2f} s (compile + execute) = {ratio:.2f}x the 2 bare forwards it needs "
-                  f"({t['bare']:.2f} s, head at the last position)", f"<= {E_TARGET}x: {verdict(ratio <= E_TARGET)}"))
+                  f"({t['bare']:.2f} s, head at the last position); {t['run'] / t['bare_stopped']:.2f}x them with the "
+                  f"counterfactual one stopped after layer 0 ({t['bare_stopped']:.2f} s)",
+                  f"<= {E_TARGET}x: {verdict(ratio <= E_TARGET)}"))
 
 
 def bench_f(rows: int, tokens: int, tmp: pathlib.Path) -> None:
