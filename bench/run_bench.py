@@ -9,7 +9,8 @@
     passes (both with the head at the
     last position only, `logits_to_keep=1`, as the run computes it, SPEC Q8); on the Llama
     fixture and on a larger seeded Llama (8 layers, hidden 512) built the same way. Target: run at
-    most 1.10x the hand-written trace on the fixture, 1.05x on the larger Llama (issue 33).
+    most 1.10x the hand-written trace on the fixture, 1.05x on the larger Llama (issue 33). Printed beside it:
+    the hand-written trace with `tracer.stop()` after its counterfactual read, the work the run does (SPEC Q36).
 (b) the character map: the run's linear construction (locate.linear_char_map) versus the
     decode-prefix definition (locate.char_map), on 256 rows of 512 tokens; every row checked equal.
     Target: 10x faster, identical output.
@@ -18,7 +19,8 @@
     that only loads the same model with weights.
 (e) documents/entity_patch.json (a write and its operand anchored to each row's entity) on 256 rows of
     ~400 tokens, Llama fixture: `run` (compile + execute, files written) versus the two bare forwards
-    it needs (transformers' forward with the head at the last position only). Target <= 1.15x.
+    it needs (transformers' forward with the head at the last position only). Target <= 1.15x. Printed beside
+    it: the same forwards with the counterfactual one stopped after layer 0 by a hook, as the run stops it (Q36).
 (f) peak RSS of (e) as `run` in a new process, versus a process that only loads the model. Target: at
     most the model's own resident size + 1.5 GiB.
 (g) a 16-head sweep at attention_premix[0] (head_patching.json's interchange, one point per head) on a
