@@ -219,11 +219,16 @@ class NNterpEngine(Engine):
 
     def forward(self, batch: Batch) -> dict[str, torch.Tensor]:
         """One trace: the actions in rank order. Returns each read's value, detached, on the CPU."""
+        from nnsight.intervention.interleaver import EarlyStopException
+
         inputs, actions = self.forward_inputs(batch)
         reads = seam.Reads(actions)
-        with torch.set_grad_enabled(batch.grad), self.model.trace(inputs) as tracer:
-            self._land(actions, reads, grad=batch.grad)
-            tracer.stop()  # the last action has landed: nothing the model computes after it is read (Q36)
+        try:
+            with torch.set_grad_enabled(batch.grad), self.model.trace(inputs) as tracer:
+                self._land(actions, reads, grad=batch.grad)
+                tracer.stop()  # the last action has landed: nothing the model computes after it is read (Q36)
+        except EarlyStopException as stop:  # nnsight lets the stop out only when an interrupt met it: the interrupt
+            raise _interrupt_of(stop) or stop  # is the run's to handle (SIGINT, SIGTERM: SPEC.md S5, S6)
         return reads.result(self.viewed, _unwrap, batch.grad)
 
     def generate(self, batch: Batch) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
@@ -245,6 +250,19 @@ class NNterpEngine(Engine):
             generated = self.model.generator.output.save()
         # (B, length + decode) -> the generated ids, (B, decode)
         return reads.result(self.viewed, _unwrap), _unwrap(generated).detach().cpu()[:, length:]
+
+
+def _interrupt_of(error: BaseException):
+    """The interrupt (a BaseException that is no Exception: KeyboardInterrupt, as SIGINT and SIGTERM raise it)
+    among what `error` was raised while handling, or None."""
+    seen = error.__context__ or error.__cause__
+    for _ in range(16):  # a chain, not a loop: a few links at most
+        if seen is None:
+            return None
+        if not isinstance(seen, Exception):
+            return seen
+        seen = seen.__context__ or seen.__cause__
+    return None
 
 
 def _unwrap(value):

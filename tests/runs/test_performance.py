@@ -9,6 +9,7 @@ import torch
 
 from causalab_ref.positions import locate
 from causalab_ref.runs import scoring
+from causalab_ref.shapes import Batch
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "documents" / "data"
@@ -320,7 +321,7 @@ def test_a_forward_stops_at_its_last_action_and_reads_what_the_whole_forward_hol
 
 
 def test_the_memory_estimate_from_compiles_frames_is_that_of_frames_built_for_it(llama):
-    """SPEC.md:1687 [Q37] for an anchored step (entity_patch.json) and an unanchored one (patching.json), every pass's
+    """SPEC.md:1689 [Q37] for an anchored step (entity_patch.json) and an unanchored one (patching.json), every pass's
     cost read from compile's frames equals the cost from frames built without character maps."""
     from causalab_ref.runs import compile as compiler, memory
 
@@ -334,7 +335,7 @@ def test_the_memory_estimate_from_compiles_frames_is_that_of_frames_built_for_it
 
 @pytest.mark.fast
 def test_the_rows_digest_tells_rows_apart_and_the_same_rows_alike():
-    """SPEC.md:1691 [Q38] the same rows in other tuples give one digest; rows that flatten alike but split otherwise,
+    """SPEC.md:1693 [Q38] the same rows in other tuples give one digest; rows that flatten alike but split otherwise,
     one row more, an empty batch, an int past 8 bytes, each give another."""
     from causalab_ref.runs import share
 
@@ -344,3 +345,41 @@ def test_the_rows_digest_tells_rows_apart_and_the_same_rows_alike():
               ((1, 2), (3, 4), (0, 0)), ((1, 2), (3, 5))]
     digests = {share._rows_digest(rows) for rows in others} | {same[0]}
     assert len(digests) == len(others) + 1
+
+
+def test_an_interrupt_that_meets_the_stop_is_the_runs_interrupt(llama, monkeypatch):
+    """SPEC.md:1679 [Q36] nnsight lets `tracer.stop()` out of a trace only when a KeyboardInterrupt (SIGINT, or SIGTERM
+    as the CLI raises it) arrived while it was handled: the engine raises that interrupt, so the run ends as
+    interrupted (S5, S6); a stop let out with no interrupt behind it is raised as it is."""
+    from nnsight.intervention.interleaver import EarlyStopException
+
+    from causalab_ref.runs import compile as compiler
+
+    raw = json.loads((ROOT / "documents" / "patching.json").read_text(encoding="utf-8"))
+    forward = compiler.compile_document(raw, llama, DATA).steps[0].forwards[0]
+    batch = Batch(ids=forward.ids, mask=forward.mask, actions=())
+
+    class Trace:
+        def __init__(self, interrupted: bool):
+            self.interrupted = interrupted
+
+        def __enter__(self):
+            return self
+
+        def stop(self):
+            pass
+
+        def __exit__(self, *exc):
+            if not self.interrupted:
+                raise EarlyStopException()
+            try:
+                raise KeyboardInterrupt
+            except KeyboardInterrupt:
+                raise EarlyStopException() from None  # as nnsight does: the interrupt is the context
+
+    monkeypatch.setattr(llama, "_land", lambda *a, **k: None)
+    for interrupted, caught in ((True, KeyboardInterrupt), (False, EarlyStopException)):
+        monkeypatch.setattr(llama.model, "trace", lambda inputs, i=interrupted: Trace(i))
+        with pytest.raises(caught):
+            llama.forward(batch)
+
