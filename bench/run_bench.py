@@ -200,21 +200,12 @@ def bench_a(key: str, rows: int, repeats: int, tmp: pathlib.Path, target: float)
     model = eng.model
     out = tmp / "out"
 
-    def hand():  # the head at the last position only, as the run computes it (logits_to_keep)
-        with torch.no_grad():
-            with model.trace(cf_in, logits_to_keep=1):
-                v_cf = model.layers_output[0][:, -1, :].save()
-            with model.trace(bs_in, logits_to_keep=1):
-                model.layers_output[0][:, -1, :] = v_cf
-                logits = model.lm_head.output[:, -1, :].save()
-            logits = _value(logits)
-            return logits, hand_metrics(logits, step)
-
-    def hand_stop():  # the same, stopping the counterfactual trace at its read, as the run does (SPEC Q36)
-        with torch.no_grad():
+    def hand(stop: bool = False):  # the head at the last position only, as the run computes it (logits_to_keep);
+        with torch.no_grad():  # with `stop`, the counterfactual trace stops at its read, as the run does (SPEC Q36)
             with model.trace(cf_in, logits_to_keep=1) as tracer:
                 v_cf = model.layers_output[0][:, -1, :].save()
-                tracer.stop()
+                if stop:
+                    tracer.stop()
             with model.trace(bs_in, logits_to_keep=1):
                 model.layers_output[0][:, -1, :] = v_cf
                 logits = model.lm_head.output[:, -1, :].save()
@@ -237,9 +228,9 @@ def bench_a(key: str, rows: int, repeats: int, tmp: pathlib.Path, target: float)
     theirs = got.values["logits"][:, 0, :]
     assert torch.allclose(mine, theirs, atol=1e-5), float((mine - theirs).abs().max())
     same_scores(scores, step, got.scores)
-    assert torch.equal(hand_stop()[0], mine)
-    t = side_by_side({"run": execute, "run_step": run_step, "hand": hand, "hand_stop": hand_stop, "bare": bare},
-                     repeats)
+    assert torch.equal(hand(stop=True)[0], mine)
+    t = side_by_side({"run": execute, "run_step": run_step, "hand": hand, "hand_stop": lambda: hand(stop=True),
+                      "bare": bare}, repeats)
     ratio = t["run"] / t["hand"]
     what = f"{eng.num_layers} layers, hidden {model.config.hidden_size}"
     print(f"(a) {key} ({what}), {rows} rows x {len(by_input['base'].ids[0])} tokens, 2 forwards; "

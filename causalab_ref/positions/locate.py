@@ -284,16 +284,22 @@ def frame_of_ids(tok, ids, mask, segments=None, char_map=True) -> shapes.Frame:
     segs = tuple(dict(s or {}) for s in segments) if segments is not None else tuple({} for _ in rows)
     if not char_map:
         return shapes.Frame(starts=starts, ends=ends, segments=segs)
-    contents = [row[lo:hi] for row, (lo, hi) in zip(rows, spans)]
-    linear = linear_map_serves(tok)
-    # A served tokenizer's decode is its backend's (Q2): the same text without transformers' wrapper, every
-    # row's in one call (the backend's decode_batch is its decode of each, Q34).
-    texts = tuple(tok.backend_tokenizer.decode_batch([list(c) for c in contents], skip_special_tokens=False)
-                  if linear else (_decode(tok, c) for c in contents))
-    by_pieces = linear and decodes_by_pieces(tok)  # asked once, and each id's piece looked up once, for every row
-    known: dict[int, Optional[tuple[str, Optional[int]]]] = {}
-    offsets = tuple(row_map(tok, c, linear, t, by_pieces, known) for c, t in zip(contents, texts))
+    texts, offsets = texts_and_maps(tok, [list(row[lo:hi]) for row, (lo, hi) in zip(rows, spans)])
     return shapes.Frame(starts=starts, ends=ends, texts=texts, offsets=offsets, segments=segs)
+
+
+def texts_and_maps(tok, contents: list[list[int]]) -> tuple[tuple[str, ...], tuple[tuple[int, ...], ...]]:
+    """Each row's decoded text and character map, the rows of one frame (a prompt's contents, or generated ids).
+
+    A served tokenizer's decode is its backend's (Q2): the same text without transformers' wrapper, every row's
+    in one call (the backend's decode_batch is its decode of each, Q34); whether the decoder is the sentencepiece
+    one is asked once and each id's piece looked up once, for every row (Q14)."""
+    linear = linear_map_serves(tok)
+    texts = tuple(tok.backend_tokenizer.decode_batch(contents, skip_special_tokens=False) if linear
+                  else (_decode(tok, c) for c in contents))
+    by_pieces = linear and decodes_by_pieces(tok)
+    known: dict[int, Optional[tuple[str, Optional[int]]]] = {}
+    return texts, tuple(row_map(tok, c, linear, t, by_pieces, known) for c, t in zip(contents, texts))
 
 
 def frame_rows(frame: shapes.Frame, lo: int, hi: int) -> shapes.Frame:
@@ -331,9 +337,14 @@ def frame_of_texts(tok, texts: Sequence[str], char_map: bool = True):
 def batch_of_texts(tok, texts: Sequence[str]) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]:
     """The (ids, mask) of `frame_of_texts`, tokenized as it tokenizes, without the frame."""
     enc = with_pad(tok)(list(texts), padding=True, add_special_tokens=True)
-    ids, mask = tuple(map(tuple, enc["input_ids"])), tuple(map(tuple, enc["attention_mask"]))
-    return ids if _ints(ids) else tuple(tuple(map(int, row)) for row in ids), (
-        mask if _ints(mask) else tuple(tuple(map(int, row)) for row in mask))
+    return _int_rows(enc["input_ids"]), _int_rows(enc["attention_mask"])
+
+
+def _int_rows(rows) -> tuple[tuple[int, ...], ...]:
+    """Rows as a tuple of tuples of ints: the tokenizer's lists re-tupled when their entries are ints already (one
+    pass in C, Q37), else each entry converted."""
+    out = tuple(map(tuple, rows))
+    return out if _ints(out) else tuple(tuple(map(int, row)) for row in out)
 
 
 def segments_of(text: str, messages: Sequence[dict]) -> dict:
@@ -376,23 +387,14 @@ def frame_of_continuation(tok, generated, stop_ids) -> shapes.Frame:
         stops = {stop_ids}
     else:
         stops = {int(s) for s in stop_ids}
-    offsets, ends, segments = [], [], []
     cuts, stopped = [], []
     for row in _rows(generated):
         stop = next((j for j, i in enumerate(row) if i in stops), None)
         cuts.append(list(row if stop is None else row[: stop + 1]))
         stopped.append(stop)
-    linear = linear_map_serves(tok)
-    # each row's text decoded once, every row's in one call where the tokenizer is served (Q2, Q34)
-    texts = (tok.backend_tokenizer.decode_batch(cuts, skip_special_tokens=False) if linear
-             else [_decode(tok, cut) for cut in cuts])
-    by_pieces = linear and decodes_by_pieces(tok)
-    known: dict[int, Optional[tuple[str, Optional[int]]]] = {}
-    for cut, text, stop in zip(cuts, texts, stopped):
-        offs = row_map(tok, cut, linear, text, by_pieces, known)
-        offsets.append(offs)
-        ends.append(len(cut))
-        segments.append({} if stop is None else {"eos": (offs[stop], offs[stop + 1])})
+    texts, offsets = texts_and_maps(tok, cuts)  # each row decoded once (Q34)
+    ends = [len(cut) for cut in cuts]
+    segments = [{} if stop is None else {"eos": (offs[stop], offs[stop + 1])} for offs, stop in zip(offsets, stopped)]
     return shapes.Frame(
         starts=tuple(0 for _ in ends),
         ends=tuple(ends),

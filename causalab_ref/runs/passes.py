@@ -22,9 +22,9 @@ from ..writes import outputs
 from ..writes.outputs import Published
 from . import share
 from .decode import decode_forward
-from .placement import (Pass, Resolved, check_tokenizer, eligible_rows, frame_key, operand_value, place,
+from .placement import (Pass, Resolved, check_tokenizer, eligible_rows, operand_value, place,
                         refuse_metrics_of_nothing, resolve_taps, selection_of)
-from .plan import Forward, ObservePlan
+from .plan import Forward, ObservePlan, frame_key
 from .scoring import score
 from ..shapes import Action, Batch, Refusal
 
