@@ -6,7 +6,7 @@ Standalone: torch, transformers, tokenizers, safetensors only. CPU, one thread, 
     python3 tests/weekday_trainer.py --out DIR
 
 It wrote the committed causalab_ref/fixtures/fixture_data/weekday-llama/ (SPEC.md §5 X19); a rerun on this
-machine reproduces its files byte for byte but train_log.txt (which records the wall time and --out).
+machine reproduces its files byte for byte but train_log.txt (which records the wall time and --out's last component).
 
 Data: prompts [prefix] [filler] [distractor sentence] template(X[, distractor clause]) -> " " + day after X,
 eight templates, ten prefixes, twelve fillers; half of every batch carries a distractor (another weekday Y
@@ -425,7 +425,8 @@ def main() -> None:
     save_file({k: sd[k] for k in sorted(sd)}, str(out / "model.safetensors"), metadata={"format": "pt"})
 
     elapsed = time.time() - t0
-    log(f"args: {json.dumps(vars(args), sort_keys=True)}")
+    # --out is logged by its last component: a machine's folder names have no place in a committed file.
+    log(f"args: {json.dumps({**vars(args), 'out': pathlib.Path(args.out).name}, sort_keys=True)}")
     log(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
     log(f"wall time {elapsed:.1f} s, cpu time {time.process_time() - c0:.1f} s")
     for f in sorted(out.iterdir()):

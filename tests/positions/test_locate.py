@@ -1,6 +1,6 @@
-"""The position resolver (causalab_ref/locate.py) against the seed's worked examples.
+"""The position resolver (causalab_ref/positions/locate.py) against the seed's worked examples.
 
-Each test is one behaviour; `seed 000:N` is the line of /work/shared/seeds/000_*.txt
+Each test is one behaviour; `seed 000:N` is the line of ../shared/seeds/000_*.txt (the Positions seed beside the checkout)
 that states it.
 """
 from __future__ import annotations

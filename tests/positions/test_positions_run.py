@@ -3,7 +3,7 @@
 Documents are documents/entity_patch.json, documents/chat_turn.json, and variants of
 documents/patching.json built in code; rows that must be special come from a tmp data
 root. The engine is loaded once for the module. `seed 000:N` is the line of
-/work/shared/seeds/000_3398400d1caa6bb3.txt that states the behaviour.
+../shared/seeds/000_3398400d1caa6bb3.txt (beside the checkout) that states the behaviour.
 """
 from __future__ import annotations
 
