@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, Optional
 
-from . import sweeps
+from . import metrics, sweeps
 from .fields import mapping
 from .reader import canonical_sha256, type_name
 from ..shapes import Refusal, nearest
@@ -36,6 +36,7 @@ READ_KEYS = ("site", "pos", "view")
 WRITE_KEYS = ("site", "pos", "mechanism", "operand", "params", "features")
 SITE_KEYS = ("component", "layers", "heads", "units")
 STATE = "linear_attention_state"  # the original's Gated DeltaNet state place, refused by name (SF12)
+READ_FIELDS = {f for kind in metrics.KINDS.values() for f in kind.reads}  # a metric's fields that are reads
 SAVES = "saves"  # the reserved key of `steps`: what is written (SF9)
 #: what the format has and causalab_ref does not read from it, refused by name (SF12)
 UNREAD = {
@@ -188,22 +189,60 @@ def _ties(name: str, step: dict, steps: dict) -> tuple[list[str], list[str]]:
 
 def stages(steps: dict) -> dict[str, int]:
     """Each step's stage (SF8): a forward step that swaps in a reduce step's value runs a stage after the forward
-    that value reduces; a step it takes a read from, a metric, and a reduce run in the stage of their read."""
-    stage = {name: 0 for name in steps}
-    for _round in range(len(steps) + 2):
-        changed = False
-        for name, step in steps.items():
-            same, earlier = _ties(name, step, steps)
-            want = max([stage[name]] + [stage[s] for s in same] + [stage[r] + 1 for r in earlier])
-            for other in [name, *same]:
-                if stage[other] != want:
-                    stage[other], changed = want, True
-        if not changed:
-            return stage
-    name = next(n for n, s in steps.items() if _ties(n, s, steps)[1])
-    _fail(f"steps.{name}.interventions", f"step '{name}' swaps in a reduce step's value and, in the same pass, a "
-                                         "read of the forward that value reduces; the value is known only after "
-                                         "that forward has run over every row, so no one pass runs both")
+    that value reduces; a step it takes a read from, a metric, and a reduce run in the stage of their read. Tied
+    steps are one group; a group's stage is the longest chain of reduce values it waits on, found in one pass
+    over the groups in dependency order (SPEC.md SF8, Q39); a group that waits on itself is refused."""
+    ties = {name: _ties(name, step, steps) for name, step in steps.items()}
+    parent = {name: name for name in steps}
+
+    def group(name: str) -> str:
+        root = name
+        while parent[root] != root:
+            root = parent[root]
+        while parent[name] != root:
+            parent[name], name = root, parent[name]
+        return root
+
+    for name, (same, _earlier) in ties.items():
+        for other in same:
+            parent[group(name)] = group(other)
+    after: dict[str, dict[str, str]] = {group(n): {} for n in steps}  # group -> {group it waits on: first step}
+    for name, (_same, earlier) in ties.items():
+        for reduce_step in earlier:
+            after[group(name)].setdefault(group(reduce_step), name)
+    waiting = {g: len(on) for g, on in after.items()}
+    users: dict[str, list[str]] = {g: [] for g in after}
+    for g, on in after.items():
+        for h in on:
+            users[h].append(g)
+    level = dict.fromkeys(after, 0)
+    ready = [g for g, n in waiting.items() if n == 0]
+    while ready:
+        h = ready.pop()
+        for g in users[h]:
+            level[g] = max(level[g], level[h] + 1)
+            waiting[g] -= 1
+            if waiting[g] == 0:
+                ready.append(g)
+    if any(waiting.values()):
+        name = _waits_on_itself(steps, group, after, waiting)
+        _fail(f"steps.{name}.interventions", f"step '{name}' swaps in a reduce step's value and, in the same pass, a "
+                                             "read of the forward that value reduces; the value is known only after "
+                                             "that forward has run over every row, so no one pass runs both")
+    return {name: level[group(name)] for name in steps}
+
+
+def _waits_on_itself(steps: dict, group, after: dict, waiting: dict) -> str:
+    """The step to blame for a stage that waits on its own reduce value: in a cycle of groups left waiting, its
+    first step (in the order written) that swaps in such a value."""
+    g = next(group(n) for n in steps if waiting[group(n)])
+    seen: list[str] = []
+    while g not in seen:
+        seen.append(g)
+        g = next(h for h in after[g] if waiting[h])
+    cycle = seen[seen.index(g):] + [g]
+    order = {name: k for k, name in enumerate(steps)}
+    return min((after[a][b] for a, b in zip(cycle, cycle[1:])), key=order.__getitem__)
 
 
 # ---------------------------------------------------------------- the parts
@@ -241,9 +280,18 @@ def _site(raw: Any, path: str) -> dict:
     return site
 
 
+def _plain(name: str, path: str, what: str) -> None:
+    """A step, read, write or site name holds no ':', the separator the lowering joins names with (SF20)."""
+    if ":" in name:
+        _fail(path, f"{what} '{name}' holds ':', and the lowering names a step's read, write or in-place site "
+                    "'<step>:<name>', so two names with ':' can lower to one; rename it without ':'")
+
+
 def _step(name: str, raw: Any, data: dict) -> dict:
-    """One step checked by its kind, its own keys only (what they mean is the plan-shaped document's)."""
+    """One step checked by its kind, its own keys only (what they mean is the plan-shaped document's), and its
+    names (SF20)."""
     path = f"steps.{name}"
+    _plain(name, path, "step")
     if not isinstance(raw, dict):
         _fail(path, f"a step is an object with a kind, got {type_name(raw)}")
     kind = raw.get("kind")
@@ -257,14 +305,31 @@ def _step(name: str, raw: Any, data: dict) -> dict:
     step = _keys(raw, path, STEP_KEYS[kind], ("kind", "of", "reduce") if kind == "reduce" else
                  ("kind", "data", "field", "reads"))
     if kind in RUNS:
+        if not isinstance(step["data"], str):
+            _fail(f"{path}.data", f"a step's `data` is the name of a dataset `data` declares, a string; got "
+                                  f"{type_name(step['data'])}")
+        if not isinstance(step["field"], str):
+            _fail(f"{path}.field", f"a step's `field` is the column its prompt is (such as 'input'), a string; got "
+                                   f"{type_name(step['field'])}")
         if step["data"] not in data:
             _fail(f"{path}.data", f"step '{name}' runs on dataset {json.dumps(step['data'])[:60]}, which `data` does "
                                   f"not declare; declared: {sorted(data)}"
-                                  f"{nearest(step['data'], sorted(data)) if isinstance(step['data'], str) else ''}")
-        mapping(step["reads"], f"{path}.reads")
+                                  f"{nearest(step['data'], sorted(data))}")
+        reads = mapping(step["reads"], f"{path}.reads")
+        for r in reads:
+            _plain(r, f"{path}.reads.{r}", "read")
         if "interventions" in step:
-            mapping(_keys(step["interventions"], f"{path}.interventions", ("writes",), ("writes",))["writes"],
-                   f"{path}.interventions.writes")
+            writes = mapping(_keys(step["interventions"], f"{path}.interventions", ("writes",), ("writes",))["writes"],
+                             f"{path}.interventions.writes")
+            for w in writes:
+                _plain(w, f"{path}.interventions.writes.{w}", "write")
+                if w in reads:
+                    _fail(f"{path}.interventions.writes.{w}", f"step '{name}' has a read and a write both named "
+                                                              f"'{w}', and a site written in place in either is "
+                                                              f"named '{name}:{w}'; rename one")
+            if writes and name == "original":
+                _fail(f"{path}.interventions", "a step that writes is the intervened model named after it, and "
+                                               "'original' is the model with no writes; rename the step")
     return step
 
 
@@ -295,15 +360,17 @@ class _Build:
     roles: dict = field(default_factory=dict)  # (dataset, field) -> role name
     role_of: dict = field(default_factory=dict)  # forward step -> role name
     origin: dict = field(default_factory=dict)
+    runs: dict = field(init=False)  # the forward and generate steps, whose reads a reference names
 
-    def reads(self) -> dict:
-        return {n: s for n, s in self.steps.items() if s["kind"] in RUNS}
+    def __post_init__(self) -> None:
+        self.runs = {n: s for n, s in self.steps.items() if s["kind"] in RUNS}
 
 
 def _roles(build: _Build) -> None:
     """One role per (dataset, column) the forward steps run on; `base` is the one the first metric's read runs
-    on (metric columns are its rows, D8), else the first forward's; another is named after its first step (SF4)."""
-    runs = build.reads()
+    on (metric columns are its rows, D8), else the first forward's; another is named after its first step (SF4),
+    which is never `base` (SF17)."""
+    runs = build.runs
     metrics = [s for s in build.steps.values() if s["kind"] == "metric"]
     head = metrics[0].get("of").split(".", 1)[0] if metrics and isinstance(metrics[0].get("of"), str) else None
     first = head if head in runs else next(iter(runs), None)
@@ -311,17 +378,20 @@ def _roles(build: _Build) -> None:
     for name in order:
         pair = (runs[name]["data"], runs[name]["field"])
         if pair not in build.roles:
-            role = "base" if not build.roles else name if name != "base" else f"base-{len(build.roles)}"
+            if build.roles and name == "base":
+                _fail(f"steps.{name}", f"step 'base' runs on dataset '{pair[0]}', field '{pair[1]}', which are not "
+                                       "the rows the metrics score, and those rows are the role named 'base'; a "
+                                       "step named 'base' runs on them or not at all, so rename the step")
+            role = name if build.roles else "base"
             build.roles[pair] = role
             build.origin[f"roles.{role}"] = (f"steps.{name}", {})
         build.role_of[name] = build.roles[pair]
 
 
 def _site_name(build: _Build, value: Any, path: str, hoisted: str) -> Any:
-    """A read's or write's site: a declared name, or an object written in place, hoisted as `hoisted`."""
+    """A read's or write's site: a declared name, or an object written in place, hoisted as `hoisted`, the
+    `<step>:<name>` no declared site is (SF20)."""
     if isinstance(value, dict) and not sweeps.is_wrapper(value):
-        if hoisted in build.sites:
-            _fail(path, f"a site written in place here is named '{hoisted}', and `sites` declares it already")
         build.sites[hoisted] = _site(value, path)
         build.origin[f"sites.{hoisted}"] = (path, {})
         return hoisted
@@ -334,15 +404,20 @@ def _operand(build: _Build, value: Any, path: str) -> Any:
     if isinstance(value, str) and value in build.steps and build.steps[value]["kind"] == "reduce":
         return {"ref": value}
     if isinstance(value, str):
-        step, read = _reference(value, path, build.reads())
+        step, read = _reference(value, path, build.runs)
         return f"{step}:{read}"
     return value
+
+
+def _writes(step: dict) -> dict:
+    """A forward or generate step's writes: with any, it is the intervened model named after it (SF8)."""
+    return (step.get("interventions") or {}).get("writes", {})
 
 
 def _forward(build: _Build, name: str, intervention: dict) -> None:
     """A forward step's reads and writes in its stage's intervention; its writes make a model named after it."""
     step, role = build.steps[name], build.role_of[name]
-    writes = (step.get("interventions") or {}).get("writes", {})
+    writes = _writes(step)
     model = name if writes else "original"
     for r, raw in step["reads"].items():
         path = f"steps.{name}.reads.{r}"
@@ -363,9 +438,9 @@ def _forward(build: _Build, name: str, intervention: dict) -> None:
         build.origin[f"{intervention['path']}.models.{name}"] = (f"steps.{name}.interventions", {})
 
 
-def _column(build: _Build, value: Any, path: str, base: str) -> Any:
-    """A metric's field: `<dataset>.<column>` is a column of the base rows, `<step>.<read>` a read, anything
-    else itself (SF5)."""
+def _column(build: _Build, value: Any, key: str, path: str, base: str) -> Any:
+    """A metric's field: `<dataset>.<column>` is a column of the base rows, `<step>.<read>` a read where the
+    field is one (`against`), anything else itself (SF5)."""
     if not isinstance(value, str) or "." not in value:
         return value
     head, rest = value.split(".", 1)
@@ -375,7 +450,10 @@ def _column(build: _Build, value: Any, path: str, base: str) -> Any:
                         f"dataset its read runs on, '{base}'")
         return rest
     if head in build.steps:
-        step, read = _reference(value, path, build.reads())
+        if key not in READ_FIELDS:
+            _fail(path, f"'{value}' names a read of step '{head}', and `{key}` is a column of the rows the metric "
+                        f"scores; write it '{base}.<column>'")
+        step, read = _reference(value, path, build.runs)
         return f"{step}:{read}"
     return value
 
@@ -383,11 +461,11 @@ def _column(build: _Build, value: Any, path: str, base: str) -> Any:
 def _metric(build: _Build, name: str, intervention: dict) -> None:
     step, path = build.steps[name], f"steps.{name}"
     base = next(ds for (ds, _f), role in build.roles.items() if role == "base")
-    of = _reference(step["of"], f"{path}.of", build.reads())
+    of = _reference(step["of"], f"{path}.of", build.runs)
     metric = {"kind": step["metric"], "of": f"{of[0]}:{of[1]}"}
     for key, value in step.items():
         if key not in ("kind", "metric", "of"):
-            metric[key] = _column(build, value, f"{path}.{key}", base)
+            metric[key] = _column(build, value, key, f"{path}.{key}", base)
     intervention["metrics"][name] = metric
     build.origin[f"{intervention['path']}.metrics.{name}"] = (path, {"kind": "metric"})
 
@@ -395,9 +473,15 @@ def _metric(build: _Build, name: str, intervention: dict) -> None:
 def _saves(build: _Build, raw: Any, stage: dict) -> dict[int, list]:
     """The reserved `steps.saves`, {value: file} or [value, ...] (a metric to `<value>.json`, a reduce's value
     and a decode's ids to `.safetensors`), as each stage's saves (SF9)."""
+    if not isinstance(raw, (dict, list)):
+        _fail("steps.saves", f"steps.saves is {{value: file}} or [value, ...], naming metric, reduce or generate "
+                             f"steps; got {type_name(raw)}")
     if isinstance(raw, list):
         if not all(isinstance(v, str) for v in raw):
             _fail("steps.saves", "a save list names steps: metric, reduce or generate steps")
+        twice = next((k for k, v in enumerate(raw) if v in raw[:k]), None)
+        if twice is not None:
+            _fail(f"steps.saves.{twice}", f"'{raw[twice]}' is listed twice; a step is saved once")
         raw = {v: f"{v}.json" if build.steps.get(v, {}).get("kind") == "metric" else f"{v}.safetensors"
                for v in raw}
         keyed = False
@@ -412,10 +496,24 @@ def _saves(build: _Build, raw: Any, stage: dict) -> dict[int, list]:
                          f"document saves (steps: {sorted(build.steps)}){nearest(value, sorted(build.steps))}")
         saves = out.setdefault(stage[value], [])
         build.origin[f"steps.stage{stage[value] + 1}.saves.{len(saves)}"] = (where, {})
+        if kind == "generate" and not _writes(build.steps[value]):
+            _one_original(build, value, stage, where)
         if kind == "generate":
-            value = f"{value if build.steps[value].get('interventions') else 'original'}.generated"
+            value = f"{value if _writes(build.steps[value]) else 'original'}.generated"
         saves.append({"value": value, "file_path": file_path})
     return out
+
+
+def _one_original(build: _Build, name: str, stage: dict, where: str) -> None:
+    """A saved generate step that writes nothing saves the original model's ids, `original.generated`, which
+    name one forward only when no other such step of its pass runs on other rows (SF20)."""
+    other = next((n for n, s in build.runs.items() if s["kind"] == "generate" and not _writes(s)
+                  and stage[n] == stage[name] and build.role_of[n] != build.role_of[name]), None)
+    if other is not None:
+        _fail(where, f"generate step '{name}' writes nothing, so its ids are the original model's "
+                     f"('original.generated'), and so are those of step '{other}' in the same pass on other rows "
+                     f"(field '{build.steps[other]['field']}'); a pass keeps one 'original.generated', so run "
+                     "the other step in a document of its own")
 
 
 def _decode(build: _Build, names: list[str]) -> int:
@@ -446,7 +544,7 @@ def _stage(build: _Build, k: int, names: list[str], rows: dict) -> tuple[dict, d
             _metric(build, name, intervention)
         else:
             step = build.steps[name]
-            of = _reference(step["of"], f"steps.{name}.of", build.reads())
+            of = _reference(step["of"], f"steps.{name}.of", build.runs)
             outputs[name] = {"read": f"{of[0]}:{of[1]}", "reduce": step["reduce"],
                              **({"k": step["k"]} if "k" in step else {})}
             build.origin[f"steps.stage{k + 1}.outputs.{name}"] = (f"steps.{name}", {"read": "of"})
@@ -470,11 +568,17 @@ def lower(raw: Any) -> Lowered:
     data = {name: _dataset(name, entry) for name, entry in mapping(top["data"], "data").items()}
     given = mapping(top["steps"], "steps")
     steps = {name: _step(name, s, data) for name, s in given.items() if name != SAVES}
+    if not any(s["kind"] in RUNS for s in steps.values()):
+        _fail("steps", "no forward or generate step: a steps-first document runs the model in at least one, and "
+                       "its metric and reduce steps score that step's reads; add a forward step")
     clash = sorted(set(steps) & set(data))
     if clash:
         _fail(f"steps.{clash[0]}", f"'{clash[0]}' names both a dataset and a step, so '{clash[0]}.<x>' would mean "
                                    "either; rename one")
-    sites = {name: _site(s, f"sites.{name}") for name, s in mapping(top.get("sites", {}), "sites").items()}
+    sites = {}
+    for name, site in mapping(top.get("sites", {}), "sites").items():
+        _plain(name, f"sites.{name}", "site")
+        sites[name] = _site(site, f"sites.{name}")
     build = _Build(data=data, steps=steps, sites=sites)
     build.origin.update({f"sites.{n}": (f"sites.{n}", {}) for n in sites})
     check_order(steps)
@@ -482,10 +586,12 @@ def lower(raw: Any) -> Lowered:
     _roles(build)
     rows = {role: data[ds] for (ds, _f), role in build.roles.items()}
     interventions, observes = {}, {}
-    for k in range(max(stage.values(), default=0) + 1):
+    in_stage: list[list[str]] = [[] for _k in range(max(stage.values()) + 1)]
+    for name in steps:
+        in_stage[stage[name]].append(name)
+    for k, names in enumerate(in_stage):
         for (ds, _f), role in build.roles.items():
             build.origin[f"steps.stage{k + 1}.rows.{role}"] = (f"data.{ds}.path", {})
-        names = [n for n in steps if stage[n] == k]
         interventions[f"stage{k + 1}"], observes[f"stage{k + 1}"] = _stage(build, k, names, rows)
     for k, saves in _saves(build, given.get(SAVES, {}), stage).items():
         observes[f"stage{k + 1}"]["saves"] = saves

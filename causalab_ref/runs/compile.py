@@ -8,6 +8,7 @@ frame placed as the run places it (placement.check_step, P58). `explain` prints 
 from __future__ import annotations
 
 import functools
+import heapq
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
@@ -46,38 +47,53 @@ def _batch(tok, rows: list[dict], field: str, path: str, fits=lambda texts: None
 
 def _forward_order(intervention, needed: list[tuple[str, str]], path: str) -> list[tuple[str, str]]:
     """Forwards in dependency order (a model's writes need the forwards their operands are read in), ties
-    broken by (model, input) (SPEC.md R23)."""
+    broken by (model, input) (SPEC.md R23). The plain definition: of the forwards not yet placed, place the
+    least whose every dependency is placed; no such forward is a cycle. A heap of the ready ones and a count
+    of each one's unplaced dependencies give that order in O(E log V), not a scan of every pending forward
+    per placement (SPEC.md Q39)."""
+    needs = _forward_needs(intervention, needed)
+    waiting = {pair: len(deps) for pair, deps in needs.items()}
+    users: dict[tuple[str, str], list] = {pair: [] for pair in needs}
+    for pair, deps in needs.items():
+        for dep in deps:
+            users[dep].append(pair)
+    ready = [pair for pair, n in waiting.items() if n == 0]
+    heapq.heapify(ready)
+    order: list[tuple[str, str]] = []
+    while ready:  # topological, ties sorted by (model, input): the original's explain order (LR§9.3, R23)
+        pair = heapq.heappop(ready)
+        order.append(pair)
+        for user in users[pair]:
+            waiting[user] -= 1
+            if waiting[user] == 0:
+                heapq.heappush(ready, user)
+    if len(order) < len(needs):
+        cycle = min(set(needs) - set(order))
+        raise Refusal(f"model '{cycle[0]}' needs a value read in its own forward (a cycle of operands)",
+                      path=path, stage="compile")
+    return order
+
+
+def _forward_needs(intervention, needed: list[tuple[str, str]]) -> dict[tuple[str, str], set]:
+    """Every forward the needed ones depend on, at any distance, each with the forwards its writes' operands
+    are read in."""
     reads, writes, models = dict(intervention.reads), dict(intervention.writes), dict(intervention.models)
 
     def deps(pair):
         model, _role = pair
         if model == "original":
-            return []
-        out = []
-        for w in models[model].writes:
-            operand = writes[w].operand
-            if isinstance(operand, str):
-                r = reads[operand]
-                out.append((r.model, r.input))
-        return out
+            return set()
+        return {(reads[writes[w].operand].model, reads[writes[w].operand].input) for w in models[model].writes
+                if isinstance(writes[w].operand, str)}
 
-    pending: dict[tuple[str, str], set] = {}
+    found: dict[tuple[str, str], set] = {}
     stack = list(needed)
-    while stack:  # every forward the needed ones depend on, at any distance
+    while stack:
         pair = stack.pop()
-        if pair not in pending:
-            pending[pair] = set(deps(pair))
-            stack += pending[pair]
-    order: list[tuple[str, str]] = []
-    while pending:  # topological, ties sorted by (model, input): the original's explain order (LR§9.3, R23)
-        ready = sorted(pair for pair, needs in pending.items() if needs <= set(order))
-        if not ready:
-            cycle = sorted(pending)[0]
-            raise Refusal(f"model '{cycle[0]}' needs a value read in its own forward (a cycle of operands)",
-                          path=path, stage="compile")
-        order.append(ready[0])
-        del pending[ready[0]]
-    return order
+        if pair not in found:
+            found[pair] = deps(pair)
+            stack += found[pair]
+    return found
 
 
 STACK_LIMIT = 256 * 2 ** 20  # bytes a continuation read may buffer
@@ -375,13 +391,12 @@ def _forwards(ctx: Context, intervention, rows: StepRows, ipath: str) -> list:
     """The forwards one intervention needs over these rows, in dependency order, taps in forward order."""
     tok, roles = ctx.engine.tokenizer, dict(ctx.doc.roles)
     writes, models = dict(intervention.writes), dict(intervention.models)
-    needed = []
-    for _r, read in intervention.reads:
-        if (read.model, read.input) not in needed:
-            needed.append((read.model, read.input))
+    read_by: dict[tuple[str, str], list] = {}  # each forward's reads, in the document's order
+    for r, read in intervention.reads:
+        read_by.setdefault((read.model, read.input), []).append(("read", r, read))
     forwards = []
-    for model_name, role in _forward_order(intervention, needed, ipath):
-        ops = [("read", r, read) for r, read in intervention.reads if (read.model, read.input) == (model_name, role)]
+    for model_name, role in _forward_order(intervention, list(read_by), ipath):
+        ops = list(read_by.get((model_name, role), []))
         if model_name != "original":
             ops += [("write", w, writes[w]) for w in models[model_name].writes]
         taps = [_tap(ctx, entry, rows.by_role[role], roles[role].field, ipath) for entry in ops]

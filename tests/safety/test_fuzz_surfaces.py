@@ -63,7 +63,7 @@ def test_the_runs_own_out_and_staging_names_are_not_outside(tmp_path):
 
 
 def test_a_memory_budget_of_5000_nines_is_not_a_size():
-    """SPEC.md:1118 [S47] A budget whose number is past any float (fuzz case 37, flags: an internal
+    """SPEC.md:1122 [S47] A budget whose number is past any float (fuzz case 37, flags: an internal
     OverflowError once) is refused as not a size at validation, not converted."""
     from causalab_ref.runs import memory
     from causalab_ref.shapes import Refusal

@@ -176,7 +176,7 @@ def test_saves_that_collide_as_paths_are_refused_at_validation(tmp_path):
 
 
 def test_a_prompt_longer_than_the_models_positions_is_refused_at_compile(tmp_path):
-    """SPEC.md:1110 [S45] `"x " * 700` on the GPT-2 fixture (512 positions) is refused at compile naming the
+    """SPEC.md:1114 [S45] `"x " * 700` on the GPT-2 fixture (512 positions) is refused at compile naming the
     rows and their lengths (1400 and 1200 tokens: the fixture BPE splits "x " in two), not a traceback
     from inside the model."""
     root = _data_root(tmp_path)
