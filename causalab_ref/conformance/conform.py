@@ -521,6 +521,9 @@ def _checked(cases: list[dict], impl, recipes: Optional[dict[str, str]], options
         try:
             for future in futures:
                 yield future.result()
+        except KeyboardInterrupt:  # met while a case is awaited: every running call is stopped, then waited for
+            impl.stop()
+            raise
         finally:
             for future in futures:
                 future.cancel()
@@ -540,19 +543,23 @@ def conform(impl_command: Optional[str] = None, options: Options = Options(),
         impl, recipes = _implementation(impl_command, main, cases, scratch, options)
         entries = catalogue.entries((ROOT / "SPEC.md").read_text(encoding="utf-8")) if options.record else []
         print(f"conform: {len(cases)} case(s) against {impl.name}", file=stream)
-        for case, verdict, diffs, got, seconds in _checked(cases, impl, recipes, options):
-            counts[verdict] += 1
-            if options.record and verdict == "pass":
-                try:
-                    _record(case, got, entries)
-                except CaseError as error:
-                    verdict, diffs = "fail", [str(error)]
-                    counts["pass"], counts["fail"] = counts["pass"] - 1, counts["fail"] + 1
-            _report(case, verdict, diffs, seconds, options.quiet, stream)
-            if verdict == "fail":
-                failed.append(case["name"])
-                if options.fail_fast:
-                    break
+        try:
+            for case, verdict, diffs, got, seconds in _checked(cases, impl, recipes, options):
+                counts[verdict] += 1
+                if options.record and verdict == "pass":
+                    try:
+                        _record(case, got, entries)
+                    except CaseError as error:
+                        verdict, diffs = "fail", [str(error)]
+                        counts["pass"], counts["fail"] = counts["pass"] - 1, counts["fail"] + 1
+                _report(case, verdict, diffs, seconds, options.quiet, stream)
+                if verdict == "fail":
+                    failed.append(case["name"])
+                    if options.fail_fast:
+                        break
+        except KeyboardInterrupt:  # SIGINT or SIGTERM: what this run started is stopped, every job, at once (C39)
+            impl.stop()
+            raise
     summary = (f"conform: {counts['pass']} passed, {counts['fail']} failed, {counts['n/a']} not applicable "
                f"({time.time() - started:.0f}s)")
     why = _nothing_checked(counts, len(cases), options)
