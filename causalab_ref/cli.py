@@ -389,9 +389,15 @@ def _grounds(args):
 def cmd_conform(args):
     """Exit 0 when some case passed and none failed; 1 when a case failed or none passed (a line says why);
     2 for a usage error, such as a blank --impl (SPEC.md C20)."""
-    from .conformance.conform import Options, UsageError, conform
+    from .conformance.conform import Options, UsageError, conform, listing
     if args.grounds:
         return _grounds(args)
+    if args.list:  # what --cases and --only select, nothing run (C40)
+        try:
+            return listing(Options(cases_dir=args.cases, only=args.only))
+        except UsageError as error:
+            print(f"usage: conform: {error}", file=sys.stderr)
+            raise SystemExit(2) from None
     options = Options(cases_dir=args.cases, only=args.only, fixtures_dir=args.fixtures, fail_fast=args.fail_fast,
                       record=args.record, quiet=args.quiet,
                       **{k: v for k in ("timeout", "jobs") if (v := vars(args)[k]) is not None})
@@ -508,6 +514,7 @@ def _corpus_verbs(verbs) -> None:
                    "when intact, exported there otherwise; default a temporary folder)")
     p.add_argument("--only", default=None,
                    help="run the cases whose name contains this (comma-separated: any of these)")
+    p.add_argument("--list", action="store_true", help="print the cases --cases and --only select, and run nothing")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first failed case")
     p.add_argument("--record", action="store_true", help="write causalab_ref's results into the cases' expect")
     p.add_argument("--grounds", action="store_true", help="print how many cases rest on each kind of ground, and "

@@ -9,7 +9,8 @@ surface and checks one invariant per case:
   `conform --cases DIR` in this process;
 * impl: `conform --impl` against a fake implementation that misbehaves at random (exit codes, junk
   stdout, junk files under --out, sleeping past --timeout, flooding);
-* flags: random values of --memory-budget, --batch-size, --device-map, --engine, --out, --data-root, --timeout, --jobs;
+* flags: random values of --memory-budget, --batch-size, --device-map, --engine, --out, --data-root, --timeout, --jobs,
+  conform's --list with --only and --cases;
 * cache: a copy of a built fixture folder under a temporary $CAUSALAB_REF_CACHE with files added,
   removed, truncated or replaced by links;
 * results: a copy of a run's results folder (a swept patching run, a fit with its loss curve) with
@@ -268,6 +269,7 @@ DEVICE_MAPS = ["cpu", "cuda", "auto", "meta", "disk", "", "{}", '{"": "cpu"}', '
 ENGINES = ["nnterp", "hooks", "ndif", "NDIF", "", "remote"]  # ndif: known and refused by name (E12)
 TIMEOUTS = ["0", "-1", "nan", "inf", "-inf", "1e308", "1e-9", "x", "", "0.5", "1e999", "10"]
 JOBS = ["0", "-1", "1", "2", "3", "x", "1e9", "1.5", "", "256", "257", "9" * 5000, "\u0661", " 2"]
+ONLYS = ["", ",", ",,", "refuse", "run_,validate", "x" * 5000, "\x00", "\u202e", "*", "..", "refuse_unknown_key"]
 
 
 def _weird_path(rng: random.Random, tmp: pathlib.Path, sentinel: pathlib.Path) -> str:
@@ -282,8 +284,13 @@ def flags_case(rng: random.Random, tmp: pathlib.Path, sentinel: pathlib.Path,
         folder = _corpus_copy(tmp, rng.sample(_cheap_cases(), 1))
         script = tmp / "fake_impl.py"
         script.write_text(FAKE_IMPL, encoding="utf-8")
-        return [["conform", "--impl", f"{sys.executable} {script} 0 na", "--cases", str(folder), "--fixtures",
-                 str(fixtures), "--timeout=" + rng.choice(TIMEOUTS), "--jobs=" + rng.choice(JOBS), "--quiet"]]
+        argv = ["conform", "--impl", f"{sys.executable} {script} 0 na", "--cases", str(folder), "--fixtures",
+                str(fixtures), "--timeout=" + rng.choice(TIMEOUTS), "--jobs=" + rng.choice(JOBS), "--quiet"]
+        if rng.random() < 0.4:  # what --list selects (C40), with --only and --cases as hostile as the rest
+            argv += ["--list", "--only=" + rng.choice(ONLYS)]
+            if rng.random() < 0.3:
+                argv[argv.index("--cases") + 1] = _weird_path(rng, tmp, sentinel)
+        return [argv]
     verb = rng.choice(["validate", "explain", "run", "run"])
     argv = [verb, str(PATCHING)]
     options = {"--memory-budget": BUDGETS, "--device-map": DEVICE_MAPS, "--engine": ENGINES}

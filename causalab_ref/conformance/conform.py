@@ -53,7 +53,7 @@ CASES = Path(__file__).resolve().parent / "corpus"  # package data: the corpus s
 VERBS = ("run", "explain", "validate", "model")
 NOT_APPLICABLE = 3
 __all__ = ["FLOOR", "FLOORS", "CaseError", "InProcess", "Options", "Subprocess", "UsageError", "agrees", "check",
-           "compare", "compare_refusal", "conform", "cores", "informative", "parse_jobs"]
+           "compare", "compare_refusal", "conform", "cores", "informative", "listing", "parse_jobs"]
 
 
 # ---------------------------------------------------------------- one case
@@ -467,6 +467,17 @@ def selected(options: Options) -> list[dict]:
         wanted = [w for w in options.only.split(",") if w]
         cases = [c for c in cases if any(w in c["name"] for w in wanted)]
     return cases
+
+
+def listing(options: Options) -> dict:
+    """`conform --list`: the cases --cases and --only select, in the order a run checks them, each with its
+    verb, and nothing run (no --impl needed); {text, cases} (SPEC.md C40)."""
+    cases = selected(options)
+    rows = [{"name": c["name"], "verb": c.get("verb") if "_broken" not in c else None} for c in cases]
+    width = max((len(r["name"]) for r in rows), default=0)
+    lines = [f"{r['name']:{width}s}  {r['verb'] or 'unreadable (a run fails it)'}" for r in rows]
+    lines.append(f"conform: {len(rows)} case(s) selected")
+    return {"text": "\n".join(lines), "cases": rows}
 
 
 def _implementation(impl_command: Optional[str], main, cases: list[dict], scratch: str, options: Options):

@@ -197,3 +197,31 @@ def test_an_interrupt_stops_every_implementation_conform_started_at_once(tmp_pat
     assert proc.returncode == 130 and err.strip().splitlines()[-1] == "interrupted; nothing was written", err
     assert left == []
     assert len(list(pids.iterdir())) == int(jobs)  # no case started after the interrupt
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("only", [None, "refuse_unknown", "weekday,unknown_key", "no_such_case"])
+def test_list_prints_the_cases_only_and_cases_select_and_runs_nothing(only, capsys, tmp_path):
+    """SPEC.md:924 [C40] `conform --list` prints the selected cases' names and verbs in the corpus's order and
+    their count, exits 0, and starts no --impl (the one given would write a file if it ran); the selection is
+    recomputed here from the corpus folder's file names."""
+    marker = tmp_path / "ran"
+    impl = shlex.join([sys.executable, "-c", f"open({str(marker)!r}, 'w')"])
+    argv = ["conform", "--list", "--impl", impl] + (["--only", only] if only else [])
+    status = cli.main(argv)
+    out = capsys.readouterr().out.splitlines()
+    files = sorted(f for f in conform.CASES.glob("*.json") if not f.name.endswith(".schema.json"))
+    wanted = [f for f in files if not only or any(w in f.stem for w in only.split(","))]
+    assert status == 0 and not marker.exists()
+    assert [line.split()[0] for line in out[:-1]] == [f.stem for f in wanted]
+    assert [line.split()[1] for line in out[:-1]] == [json.loads(f.read_text())["verb"] for f in wanted]
+    assert out[-1] == f"conform: {len(wanted)} case(s) selected"
+
+
+@pytest.mark.fast
+def test_list_of_a_cases_that_is_not_a_folder_is_a_usage_error(tmp_path, capsys):
+    """SPEC.md:924 [C40] --list with a --cases that is not a folder: one usage line, exit 2."""
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["conform", "--list", "--cases", str(tmp_path / "none")])
+    captured = capsys.readouterr()
+    assert exit_.value.code == 2 and captured.out == "" and captured.err.startswith("usage: conform: --cases")
