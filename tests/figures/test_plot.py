@@ -279,3 +279,87 @@ def test_a_long_tick_is_cut_and_a_crowded_row_is_turned(tmp_path):
     fig = matplotlib.figure.Figure()
     plot._draw_panel(fig.add_subplot(), panel)
     assert {t.get_rotation() for t in fig.axes[0].get_xticklabels()} == {30.0}
+
+
+def _plain_with(tmp_path: Path, rows_of) -> Path:
+    """A run with no sweep whose logit_diff.json is replaced by `rows_of(rows)`."""
+    out = _run(_patching(), tmp_path, "plain")
+    rows = json.loads((out / "logit_diff.json").read_text(encoding="utf-8"))
+    (out / "logit_diff.json").write_text(json.dumps(rows_of(rows)), encoding="utf-8")
+    return out
+
+
+def test_a_value_past_a_floats_range_is_drawn_as_not_a_number(tmp_path):
+    """SPEC.md:2269 [FG9] an eligible row whose value is a 400-digit integer (valid JSON, S41) is drawn as a value
+    that is not a finite number, and a 300-digit one as its float; the figure is written (it was an internal
+    error, OverflowError)."""
+    out = _plain_with(tmp_path, lambda rows: [dict(rows[0], value=10 ** 400), dict(rows[1], value=10 ** 300),
+                                              *rows[2:]])
+    panel = next(p for p in plot.panels(out) if p.title.startswith("logit_diff"))
+    assert panel.values[:2] == (None, 1e300)
+    assert cli.main(["plot", str(out), "--out", str(tmp_path / "f.png")]) == 0 and (tmp_path / "f.png").stat().st_size
+
+
+def test_a_long_table_draws_its_first_rows_and_says_so(tmp_path):
+    """SPEC.md:2269 [FG9] a table of 100,000 rows is drawn as 100 bars and 100 ticks, titled with every row's
+    eligible count and `the first 100 drawn` (it drew a bar and a tick per row)."""
+    n = 100_000
+    out = _plain_with(tmp_path, lambda rows: [dict(rows[k % len(rows)], example_id=str(k), eligible=k % 3 > 0)
+                                              for k in range(n)])
+    panel = next(p for p in plot.panels(out) if p.title.startswith("logit_diff"))
+    eligible = sum(1 for k in range(n) if k % 3 > 0)
+    assert len(panel.values) == len(panel.xticks) == plot.MOST_BARS == 100
+    assert panel.title.endswith(f"{eligible} of {n} rows eligible; the first 100 drawn")
+    fig = plot.figure(out)
+    ax = next(a for a in fig.axes if a.get_title().startswith("logit_diff"))
+    assert len(ax.patches) == 100 and len(ax.get_xticklabels()) == 100
+
+
+def test_a_figure_draws_at_most_24_panels_and_says_how_many_it_left(tmp_path):
+    """SPEC.md:2269 [FG9] 30 metric tables give 24 panels and a title naming 24 of the panels there are."""
+    out = _run(_patching(), tmp_path, "plain")
+    rows = json.loads((out / "iia.json").read_text(encoding="utf-8"))
+    for k in range(28):
+        (out / f"t{k:02d}.json").write_text(json.dumps([dict(r, metric=f"m{k}") for r in rows]), encoding="utf-8")
+    total = len(plot.panels(out))
+    fig = plot.figure(out)
+    assert total == 30 and len(fig.axes) == 24
+    assert fig._suptitle.get_text().startswith("the first 24 of 30 panels drawn")
+
+
+def test_a_readout_table_of_lists_is_not_drawn(tmp_path):
+    """SPEC.md:2269 [FG9] a table whose rows hold lists ([token, probability] pairs, a top_k readout) is not
+    drawn; the other tables are, and a folder holding only such tables is refused in one line."""
+    pairs = [[" Monday", 0.5], [" Tuesday", 0.25]]
+    out = _plain_with(tmp_path, lambda rows: [dict(r, metric="top_k", value=pairs, unit="") for r in rows])
+    titles = [p.title for p in plot.panels(out)]
+    assert titles and not any("logit_diff.json" in t or "top_k" in t for t in titles)
+    (out / "iia.json").unlink()
+    with pytest.raises(Refusal, match="nothing to draw"):
+        plot.panels(out)
+
+
+def test_a_fraction_is_drawn_on_0_1_and_a_logit_difference_centred_on_0(tracing):
+    """SPEC.md:2278 [FG10] read from the drawn figure: the iia heatmap's colour limits are (0, 1) whatever its
+    means; the logit_diff heatmap's are (-m, m), m the largest |mean| recomputed from the points' tables, with a
+    diverging map."""
+    fig = plot.figure(tracing)
+    images = {ax.get_title().split(" ")[0]: ax.images[0] for ax in fig.axes if ax.images}
+    assert images["iia"].get_clim() == (0.0, 1.0)
+    reach = max(abs(_mean(tracing / f"layers={layer},pos={pos}" / "logit_diff.json"))
+                for layer in (0, 1) for pos in (-3, -2, -1))
+    low, high = images["logit_diff"].get_clim()
+    assert (low, high) == pytest.approx((-reach, reach), rel=1e-9) and images["logit_diff"].cmap.name == "RdBu_r"
+
+
+def test_a_small_fraction_is_not_drawn_in_the_colour_of_one(tmp_path):
+    """SPEC.md:2278 [FG10] a heatmap of fractions 0.074 and 0.08 (its range's ends, which the colour scale was
+    fit to) draws 0.074 near the colour of 0: the limits are (0, 1), not (0.074, 0.08)."""
+    plt = plot._pyplot()
+    fig, ax = plt.subplots()
+    plot._draw_panel(ax, plot.Panel("heatmap", "iia (fraction)", ((0.074, 0.08),), xticks=("a", "b"),
+                                    unit="fraction"))
+    image = ax.images[0]
+    assert image.get_clim() == (0.0, 1.0)
+    assert image.norm(0.074) == pytest.approx(0.074) and image.norm(0.08) == pytest.approx(0.08)
+    plt.close(fig)
