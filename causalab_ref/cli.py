@@ -389,9 +389,15 @@ def _grounds(args):
 def cmd_conform(args):
     """Exit 0 when some case passed and none failed; 1 when a case failed or none passed (a line says why);
     2 for a usage error, such as a blank --impl (SPEC.md C20)."""
-    from .conformance.conform import Options, UsageError, conform
+    from .conformance.conform import Options, UsageError, conform, listing
     if args.grounds:
         return _grounds(args)
+    if args.list:  # what --cases and --only select, nothing run (C40)
+        try:
+            return listing(Options(cases_dir=args.cases, only=args.only))
+        except UsageError as error:
+            print(f"usage: conform: {error}", file=sys.stderr)
+            raise SystemExit(2) from None
     options = Options(cases_dir=args.cases, only=args.only, fixtures_dir=args.fixtures, fail_fast=args.fail_fast,
                       record=args.record, quiet=args.quiet,
                       **{k: v for k in ("timeout", "jobs") if (v := vars(args)[k]) is not None})
@@ -508,6 +514,7 @@ def _corpus_verbs(verbs) -> None:
                    "when intact, exported there otherwise; default a temporary folder)")
     p.add_argument("--only", default=None,
                    help="run the cases whose name contains this (comma-separated: any of these)")
+    p.add_argument("--list", action="store_true", help="print the cases --cases and --only select, and run nothing")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first failed case")
     p.add_argument("--record", action="store_true", help="write causalab_ref's results into the cases' expect")
     p.add_argument("--grounds", action="store_true", help="print how many cases rest on each kind of ground, and "
@@ -541,13 +548,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _terminated(signum, frame):
+class _Interrupts:
     """SIGTERM is handled as SIGINT is: the run stops where it is and removes what it staged (SPEC.md S6).
+    Once the verb has returned or raised (`late`), a signal is only counted: the answer is printed whole
+    and the handlers are put back with nothing left to raise (S77).
 
     A trace's own threads (nnsight's mediators) fail when the main thread stops under them; that is the
     interrupt, not a second error, so from here on a thread's failure prints nothing."""
-    threading.excepthook = _quiet_thread
-    raise KeyboardInterrupt
+
+    def __init__(self):
+        self.late, self.noted = False, 0
+
+    def __call__(self, signum, frame):
+        if self.late:
+            self.noted += 1
+            return
+        threading.excepthook = _quiet_thread
+        raise KeyboardInterrupt
 
 
 def _quiet_thread(args) -> None:
@@ -565,15 +582,17 @@ def main(argv=None) -> int:
         parser.print_usage(sys.stderr)
         return 2
     handled = (signal.SIGINT, signal.SIGTERM) if _main_thread() else ()
-    previous = {signum: signal.signal(signum, _terminated) for signum in handled}
+    interrupts = _Interrupts()
+    previous = {signum: signal.signal(signum, interrupts) for signum in handled}
     try:
-        result = args.func(args)
+        try:
+            result = args.func(args)
+        finally:
+            interrupts.late = True  # from here on a signal raises nothing (S77)
     except Refusal as refusal:
         if getattr(args, "repath", None):  # set for a protocol or steps-first document only (_lowered)
             refusal.path = args.repath(refusal.path)  # the protocol or steps-first document's own (PR19, SF14)
-        where = f"{refusal.path}: " if refusal.path else ""
-        line = f"{refusal.stage}: {where}{refusal.message}"  # one line whatever the document's text holds (D4)
-        print(line.replace("\r", "\\r").replace("\n", "\\n"), file=sys.stderr)
+        print(refusal.line(), file=sys.stderr)  # one line, escaped and cut, whatever the names hold (D4, S76)
         return 2
     except KeyboardInterrupt as interrupt:  # SIGINT, or SIGTERM (S6): the staging folder is already removed
         done = type(interrupt).__name__ == "Written"
@@ -586,12 +605,29 @@ def main(argv=None) -> int:
         print(f"internal error ({type(error).__name__}): {error}. This is a causalab_ref bug; "
               "--traceback shows where", file=sys.stderr)
         return 1
-    finally:
+    else:
+        try:
+            print(json.dumps(result, indent=1, default=str) if args.json else result["text"])
+        except BrokenPipeError:  # a reader such as `head` stopped early; the result was complete
+            sys.stderr.close()
+        return 0
+    finally:  # called in-process, the caller's handlers are put back; the command line keeps noting to its exit
+        if argv is not None:
+            _restore(previous)
+
+
+def _restore(previous: dict) -> None:
+    """Put the caller's handlers back with the signals held, so one that arrives meanwhile is noted by the
+    tool's handler (the mask's change runs it first) or taken while held, never raised by the caller's (S77)."""
+    hold = getattr(signal, "pthread_sigmask", None)
+    mask = hold(signal.SIG_BLOCK, list(previous)) if hold and previous else None
+    try:
         for signum, handler in previous.items():
             if handler is not None:  # None: a handler installed outside Python, which cannot be put back
                 signal.signal(signum, handler)
-    try:
-        print(json.dumps(result, indent=1, default=str) if args.json else result["text"])
-    except BrokenPipeError:  # a reader such as `head` stopped early; the result was complete
-        sys.stderr.close()
-    return 0
+        take = getattr(signal, "sigtimedwait", None)
+        while mask is not None and take and take([s for s in previous if s not in mask], 0) is not None:
+            pass  # held while the handlers changed: noted, as one after the verb is
+    finally:
+        if mask is not None and hold:
+            hold(signal.SIG_SETMASK, mask)

@@ -7,6 +7,7 @@ SPEC.md §1 Documents and §2.2 The cut describe the fields.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Protocol
 
@@ -47,6 +48,32 @@ class Refusal(Exception):
 
     def __str__(self) -> str:
         return f"{self.path}: {self.message}" if self.path else self.message
+
+    def line(self) -> str:
+        """The one line the CLI prints, `<stage>: <path>: <message>` (SPEC.md D4, S76)."""
+        return printable(f"{self.stage}: {self.path + ': ' if self.path else ''}{self.message}")
+
+
+#: a run of characters (between white space, dots and the marks that frame a name) longer than this is cut in
+#: a printed line (SPEC.md S76)
+LONG_RUN = 300
+#: how many of a cut run's first characters are kept
+KEPT = 64
+#: what a line never prints raw: C0 and C1 controls, DEL, the line and paragraph separators, and the
+#: bidirectional controls (marks, embeddings, overrides, isolates) that reorder what a terminal shows
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_RUN = re.compile(f"[^\\s.:;,'\"()\\[\\]{{}}=]{{{LONG_RUN + 1},}}")
+
+
+def printable(text: str) -> str:
+    """`text` as one line safe to print on a terminal (SPEC.md S76): each run of more than LONG_RUN characters
+    between white space, dots and the marks that frame a name (`:;,'"()[]{}=`) cut to its first KEPT and
+    `…(<n> chars)`, then every character of _UNSAFE written as its escape (`\\n`, `\\x1b`, `\\u202e`); other
+    text is unchanged."""
+    cut = _RUN.sub(lambda m: f"{m.group()[:KEPT]}\u2026({len(m.group())} chars)", text)
+    return _UNSAFE.sub(lambda m: _NAMED.get(m.group()) or (f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+                                                          else f"\\u{ord(m.group()):04x}"), cut)
 
 
 def nearest(name: Any, known) -> str:

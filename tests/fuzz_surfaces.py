@@ -9,12 +9,13 @@ surface and checks one invariant per case:
   `conform --cases DIR` in this process;
 * impl: `conform --impl` against a fake implementation that misbehaves at random (exit codes, junk
   stdout, junk files under --out, sleeping past --timeout, flooding);
-* flags: random values of --memory-budget, --batch-size, --device-map, --engine, --out, --data-root, --timeout, --jobs;
+* flags: random values of --memory-budget, --batch-size, --device-map, --engine, --out, --data-root, --timeout, --jobs,
+  conform's --list with --only and --cases;
 * cache: a copy of a built fixture folder under a temporary $CAUSALAB_REF_CACHE with files added,
   removed, truncated or replaced by links;
 * results: a copy of a run's results folder (a swept patching run, a fit with its loss curve) with
   its tables, document.json, run.json, tensor files and point folders edited, broken, removed or
-  replaced by links, drawn by `plot` to a figure path that may be a link, a folder or a file;
+  replaced by links (a table's values past a float's range, lists, any unit, many rows), drawn by `plot` to a figure path that may be a link, a folder or a file;
 * env: $CAUSALAB_REF_LLAMA_TOKENIZER, $HF_HUB_OFFLINE, $CAUSALAB_REF_CACHE and $CONFORM_CHECKPOINTS set to
   hostile values (tests/fuzz_surfaces_env.py);
 * exported: a damaged copy of a `fixtures export` folder named by a path key, or `fixtures export` onto a
@@ -268,6 +269,7 @@ DEVICE_MAPS = ["cpu", "cuda", "auto", "meta", "disk", "", "{}", '{"": "cpu"}', '
 ENGINES = ["nnterp", "hooks", "ndif", "NDIF", "", "remote"]  # ndif: known and refused by name (E12)
 TIMEOUTS = ["0", "-1", "nan", "inf", "-inf", "1e308", "1e-9", "x", "", "0.5", "1e999", "10"]
 JOBS = ["0", "-1", "1", "2", "3", "x", "1e9", "1.5", "", "256", "257", "9" * 5000, "\u0661", " 2"]
+ONLYS = ["", ",", ",,", "refuse", "run_,validate", "x" * 5000, "\x00", "\u202e", "*", "..", "refuse_unknown_key"]
 
 
 def _weird_path(rng: random.Random, tmp: pathlib.Path, sentinel: pathlib.Path) -> str:
@@ -282,8 +284,13 @@ def flags_case(rng: random.Random, tmp: pathlib.Path, sentinel: pathlib.Path,
         folder = _corpus_copy(tmp, rng.sample(_cheap_cases(), 1))
         script = tmp / "fake_impl.py"
         script.write_text(FAKE_IMPL, encoding="utf-8")
-        return [["conform", "--impl", f"{sys.executable} {script} 0 na", "--cases", str(folder), "--fixtures",
-                 str(fixtures), "--timeout=" + rng.choice(TIMEOUTS), "--jobs=" + rng.choice(JOBS), "--quiet"]]
+        argv = ["conform", "--impl", f"{sys.executable} {script} 0 na", "--cases", str(folder), "--fixtures",
+                str(fixtures), "--timeout=" + rng.choice(TIMEOUTS), "--jobs=" + rng.choice(JOBS), "--quiet"]
+        if rng.random() < 0.4:  # what --list selects (C40), with --only and --cases as hostile as the rest
+            argv += ["--list", "--only=" + rng.choice(ONLYS)]
+            if rng.random() < 0.3:
+                argv[argv.index("--cases") + 1] = _weird_path(rng, tmp, sentinel)
+        return [argv]
     verb = rng.choice(["validate", "explain", "run", "run"])
     argv = [verb, str(PATCHING)]
     options = {"--memory-budget": BUDGETS, "--device-map": DEVICE_MAPS, "--engine": ENGINES}
@@ -365,6 +372,29 @@ def _remove_entry(entry: pathlib.Path) -> None:
         entry.unlink(missing_ok=True)
 
 
+def _hostile_table(rng: random.Random, folder: pathlib.Path) -> None:
+    """One metric table of a results copy rewritten with values a figure must still take: integers past a
+    float's range, [token, probability] lists, signed or out-of-[0, 1] numbers under any unit, many rows."""
+    tables = sorted(f for f in folder.rglob("*.json") if f.is_file() and not f.is_symlink()
+                    and f.name not in ("document.json", "run.json"))
+    if not tables:
+        return
+    table = rng.choice(tables)
+    try:
+        rows = json.loads(table.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError):
+        return
+    if not (isinstance(rows, list) and rows and all(isinstance(r, dict) for r in rows)):
+        return
+    values = [10 ** 400, -10 ** 400, [[" Monday", 0.5]], [], -3.5, 7.25, 0.074, 1e308, 10 ** 308]
+    edited = [dict(r, value=rng.choice(values) if rng.random() < 0.5 else r.get("value"),
+                   unit=rng.choice([r.get("unit"), "fraction", "probability", "logit", "nat", 3, None]))
+              for r in rows]
+    if rng.random() < 0.3:
+        edited = [dict(edited[k % len(edited)], example_id=str(k)) for k in range(rng.choice([150, 3000]))]
+    table.write_text(json.dumps(edited), encoding="utf-8")
+
+
 def results_case(rng: random.Random, tmp: pathlib.Path, sentinel: pathlib.Path) -> list[list[str]]:
     """`plot` of a damaged copy of a results folder, to a figure path that may not be a new file."""
     base = rng.choice(results_bases(tmp.parent))
@@ -375,6 +405,8 @@ def results_case(rng: random.Random, tmp: pathlib.Path, sentinel: pathlib.Path) 
         if entries:
             with contextlib.suppress(OSError):  # a damage the file system will not take (a rename onto a folder)
                 _damage_entry(rng, rng.choice(entries), sentinel)
+    if rng.random() < 0.25:  # a table's values past a float, lists (a readout), or its rows many (FG9, FG10)
+        _hostile_table(rng, folder)
     if rng.random() < 0.1:  # a bundle dropped in, over whatever a damage left at its name (a folder, a link)
         source = rng.choice(BUNDLES)
         dest = folder / rng.choice(["x.safetensors", "train_loss.safetensors"])

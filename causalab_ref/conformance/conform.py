@@ -53,7 +53,7 @@ CASES = Path(__file__).resolve().parent / "corpus"  # package data: the corpus s
 VERBS = ("run", "explain", "validate", "model")
 NOT_APPLICABLE = 3
 __all__ = ["FLOOR", "FLOORS", "CaseError", "InProcess", "Options", "Subprocess", "UsageError", "agrees", "check",
-           "compare", "compare_refusal", "conform", "cores", "informative", "parse_jobs"]
+           "compare", "compare_refusal", "conform", "cores", "informative", "listing", "parse_jobs"]
 
 
 # ---------------------------------------------------------------- one case
@@ -469,6 +469,17 @@ def selected(options: Options) -> list[dict]:
     return cases
 
 
+def listing(options: Options) -> dict:
+    """`conform --list`: the cases --cases and --only select, in the order a run checks them, each with its
+    verb, and nothing run (no --impl needed); {text, cases} (SPEC.md C40)."""
+    cases = selected(options)
+    rows = [{"name": c["name"], "verb": c.get("verb") if "_broken" not in c else None} for c in cases]
+    width = max((len(r["name"]) for r in rows), default=0)
+    lines = [f"{r['name']:{width}s}  {r['verb'] or 'unreadable (a run fails it)'}" for r in rows]
+    lines.append(f"conform: {len(rows)} case(s) selected")
+    return {"text": "\n".join(lines), "cases": rows}
+
+
 def _implementation(impl_command: Optional[str], main, cases: list[dict], scratch: str, options: Options):
     """(the implementation, {key: recipe digest} the cases are checked against). An --impl given, even
     blank, is the implementation: a blank one is a usage error, never causalab_ref in its place."""
@@ -521,6 +532,9 @@ def _checked(cases: list[dict], impl, recipes: Optional[dict[str, str]], options
         try:
             for future in futures:
                 yield future.result()
+        except KeyboardInterrupt:  # met while a case is awaited: every running call is stopped, then waited for
+            impl.stop()
+            raise
         finally:
             for future in futures:
                 future.cancel()
@@ -540,19 +554,23 @@ def conform(impl_command: Optional[str] = None, options: Options = Options(),
         impl, recipes = _implementation(impl_command, main, cases, scratch, options)
         entries = catalogue.entries((ROOT / "SPEC.md").read_text(encoding="utf-8")) if options.record else []
         print(f"conform: {len(cases)} case(s) against {impl.name}", file=stream)
-        for case, verdict, diffs, got, seconds in _checked(cases, impl, recipes, options):
-            counts[verdict] += 1
-            if options.record and verdict == "pass":
-                try:
-                    _record(case, got, entries)
-                except CaseError as error:
-                    verdict, diffs = "fail", [str(error)]
-                    counts["pass"], counts["fail"] = counts["pass"] - 1, counts["fail"] + 1
-            _report(case, verdict, diffs, seconds, options.quiet, stream)
-            if verdict == "fail":
-                failed.append(case["name"])
-                if options.fail_fast:
-                    break
+        try:
+            for case, verdict, diffs, got, seconds in _checked(cases, impl, recipes, options):
+                counts[verdict] += 1
+                if options.record and verdict == "pass":
+                    try:
+                        _record(case, got, entries)
+                    except CaseError as error:
+                        verdict, diffs = "fail", [str(error)]
+                        counts["pass"], counts["fail"] = counts["pass"] - 1, counts["fail"] + 1
+                _report(case, verdict, diffs, seconds, options.quiet, stream)
+                if verdict == "fail":
+                    failed.append(case["name"])
+                    if options.fail_fast:
+                        break
+        except KeyboardInterrupt:  # SIGINT or SIGTERM: what this run started is stopped, every job, at once (C39)
+            impl.stop()
+            raise
     summary = (f"conform: {counts['pass']} passed, {counts['fail']} failed, {counts['n/a']} not applicable "
                f"({time.time() - started:.0f}s)")
     why = _nothing_checked(counts, len(cases), options)

@@ -19,6 +19,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Optional
@@ -29,6 +30,7 @@ TIMEOUT = 300.0  # seconds one call of the implementation may take (--timeout)
 POLL = 3600.0  # seconds one wait for output may take: a --timeout of 1e308 is waited in such steps
 CAP = 16 * 2 ** 20  # bytes read back of its stdout, and of its stderr, per call
 CHUNK = 2 ** 16
+GRACE = 3.0  # seconds the implementations an interrupt stops are given after SIGTERM, before SIGKILL (C39)
 
 
 class CaseError(Exception):
@@ -66,6 +68,9 @@ class InProcess:
     def __init__(self, main: Callable[[list[str]], int]):
         self.main = main
 
+    def stop(self) -> None:
+        """Nothing to stop: an interrupt stops the call where it is, in this process."""
+
     def __call__(self, argv: list[str], cwd: Path) -> tuple[int, str, str]:
         out, err = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), contextlib.chdir(cwd):
@@ -85,25 +90,50 @@ class Subprocess:
         self.command, self.timeout, self.cap = list(words), float(timeout), int(cap)
         self.name = shlex.join(words)
         self.env = dict(os.environ)
+        self._lock, self._running, self._stopped = threading.Lock(), set(), False
         if checkpoints is not None:
             self.env[exported.MAP_ENV] = json.dumps(checkpoints, sort_keys=True)
 
     def __call__(self, argv: list[str], cwd: Path) -> tuple[int, str, str]:
-        try:
-            process = subprocess.Popen(self.command + argv, cwd=cwd, env=self.env, stdin=subprocess.DEVNULL,
-                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-        except OSError as error:
-            raise CaseError(f"the implementation could not be started: {error}") from None
+        with self._lock:  # no call starts once the run is stopped (C39)
+            if self._stopped:
+                raise CaseError("conform was interrupted before this case started")
+            try:
+                process = subprocess.Popen(self.command + argv, cwd=cwd, env=self.env, stdin=subprocess.DEVNULL,
+                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+            except OSError as error:
+                raise CaseError(f"the implementation could not be started: {error}") from None
+            self._running.add(process)
         try:
             out, err = self._read_back(process, time.monotonic() + self.timeout, argv)
         except CaseError:
             _kill(process)
             raise
+        except BaseException:  # an interrupt met here (--jobs 1): what this call started is stopped first (C39)
+            self.stop()
+            raise
         finally:
+            with self._lock:
+                self._running.discard(process)
             for stream in (process.stdout, process.stderr):
                 if stream is not None:
                     stream.close()
         return process.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+
+    def stop(self, grace: float = GRACE) -> None:
+        """Stop every call running, at once, and start no other: each implementation's process group is sent
+        SIGTERM, given `grace` seconds together, and sent SIGKILL if any of it is left; each is reaped (C39)."""
+        with self._lock:
+            self._stopped = True
+            running = list(self._running)
+        for process in running:
+            _signal(process, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for process in running:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=max(deadline - time.monotonic(), 0.0))
+        for process in running:
+            _kill(process)  # the group's stragglers too, even when its leader has gone
 
     def _read_back(self, process: subprocess.Popen, deadline: float, argv: list[str]) -> tuple[bytes, bytes]:
         """Both streams read as they arrive until both close and the process exits, within the deadline and
@@ -143,10 +173,15 @@ class Subprocess:
                 "(give a longer --timeout if it is only slow)")
 
 
+def _signal(process: subprocess.Popen, signum: int) -> None:
+    """`signum` to the implementation's process group (its own session: everything it started)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signum)
+
+
 def _kill(process: subprocess.Popen) -> None:
     """The implementation and everything it started (its own session), then reaped."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
+    _signal(process, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=10)
 

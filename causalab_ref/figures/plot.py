@@ -39,6 +39,18 @@ TOKEN_CHARS = 16
 ROW_CHARS = 60
 #: a bar panel of at most this many bars writes each bar's value above it (FG8)
 LABELLED_BARS = 8
+#: a bar panel draws at most this many rows, the first in the table's order, and its title says so (FG9)
+MOST_BARS = 100
+#: a heatmap writes each cell's mean in it when it has at most this many cells (FG9)
+LABELLED_CELLS = 400
+#: a heatmap's axis is ticked at most this many times, every k-th value (FG9)
+MOST_TICKS = 40
+#: a figure draws at most this many panels, in order, and its title says how many it left out (FG9)
+MOST_PANELS = 24
+#: the units of a share of rows or of a probability: drawn on the fixed colour scale [0, 1] (FG10)
+UNIT_SCALE = ("fraction", "probability")
+#: the units of a signed number (a logit, a logit difference): drawn on a scale centred on 0 (FG10)
+SIGNED = ("logit",)
 
 
 @dataclass(frozen=True)
@@ -53,6 +65,7 @@ class Panel:
     ylabel: str = ""
     xticks: tuple = ()
     yticks: tuple = ()
+    unit: str = ""
 
 
 def _fail(message: str, path: str = "OUT") -> Refusal:
@@ -98,9 +111,15 @@ def _tables(folder: Path) -> dict[str, list[dict]]:
             continue
         rows = read_json(file)  # None when not JSON, or nested past what the reader takes
         if isinstance(rows, list) and rows and all(isinstance(r, dict) and "metric" in r and "value" in r
-                                                   for r in rows):
+                                                   for r in rows) and not _readout(rows):
             tables[file.relative_to(folder).as_posix()] = rows
     return tables
+
+
+def _readout(rows: list[dict]) -> bool:
+    """A table whose values are lists (a readout such as top_k's tokens and probabilities): no number to draw
+    (FG9)."""
+    return any(isinstance(r.get("value"), list) for r in rows)
 
 
 def _curves(folder: Path) -> dict[str, list[float]]:
@@ -135,9 +154,14 @@ def _tensor_values(file: Path) -> Optional[list[float]]:
 
 
 def _number(row: dict) -> Optional[float]:
-    """An eligible row's value when it is a finite number; None for every other row (FG4)."""
+    """An eligible row's value read as a float when it is a finite one (an integer past a float's range is
+    not); None for every other row (FG4, FG9)."""
     value = row.get("value")
     if not row.get("eligible") or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        value = float(value)
+    except OverflowError:
         return None
     return value if math.isfinite(value) else None
 
@@ -219,16 +243,20 @@ def _heatmap(points, rows_of: dict, landed: dict) -> Panel:
     for d in down:
         grid.append(tuple(_mean(rows_of.get((d, a) if len(names) == 2 else (a,), [])) for a in across))
     return Panel("heatmap", title, tuple(grid), xlabel=names[-1], ylabel=names[0] if len(names) == 2 else "",
-                 xticks=xticks, yticks=yticks if len(names) == 2 else ())
+                 xticks=xticks, yticks=yticks if len(names) == 2 else (), unit=str(first.get("unit", "")))
 
 
 def _bars(table: str, rows: list[dict]) -> Panel:
+    """A bar per row, of the first MOST_BARS rows; the title counts the eligible rows of all (FG4, FG9)."""
     first = rows[0]
-    eligible = [r for r in rows if r.get("eligible")]
-    title = f"{table}: {first['metric']} ({first.get('unit', '')}): {len(eligible)} of {len(rows)} rows eligible"
-    values = tuple(map(_number, rows))
-    return Panel("bars", title, values, xlabel="example_id", ylabel=first.get("unit", ""),
-                 xticks=tuple(str(r.get("example_id", k)) for k, r in enumerate(rows)))
+    eligible = sum(1 for r in rows if r.get("eligible"))
+    title = f"{table}: {first['metric']} ({first.get('unit', '')}): {eligible} of {len(rows)} rows eligible"
+    drawn = rows[:MOST_BARS]
+    if len(rows) > MOST_BARS:
+        title += f"; the first {MOST_BARS} drawn"
+    values = tuple(map(_number, drawn))
+    return Panel("bars", title, values, xlabel="example_id", ylabel=str(first.get("unit", "")),
+                 xticks=tuple(str(r.get("example_id", k)) for k, r in enumerate(drawn)))
 
 
 def _means(tables: dict[str, list[dict]]) -> list[Panel]:
@@ -294,22 +322,44 @@ def _pyplot():
     return plt
 
 
+def scale(panel: Panel) -> tuple[str, Optional[float], Optional[float]]:
+    """(colour map, low, high) of a heatmap by its unit: a fraction or a probability on [0, 1]; a signed unit
+    (a logit) centred on 0, out to the largest |mean| (1 when every mean is 0); any other unit its means'
+    range (None, None: matplotlib's) (FG10)."""
+    if panel.unit in UNIT_SCALE:
+        return "viridis", 0.0, 1.0
+    if panel.unit in SIGNED:
+        reach = max((abs(v) for row in panel.values for v in row if v is not None), default=0.0) or 1.0
+        return "RdBu_r", -reach, reach
+    return "viridis", None, None
+
+
+def _every(ticks: tuple) -> list[int]:
+    """The tick positions drawn: every one, or every k-th so that at most MOST_TICKS are (FG9)."""
+    return list(range(0, len(ticks), max(1, math.ceil(len(ticks) / MOST_TICKS))))
+
+
 def _draw_panel(ax, panel: Panel) -> None:
     ax.set_title(panel.title, fontsize=9)
     ax.set_xlabel(panel.xlabel)
     ax.set_ylabel(panel.ylabel)
     if panel.kind == "heatmap":
         grid = [[math.nan if v is None else v for v in row] for row in panel.values]  # (down, across)
-        image = ax.imshow(grid, aspect="auto", cmap="viridis")
+        cmap, low, high = scale(panel)
+        image = ax.imshow(grid, aspect="auto", cmap=cmap, vmin=low, vmax=high)
         ax.figure.colorbar(image, ax=ax)
+        shown = _every(panel.xticks)
         widest = max((len(line) for t in panel.xticks for line in t.split("\n")), default=0)
-        turned = widest * len(panel.xticks) > ROW_CHARS
-        ax.set_xticks(range(len(panel.xticks)), panel.xticks, fontsize=7, rotation=30 if turned else 0,
+        turned = widest * len(shown) > ROW_CHARS
+        ax.set_xticks(shown, [panel.xticks[k] for k in shown], fontsize=7, rotation=30 if turned else 0,
                       ha="right" if turned else "center")
-        ax.set_yticks(range(len(grid)), panel.yticks or [""] * len(grid), fontsize=7)
-        for y, row in enumerate(panel.values):
-            for x, v in enumerate(row):
-                ax.text(x, y, "-" if v is None else f"{v:.3g}", ha="center", va="center", fontsize=6, color="w")
+        down = _every(panel.yticks or ("",) * len(grid))
+        ax.set_yticks(down, [(panel.yticks or ("",) * len(grid))[k] for k in down], fontsize=7)
+        if len(grid) * len(grid[0]) <= LABELLED_CELLS:
+            for y, row in enumerate(panel.values):
+                for x, v in enumerate(row):
+                    ax.text(x, y, "-" if v is None else f"{v:.3g}", ha="center", va="center", fontsize=6,
+                            color="w")
     elif panel.kind == "bars":
         heights = [0 if v is None else v for v in panel.values]
         ax.bar(range(len(heights)), heights)
@@ -327,9 +377,13 @@ def figure(out: Path, plan: Optional[list[dict]] = None):
     """The matplotlib Figure of the folder `out`, drawn and not written."""
     plt = _pyplot()
     found = panels(out, plan)
-    fig, axes = plt.subplots(len(found), 1, figsize=(8, 2.6 * len(found)), squeeze=False)
-    for ax, panel in zip(axes[:, 0], found):
+    drawn = found[:MOST_PANELS]
+    fig, axes = plt.subplots(len(drawn), 1, figsize=(8, 2.6 * len(drawn)), squeeze=False)
+    for ax, panel in zip(axes[:, 0], drawn):
         _draw_panel(ax, panel)
+    if len(found) > MOST_PANELS:  # FG9: the figure says what it left out
+        fig.suptitle(f"the first {MOST_PANELS} of {len(found)} panels drawn; plot a point's folder for the rest",
+                     fontsize=9)
     fig.tight_layout()
     return fig
 

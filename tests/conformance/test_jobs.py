@@ -6,10 +6,15 @@ as in test_runner.py.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import shlex
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -129,3 +134,94 @@ def test_the_default_jobs_is_the_number_of_cores_this_process_may_use():
     assert conform.Options().jobs == conform.cores() >= 1
     args = cli.build_parser().parse_args(["conform"])
     assert args.jobs is None  # so cmd_conform leaves Options' default
+
+
+# an implementation that never answers: it writes its pid and its child's (which sleeps in its group) and waits
+HANGING = '''import os, pathlib, subprocess, sys, time
+child = subprocess.Popen(["sleep", "1000"])
+doc = sys.argv[sys.argv.index("validate") + 1]
+name = pathlib.Path(doc).parent.name
+pathlib.Path(os.environ["HANG_PIDS"], name).write_text(f"{os.getpid()} {child.pid}")
+while True:
+    time.sleep(1)
+'''
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie waiting to be reaped."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+@pytest.mark.parametrize("jobs, signum", [("1", signal.SIGINT), ("2", signal.SIGINT), ("2", signal.SIGTERM)],
+                         ids=["jobs1-SIGINT", "jobs2-SIGINT", "jobs2-SIGTERM"])
+def test_an_interrupt_stops_every_implementation_conform_started_at_once(tmp_path, jobs, signum):
+    """SPEC.md:915 [C39] conform runs a hanging --impl (which starts a child in its group) with --timeout 600;
+    an interrupt once each job's implementation has started ends conform within seconds with 130 and the
+    interrupted line, and no implementation or child of one is left alive (before: --jobs 2 waited for
+    --timeout with both alive; --jobs 1 exited leaving its implementation running)."""
+    script, pids = tmp_path / "hang.py", tmp_path / "pids"
+    script.write_text(HANGING, encoding="utf-8")
+    pids.mkdir()
+    corpus = _corpus(tmp_path / "corpus", {"a": {}, "b": {}, "c": {}}, {})
+    argv = [sys.executable, "-m", "causalab_ref", "conform", "--impl", shlex.join([sys.executable, str(script)]),
+            "--cases", str(corpus), "--fixtures", str(tmp_path / "fx"), "--timeout", "600", "--jobs", jobs]
+    env = {**os.environ, "HANG_PIDS": str(pids), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    started = time.monotonic()
+    try:
+        while len(list(pids.iterdir())) < int(jobs) and time.monotonic() - started < 240:
+            time.sleep(0.05)
+        time.sleep(0.3)  # the files are written: every job's implementation is running
+        seen = [int(p) for f in pids.iterdir() for p in f.read_text().split()]
+        assert len(seen) == 2 * int(jobs), seen
+        proc.send_signal(signum)
+        try:
+            _out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            err = "conform was still running 30 s after the interrupt"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    deadline = time.monotonic() + 5  # a grandchild is reaped by init, which may take a moment
+    while any(map(_alive, seen)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [pid for pid in seen if _alive(pid)]
+    for pid in left:  # what a failing conform left is not left to the machine
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == 130 and err.strip().splitlines()[-1] == "interrupted; nothing was written", err
+    assert left == []
+    assert len(list(pids.iterdir())) == int(jobs)  # no case started after the interrupt
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("only", [None, "refuse_unknown", "weekday,unknown_key", "no_such_case"])
+def test_list_prints_the_cases_only_and_cases_select_and_runs_nothing(only, capsys, tmp_path):
+    """SPEC.md:924 [C40] `conform --list` prints the selected cases' names and verbs in the corpus's order and
+    their count, exits 0, and starts no --impl (the one given would write a file if it ran); the selection is
+    recomputed here from the corpus folder's file names."""
+    marker = tmp_path / "ran"
+    impl = shlex.join([sys.executable, "-c", f"open({str(marker)!r}, 'w')"])
+    argv = ["conform", "--list", "--impl", impl] + (["--only", only] if only else [])
+    status = cli.main(argv)
+    out = capsys.readouterr().out.splitlines()
+    files = sorted(f for f in conform.CASES.glob("*.json") if not f.name.endswith(".schema.json"))
+    wanted = [f for f in files if not only or any(w in f.stem for w in only.split(","))]
+    assert status == 0 and not marker.exists()
+    assert [line.split()[0] for line in out[:-1]] == [f.stem for f in wanted]
+    assert [line.split()[1] for line in out[:-1]] == [json.loads(f.read_text())["verb"] for f in wanted]
+    assert out[-1] == f"conform: {len(wanted)} case(s) selected"
+
+
+@pytest.mark.fast
+def test_list_of_a_cases_that_is_not_a_folder_is_a_usage_error(tmp_path, capsys):
+    """SPEC.md:924 [C40] --list with a --cases that is not a folder: one usage line, exit 2."""
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["conform", "--list", "--cases", str(tmp_path / "none")])
+    captured = capsys.readouterr()
+    assert exit_.value.code == 2 and captured.out == "" and captured.err.startswith("usage: conform: --cases")

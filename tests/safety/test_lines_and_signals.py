@@ -1,0 +1,118 @@
+"""Refusal lines that cannot act on a terminal, and interrupts that arrive once a verb has finished.
+
+A document's names reach the refusal line through its path and its message: the line escapes control and
+bidirectional characters and cuts a long run, saying its length (SPEC.md S76). A SIGINT or SIGTERM that arrives
+while the answer is printed or the handlers are put back prints no traceback (S77). Each is run as the command
+line, in a subprocess, as a user meets it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from causalab_ref.shapes import Refusal, printable
+
+pytestmark = pytest.mark.fast
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def _validate(tmp_path: Path, doc: dict) -> subprocess.CompletedProcess:
+    file = tmp_path / "doc.json"
+    file.write_text(json.dumps(doc), encoding="utf-8")
+    return subprocess.run([sys.executable, "-m", "causalab_ref", "validate", str(file)], capture_output=True,
+                          cwd=ROOT, env=ENV, timeout=300)
+
+
+def _with_role(name: str) -> dict:
+    doc = json.loads((ROOT / "documents" / "patching.json").read_text(encoding="utf-8"))
+    doc["roles"][name] = {"field": "prompt"}
+    return doc
+
+
+@pytest.mark.parametrize("raw, shown", [("\x00", "\\x00"), ("\x1b", "\\x1b"), ("\u202e", "\\u202e"),
+                                        ("\x7f", "\\x7f"), ("\x9b", "\\x9b"), ("\u2028", "\\u2028"),
+                                        ("\u2066", "\\u2066"), ("\n", "\\n"), ("\r", "\\r"), ("\t", "\\t")])
+def test_a_refusal_line_escapes_control_and_bidi_characters(tmp_path, raw, shown):
+    """SPEC.md:1024 [S76] — a role named with a control or bidi character is refused in one line that holds
+    the character's escape, never the character (NUL, ESC and RLO were printed raw)."""
+    proc = _validate(tmp_path, _with_role(f"a{raw}b"))
+    line = proc.stderr.decode("utf-8")
+    assert proc.returncode == 2 and line.count("\n") == 1, line
+    assert raw not in line.rstrip("\n") and f"a{shown}b" in line
+    assert all(ch == "\n" or ch.isprintable() for ch in line), line
+
+
+def test_a_long_name_is_cut_with_its_length_said(tmp_path):
+    """SPEC.md:1024 [S76] — a 100,000-character role name gives a line of a few hundred characters naming the
+    name's length (it gave a 100,000-character line)."""
+    proc = _validate(tmp_path, _with_role("x" * 100_000))
+    line = proc.stderr.decode("utf-8").rstrip("\n")
+    assert proc.returncode == 2 and "\n" not in line and len(line) < 1000, len(line)
+    assert line.startswith("validation: roles." + "x" * 64 + "\u2026(100000 chars): "), line[:200]
+
+
+def test_ordinary_text_is_unchanged():
+    """SPEC.md:1024 [S76] — text without control characters, with backslashes, quotes, non-ASCII letters and
+    names of 255 bytes in a dotted path, is printed byte for byte as it is."""
+    name = "\u00e9" * 127 + "a"  # 255 bytes of UTF-8, the longest name S43 allows
+    text = (f"validation: steps.{name}.reads.{name}: name '\\\\' is 'caf\u00e9 \u2026'; "
+            "has no '/', '\\', '.' or control character")
+    assert printable(text) == text
+    assert Refusal("has no '\\'", path="a.b", stage="compile").line() == "compile: a.b: has no '\\'"
+    assert Refusal("no path here", stage="run").line() == "run: no path here"
+
+
+def test_a_cut_run_of_control_characters_prints_at_most_its_kept_escapes():
+    """SPEC.md:1024 [S76] — a run is cut before it is escaped: 10,000 NULs print 64 escapes and the length."""
+    line = printable("x: " + "\x00" * 10_000)
+    assert line == "x: " + "\\x00" * 64 + "\u2026(10000 chars)"
+
+
+# a verb whose answer sends the tool its own signal while it is printed, or while `main` puts its handlers back
+LATE = '''import os, signal, sys
+from causalab_ref import cli
+SIGNUM, MOMENT = int(sys.argv[1]), sys.argv[2]
+class Late(str):
+    def __str__(self):
+        if MOMENT == "print":
+            os.kill(os.getpid(), SIGNUM)
+        return "the whole answer"
+cli.cmd_vocab = lambda args: {"text": Late("x")}
+if MOMENT == "restore":
+    real = signal.signal
+    calls = []
+    def restoring(signum, handler):
+        calls.append(signum)
+        if calls.count(SIGNUM) == 2:
+            os.kill(os.getpid(), SIGNUM)  # arrives as main's `finally` puts the caller's handler back
+        return real(signum, handler)
+    signal.signal = restoring
+    status = cli.main(["vocab"])
+    signal.signal = real
+    print("status", status)
+    sys.exit(status)
+sys.argv = ["causalab-ref", "vocab"]
+sys.exit(cli.main())
+'''
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("moment", ["print", "restore"])
+def test_an_interrupt_as_the_verb_finishes_prints_no_traceback(tmp_path, signum, moment):
+    """SPEC.md:985 [S77] — a signal that arrives as the answer is printed (the command line, `main()`) or as
+    `main` puts the caller's handlers back (`main(argv)`) leaves the answer whole, its status the verb's, and
+    nothing on stderr (a KeyboardInterrupt traceback escaped `main`'s `finally`)."""
+    script = tmp_path / "late.py"
+    script.write_text(LATE, encoding="utf-8")
+    proc = subprocess.run([sys.executable, str(script), str(int(signum)), moment], capture_output=True, text=True,
+                          cwd=ROOT, env=ENV, timeout=300)
+    assert proc.returncode == 0 and proc.stderr == "", (proc.returncode, proc.stderr)
+    assert proc.stdout.splitlines()[0] == "the whole answer"
+    assert moment == "print" or proc.stdout.splitlines()[1:] == ["status 0"]
