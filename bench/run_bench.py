@@ -46,7 +46,7 @@
     checkpoint-code refusal, nnterp's names) versus `nnsight.LanguageModel(folder, dispatch=True)` (tokenizer
     and weights loaded, as the load loads them), both after their imports, interleaved in one process, the
     same weights checked equal; min and median. Target <= 1.5x (issue 39). Printed beside it: each as a new
-    process, the imports apart from the first load (SPEC Q39, Q40).
+    process, the imports apart from the first load (SPEC Q39-Q41).
 Timings are medians of interleaved repeats. CPU threads are pinned to 1 for stable numbers. `--quick`
 runs every row at toy sizes (a check that the script works, not a measurement).
 """

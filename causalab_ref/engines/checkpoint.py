@@ -375,7 +375,7 @@ def enable_probs(model, layer: int, weights: bool) -> None:
 
 def renaming_known(raw, kw: dict[str, Any]) -> bool:
     """Whether nnterp's renaming check (`check_model_renaming`: a scan of a 3-token forward, its shapes checked
-    at every name) is known to pass on this load, which then skips it (SPEC.md Q40): the config is a fixture
+    at every name) is known to pass on this load, which then skips it (SPEC.md Q41): the config is a fixture
     recipe's (`recipes.vouched`), whose check passes under every attention it loads with (tested on each), and
     the load enables no attention pattern, which nnterp checks only inside that check."""
     return not kw.get("enable_attention_probs") and recipes.vouched(raw)
@@ -384,7 +384,7 @@ def renaming_known(raw, kw: dict[str, Any]) -> bool:
 @contextmanager
 def plain_misses():
     """Inside: an nnsight envoy asked for a name that is neither its alias nor its module's raises the
-    AttributeError nnsight raises, naming the envoy's path instead of printing its whole subtree (SPEC.md Q39).
+    AttributeError nnsight raises, naming the envoy's path instead of printing its whole subtree (SPEC.md Q40).
     nnsight's aliasing asks every envoy for every name of nnterp's rename table and drops each miss, so a load
     printed the model's tree about 1,250 times on the 2-layer fixture. Every other lookup is nnsight's own."""
     from nnsight.intervention.envoy import Envoy
