@@ -45,8 +45,8 @@
 (m) loading the exported Llama fixture (`fixtures export`, a path key): `loading.load` (its file digests, the
     checkpoint-code refusal, nnterp's names) versus `nnsight.LanguageModel(folder, dispatch=True)` (tokenizer
     and weights loaded, as the load loads them), both after their imports, interleaved in one process, the
-    same weights checked equal; min and median. Target <= 1.5x (issue 39). Printed beside it: each as a new
-    process, the imports apart from the first load (SPEC Q39-Q41).
+    same weights checked equal; min and median, wall and CPU time. Target <= 1.5x (issue 39). Printed beside
+    it: each as a new process, the imports apart from the first load (SPEC Q39-Q41).
 Timings are medians of interleaved repeats. CPU threads are pinned to 1 for stable numbers. `--quick`
 runs every row at toy sizes (a check that the script works, not a measurement).
 """
