@@ -1,6 +1,6 @@
 """Benchmarks (not a test): ratios measured side by side in one run.
 
-    python bench/run_bench.py [--quick] [--only a,b,c,d,e,f,g,h,i,j,k] [--repeats 7] [--markdown FILE]
+    python bench/run_bench.py [--quick] [--only a,b,c,d,e,f,g,h,i,j,k,m] [--repeats 7] [--markdown FILE]
 
 (a) `run` of the interchange document (documents/patching.json: block_output[0] at -1 read on the
     counterfactual, swapped into the base run, the head read at -1) on 64 rows, versus a hand-written
@@ -42,6 +42,11 @@
     forward, SPEC Q32) versus a hand-written nnsight trace tapping every layer's block_output at -1 in one forward,
     projecting each tap through the final norm and the head and computing both metrics from it (argmax for
     match, as a researcher writes it), values checked equal. Target <= 1.10x.
+(m) loading the exported Llama fixture (`fixtures export`, a path key): `loading.load` (its file digests, the
+    checkpoint-code refusal, nnterp's names) versus `nnsight.LanguageModel(folder, dispatch=True)` (tokenizer
+    and weights loaded, as the load loads them), both after their imports, interleaved in one process, the
+    same weights checked equal; min and median, wall and CPU time. Target <= 1.5x (issue 39). Printed beside
+    it: each as a new process, the imports apart from the first load (SPEC Q40-Q42).
 Timings are medians of interleaved repeats. CPU threads are pinned to 1 for stable numbers. `--quick`
 runs every row at toy sizes (a check that the script works, not a measurement).
 """
@@ -745,6 +750,78 @@ def bench_k(rows: int, repeats: int, tmp: pathlib.Path) -> None:
                   f"<= 1.10x: {verdict(ratio <= 1.10)}"))
 
 
+# ---------------------------------------------------------------- (m): loading, against nnsight's
+
+
+def interleaved(fns: dict, repeats: int) -> dict:
+    """{name: {"wall": (min, median), "cpu": (min, median)}} of interleaved calls, the turn order rotated each
+    repeat (as `side_by_side`), after one call of each that is not counted (its lazy imports). The process's CPU
+    time is beside the wall time: on a machine other work keeps busy it is what the call itself cost."""
+    for fn in fns.values():
+        fn()
+    names, times = list(fns), {k: ([], []) for k in fns}
+    for r in range(repeats):
+        for k in names[r % len(names):] + names[:r % len(names)]:
+            t, c = time.perf_counter(), time.process_time()
+            fns[k]()
+            times[k][0].append(time.perf_counter() - t)
+            times[k][1].append(time.process_time() - c)
+    return {k: {"wall": (min(w), statistics.median(w)), "cpu": (min(c), statistics.median(c))}
+            for k, (w, c) in times.items()}
+
+
+LOAD_CODE = {  # a new process: its imports, then its first load of the folder sys.argv[1]
+    "causalab_ref": ("from causalab_ref.engines import loading; from causalab_ref.shapes import Model; import nnterp",
+                     "loading.load(Model(key=sys.argv[1], revision='main', dtype='fp32'))"),
+    "nnsight": ("import nnsight", "nnsight.LanguageModel(sys.argv[1], dispatch=True)")}
+
+
+def _fresh_load(which: str, folder: pathlib.Path) -> tuple[float, float]:
+    imports, call = LOAD_CODE[which]
+    code = (f"import sys, time; t0 = time.perf_counter(); {imports}; t1 = time.perf_counter(); {call}; "
+            "print(t1 - t0, time.perf_counter() - t1)")
+    proc = subprocess.run([sys.executable, "-c", code, str(folder)], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    first, then = proc.stdout.split()[-2:]
+    return float(first), float(then)
+
+
+def bench_m(repeats: int, processes: int, tmp: pathlib.Path) -> None:
+    """(m) the load of an exported folder against nnsight.LanguageModel's of the same folder (issue 39 item 3)."""
+    import nnsight
+    import nnterp  # noqa: F401 -- imported before the clock, as `import nnsight` is for nnsight's side
+    from causalab_ref.fixtures import exported
+
+    folder = exported.export(tmp / "fx", keys=[LLAMA])[0][1].resolve()
+    spec = Model(key=str(folder), revision="main", dtype="fp32")
+    ours, theirs = loading.load(spec), nnsight.LanguageModel(str(folder), dispatch=True)
+    assert all(torch.equal(a, b) for a, b in zip(ours.model._model.state_dict().values(),
+                                                  theirs._model.state_dict().values())), "different weights"
+    t = interleaved({"ours": lambda: loading.load(spec),
+                     "nnsight": lambda: nnsight.LanguageModel(str(folder), dispatch=True)}, repeats)
+    fresh: dict = {k: [] for k in LOAD_CODE}
+    for _ in range(processes):
+        for k in LOAD_CODE:
+            fresh[k].append(_fresh_load(k, folder))
+    ratio = {clock: t["ours"][clock][1] / t["nnsight"][clock][1] for clock in ("wall", "cpu")}
+    print(f"(m) load of the exported {LLAMA} folder after imports, {repeats} interleaved repeats on this machine:")
+    for k, name in (("ours", "loading.load"), ("nnsight", "nnsight.LanguageModel(dispatch=True)")):
+        print(f"    {name:38s} " + "  ".join(f"{c} min {t[k][c][0] * 1e3:5.0f} ms median {t[k][c][1] * 1e3:5.0f} ms"
+                                             for c in ("wall", "cpu")))
+    print(f"    ratio of the medians {ratio['wall']:.2f}x wall, {ratio['cpu']:.2f}x CPU "
+          f"(target <= 1.5x: {verdict(ratio['wall'] <= 1.5)})")
+    for k, runs in fresh.items():
+        print(f"    a new process, {k:12s}: " + "; ".join(f"imports {a:.2f} s + first load {b:.2f} s" for a, b in runs))
+
+    def said(k: str) -> str:
+        return "median {:.0f} ms (min {:.0f}), CPU {:.0f} ms".format(
+            t[k]["wall"][1] * 1e3, t[k]["wall"][0] * 1e3, t[k]["cpu"][1] * 1e3)
+    TABLE.append((f"(m) load of the exported {LLAMA} folder (a path key: file digests, no checkpoint code, nnterp's "
+                  "names), after imports", f"{said('ours')} = {ratio['wall']:.2f}x (CPU {ratio['cpu']:.2f}x) "
+                  f"`nnsight.LanguageModel(folder, dispatch=True)` ({said('nnsight')})",
+                  f"<= 1.5x: {verdict(ratio['wall'] <= 1.5)}"))
+
+
 def machine() -> str:
     cpu = next((line.split(":", 1)[1].strip() for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor() or "unknown CPU")
@@ -767,7 +844,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="toy sizes: checks the script runs, measures nothing")
     parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--only", default="a,b,c,d,e,f,g,h,i,j,k")
+    parser.add_argument("--only", default="a,b,c,d,e,f,g,h,i,j,k,m")
     parser.add_argument("--markdown", default=None, help="also write the results as README's table to this file")
     args = parser.parse_args()
     size = dict(QUICK if args.quick else FULL)
@@ -805,6 +882,8 @@ def main() -> int:
             bench_j(size["j_only"], tmp / "j")
         if "k" in only:
             bench_k(size["rows"], repeats, tmp / "k")
+        if "m" in only:
+            bench_m(3 * repeats, 1 if args.quick else 3, tmp / "m")
     table = markdown()
     print("\n" + table)
     if args.markdown:

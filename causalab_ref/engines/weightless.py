@@ -11,10 +11,9 @@ The engine runs nothing: `run` always loads weights.
 """
 from __future__ import annotations
 
-import json
 import types
 from pathlib import Path
-from typing import Any, ContextManager, Optional
+from typing import ContextManager, Optional
 
 import torch
 
@@ -66,14 +65,6 @@ class WeightlessEngine(Engine):
         return None
 
 
-def vouched(raw: Any) -> bool:
-    """Whether a parsed config.json is a fixture recipe's config: one transformers is known to load, every
-    value the family's row derives from being there."""
-    text = json.dumps(raw, sort_keys=True)  # as JSON text, so 10000.0 is not 10000 and true is not 1
-    return isinstance(raw, dict) and any(text == json.dumps(row["config"], sort_keys=True)
-                                         for row in recipes.RECIPES.values())
-
-
 def tokenizer(path: str, raw: dict):
     """The checkpoint's tokenizer as nnsight's LanguageModel loads it (AutoTokenizer with the model's config,
     left padding), given the three config attributes AutoTokenizer reads (model_type, tokenizer_class,
@@ -106,7 +97,7 @@ def load(spec: Model, device_map: str = "cpu") -> Optional[WeightlessEngine]:
     path, recipe = checkpoint.where(spec, weights=False)
     checkpoint.own_code(path, spec)
     raw = read_json(Path(path) / "config.json")  # None: the meta load meets it and refuses it as it always has
-    tree = families.skeleton(raw, spec.attn_implementation) if vouched(raw) else None
+    tree = families.skeleton(raw, spec.attn_implementation) if recipes.vouched(raw) else None
     if tree is None:
         return None
     try:
