@@ -195,7 +195,7 @@ def test_the_runner_reuses_intact_folders_and_maps_every_key(tmp_path):
 
 
 def test_two_cases_pass_black_box_from_an_empty_directory():
-    """SPEC.md:815 [C9] SPEC.md:847 [C17] a run case and a refusal case pass against `python -m causalab_ref`
+    """SPEC.md:815 [C9] SPEC.md:849 [C17] a run case and a refusal case pass against `python -m causalab_ref`
     as a subprocess, from an empty directory, with only exported folders (nothing can be built)."""
     script = ROOT / "tests" / "conformance" / "selfcheck.py"
     done = subprocess.run([sys.executable, str(script), "--only", "run_patching,refuse_unknown_key"],
@@ -243,7 +243,7 @@ TWO_FORMS = ("<what> is a non-empty list of distinct <feature> indices",
 
 
 def test_the_path_forms_are_the_ones_the_catalogue_lists():
-    """SPEC.md:873 [C21] the forms a catalogue path is written in are SPEC.md §13's list, each standing for the
+    """SPEC.md:875 [C21] the forms a catalogue path is written in are SPEC.md §13's list, each standing for the
     paths it names (or any path), and the matcher reads them so."""
     listed = catalogue.forms((ROOT / "SPEC.md").read_text(encoding="utf-8"))
     assert listed == catalogue.FORMS
@@ -252,7 +252,7 @@ def test_the_path_forms_are_the_ones_the_catalogue_lists():
 
 
 def test_every_catalogue_path_is_segments_names_and_forms():
-    """SPEC.md:873 [C21] a catalogue path is literal segments, `<name>`s of one segment each, and §13's forms:
+    """SPEC.md:875 [C21] a catalogue path is literal segments, `<name>`s of one segment each, and §13's forms:
     no `<where>` that two paths would fit."""
     for entry in CATALOGUE:
         for plain in catalogue.expanded("" if entry.path == catalogue.NO_PATH else entry.path):
@@ -262,7 +262,7 @@ def test_every_catalogue_path_is_segments_names_and_forms():
 
 
 def test_each_refusal_case_path_has_the_form_of_exactly_one_catalogue_line():
-    """SPEC.md:873 [C21] every refusal case's path fits, strictly (forms expanded, a `<name>` one segment), the
+    """SPEC.md:875 [C21] every refusal case's path fits, strictly (forms expanded, a `<name>` one segment), the
     path form of exactly one catalogue line with the case's stage and message."""
     cases = [c for c in CASES if "refusal" in c["expect"]]
     for case in cases:
@@ -272,7 +272,7 @@ def test_each_refusal_case_path_has_the_form_of_exactly_one_catalogue_line():
 
 
 def test_the_strict_path_match_tells_the_forms_apart():
-    """SPEC.md:873 [C21] the issue's ambiguities are decided: a metric's path is not its column field's, a site's
+    """SPEC.md:875 [C21] the issue's ambiguities are decided: a metric's path is not its column field's, a site's
     not its layers', an output's not its k's, one segment is one segment."""
     line = catalogue.Entry("compile", "<metric>", "m", "own", 0)
     assert catalogue.path_fits(line, "interventions.patching.metrics.iia")
@@ -284,7 +284,7 @@ def test_the_strict_path_match_tells_the_forms_apart():
 
 
 def test_no_two_catalogue_lines_share_a_message_and_stage_with_different_forms():
-    """SPEC.md:873 [C21] a message has one path form at its stage, but for the two §13 names, whose forms no one
+    """SPEC.md:875 [C21] a message has one path form at its stage, but for the two §13 names, whose forms no one
     path fits both of."""
     forms: dict[tuple, set] = {}
     messages: dict[tuple, str] = {}
@@ -336,21 +336,23 @@ def test_a_refusal_the_catalogue_does_not_state_is_found():
 
 def test_catalogue_lines_with_a_seed_source_quote_it():
     """SPEC.md:841 [C15] a line whose source is a seed table or a reference section quotes it: a run of its fixed
-    words (12 characters or more) stands verbatim in seed-tables.md or document-format.md."""
+    words (12 characters or more) stands verbatim in seed-tables.md, document-format.md or
+    language-reference.md."""
     reference = ROOT.parent / "shared" / "reference"
     if not reference.is_dir():
         pytest.skip("../shared/reference is not beside this checkout")
-    for name, sources in (("seed-tables.md", ("A9", "A11", "B9", "B11")), ("document-format.md", ("F§",))):
+    for name, sources, least in (("seed-tables.md", ("A9", "A11", "B9", "B11"), 10),
+                                 ("document-format.md", ("F§",), 10), ("language-reference.md", ("LR§",), 1)):
         text = " ".join((reference / name).read_text(encoding="utf-8").replace("`", "").split())
         quoted = [e for e in CATALOGUE if e.source.startswith(sources)]
-        assert len(quoted) >= 10, name
+        assert len(quoted) >= least, name
         for entry in quoted:
             runs = [r.strip(" '\":;,.") for r in catalogue.PLACEHOLDER.split(entry.message.replace("`", ""))]
             assert any(len(r) >= 12 and r in text for r in runs), (entry.line, entry.message)
 
 
 def test_informative_fields_are_never_compared():
-    """SPEC.md:843 [C16] an informative field may differ; the same difference elsewhere fails."""
+    """SPEC.md:845 [C16] an informative field may differ; the same difference elsewhere fails."""
     want = {"plan": [{"taps": [{"op": "attention_interface_1", "width": 4}]}]}
     got = {"plan": [{"taps": [{"op": "attention_interface_0", "width": 4}]}]}
     assert conform.compare(want, got, 1e-5, informative_fields=["plan.*.taps.*.op"]) == []
@@ -359,7 +361,7 @@ def test_informative_fields_are_never_compared():
 
 
 def test_every_explain_and_model_case_marks_operation_names_informative():
-    """SPEC.md:843 [C16] the transformers-dependent operation names are informative in every case that has them."""
+    """SPEC.md:845 [C16] the transformers-dependent operation names are informative in every case that has them."""
     for case in CASES:
         if case["verb"] == "explain":
             assert "plan.*.steps.*.forwards.*.taps.*.op" in case["informative"], case["name"]
@@ -368,7 +370,7 @@ def test_every_explain_and_model_case_marks_operation_names_informative():
 
 
 def test_a_cases_files_are_the_corpus_own_and_copies_of_the_shipped_ones():
-    """SPEC.md:1448 [FZ32] every file a case names is in the corpus under files/ (nothing is taken from the
+    """SPEC.md:1450 [FZ32] every file a case names is in the corpus under files/ (nothing is taken from the
     repository), and a copy of a shipped file is byte-identical to it."""
     named = [(case["name"], rel) for case in CASES for rel in case.get("files") or ()]
     assert named
