@@ -7,8 +7,10 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import site
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -28,15 +30,29 @@ def _readme_commands() -> list[str]:
     return [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
 
 
+def _outer_site_dirs() -> list[str]:
+    """The site-packages of the interpreter running the tests, when it is a venv: a venv made from it with
+    --system-site-packages sees its base interpreter's packages, not these (where .ci/setup put the stack)."""
+    if sys.prefix == sys.base_prefix:
+        return []
+    return [d for d in dict.fromkeys(site.getsitepackages() + [sysconfig.get_path("purelib"),
+                                                                 sysconfig.get_path("platlib")]) if os.path.isdir(d)]
+
+
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory):
-    """A fresh venv (reusing this machine's torch and friends) with the wheel built from this checkout."""
+    """A fresh venv with the wheel built from this checkout, reusing the stack of the interpreter running the
+    tests (its own site-packages first when that is a venv, then its base's), never resolving one of its own."""
     tmp = tmp_path_factory.mktemp("wheel")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
                     str(tmp / "dist"), str(ROOT)], check=True, capture_output=True, timeout=600)
     wheel = next((tmp / "dist").glob("causalab_ref-*.whl"))
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(tmp / "venv")], check=True,
                    timeout=300)
+    inner = subprocess.run([str(tmp / "venv" / "bin" / "python"), "-c", "import sysconfig; "
+                            "print(sysconfig.get_path('purelib'))"], check=True, capture_output=True, text=True)
+    # plain path lines: the outer packages are importable, its .pth files (an editable causalab_ref) are not run
+    (Path(inner.stdout.strip()) / "outer_env.pth").write_text("".join(d + "\n" for d in _outer_site_dirs()))
     subprocess.run([str(tmp / "venv" / "bin" / "pip"), "install", "-q", "--no-deps", str(wheel)], check=True,
                    capture_output=True, timeout=600)
     return tmp / "venv", wheel
@@ -56,6 +72,16 @@ def test_the_wheel_carries_the_corpus_and_imports_from_the_venv(venv):
     out = subprocess.run([str(bin_python), "-c", probe], cwd="/", capture_output=True, text=True, check=True)
     where, cases = out.stdout.split()
     assert where.startswith(str(venv[0])) and int(cases) >= 140
+
+
+def test_the_wheels_venv_runs_on_the_stack_the_tests_run_on(venv):
+    """SPEC.md:879 [C31] the venv imports torch and transformers from where this interpreter does (in a venv of
+    .ci/setup's, that venv's, not its base interpreter's), so the wheel is checked on the tested stack."""
+    probe = "import torch, transformers; print(torch.__file__); print(transformers.__file__)"
+    ours = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd="/")
+    theirs = subprocess.run([str(venv[0] / "bin" / "python"), "-c", probe], capture_output=True, text=True,
+                            check=True, cwd="/")
+    assert theirs.stdout == ours.stdout
 
 
 @pytest.mark.skipif(not TOKENIZER.is_file(), reason="needs ../shared's Llama-2 tokenizer.model")

@@ -77,3 +77,22 @@ def test_an_untested_stack_is_named_in_one_line_and_the_tested_set_is_ci_s(monke
     assert note.startswith("note: installed versions are not the tested set: transformers 5.99.0 (tested 5.24.0)")
     cli._note_untested()
     assert capsys.readouterr().err.strip() == note
+
+
+def test_the_untested_stack_note_never_joins_a_refusal_or_a_usage_line(monkeypatch, tmp_path):
+    """SPEC.md:513 [R24] under an untested stack a refused `run` and a `conform` usage error print their one
+    line alone (D4, C20); a run that writes its results prints the note after them."""
+    from causalab_ref.runs import results
+    from inprocess import cli as run_cli
+
+    monkeypatch.setattr(results, "versions", lambda: {**results.TESTED, "transformers": "5.99.0"})
+    refused = run_cli("run", str(tmp_path / "missing.json"), "--out", str(tmp_path / "o"))
+    assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1, refused.stderr
+    assert not refused.stderr.startswith("note:")
+    usage = run_cli("conform", "--impl", "no-such-program-here", "--only", "refuse_per_layer_without_layer")
+    assert usage.returncode == 2 and usage.stderr.splitlines() == [
+        "usage: conform: --impl 'no-such-program-here': no program 'no-such-program-here' (not an executable "
+        "file, nor on $PATH)"]
+    done = run_cli("run", str(ROOT / "documents" / "patching.json"), "--data-root", str(DATA), "--out",
+                   str(tmp_path / "ok"), "--quiet")
+    assert done.returncode == 0 and done.stderr.splitlines() == [results.untested_note()], done.stderr
