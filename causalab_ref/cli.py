@@ -295,11 +295,11 @@ def describe_components(eng) -> dict:
                 answers[label] = {"resolves": False, "why": refusal.message}
                 continue
             answers[label] = {"resolves": True, "width": a.width, "op": a.op, **eng.detail(a)}
-    tok = eng.tokenizer
+    tok, heads = eng.tokenizer, address.attention_heads(eng.standard, eng.num_layers, eng.attention())  # SPEC.md L35
     lines = [f"{eng.spec.key} via {eng.name}: {eng.num_layers} layers, padding_side={tok.padding_side}, "
-             f"{eng.attention()} attention", *_component_lines(answers)]
+             f"{eng.attention()} attention", *address.heads_lines(heads), *_component_lines(answers)]
     return {"text": "\n".join(lines), "key": eng.spec.key, "engine": eng.name, "num_layers": eng.num_layers,
-            "padding_side": tok.padding_side, "components": answers}
+            "padding_side": tok.padding_side, "attention": heads, "components": answers}
 
 
 def _component_lines(answers: dict) -> list[str]:

@@ -216,6 +216,7 @@ def test_model_answers_every_component_at_every_layer():
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("fixture:tiny-gptoss via nnterp: 2 layers, padding_side=left")
     rows = _per_place(lines[1:])
+    assert rows.pop("attention[0]") == rows.pop("attention[1]")  # one line for both layers (L35)
     labels = [n if not r.layered else f"{n}[{i}]" for n, r in address.TABLE.items()
               for i in (range(2) if r.layered else [0])]
     assert sorted(rows) == sorted(labels)
@@ -424,7 +425,7 @@ def test_model_prints_each_refusal_once_with_the_layers_it_applies_to(capsys):
         f"{c}[{k}]" for c in ("attention_scores", "attention_probs") for k in range(5)}
     for component, why in refused:
         assert [line for line in text if why in line] == [f"  {component + '[0-4]':24s} --   {why}"]
-    assert len(text) == len(answers) - 10 + 2  # ten places refused, printed as two lines
+    assert len(text) == len(answers) - 10 + 2 + 1  # ten places refused, printed as two lines; heads' line (L35)
 
 
 def test_model_prints_a_reason_naming_its_own_layer_once_for_its_layers(capsys):
