@@ -194,7 +194,7 @@ def test_probs_refused_when_eager_but_not_enabled(gemma2_meta):
 @pytest.mark.parametrize("name,accessor", [("mlp_activation", "mlps_activation"),
                                            ("mlp_neuron_output", "mlps_neurons")])
 def test_moe_layer_refuses_activation_and_neurons(eager, name, accessor):
-    """seed 004:209 / SPEC.md:413 [L20] — a mixture of experts has no single activation; per layer."""
+    """seed 004:209 / SPEC.md:420 [L20] — a mixture of experts has no single activation; per layer."""
     m = eager("gptoss")
     for layer in range(2):
         with pytest.raises(Refusal) as e:
@@ -246,7 +246,7 @@ def test_where_each_one_lands_matches_the_seed_printout(eager, family):
 
 
 def test_gemma2_sandwich_reads_contributions_after_the_post_norms(eager):
-    """seed 004:84 / SPEC.md:407 [L19] — block_mid/mlp_input_norm at pre_feedforward_layernorm;
+    """seed 004:84 / SPEC.md:414 [L19] — block_mid/mlp_input_norm at pre_feedforward_layernorm;
     attention_output/mlp_output are the post-norms' outputs."""
     m = eager("gemma2")
     got = {n: (address.locate(m, n, 0).module, address.locate(m, n, 0).io) for n in
@@ -283,7 +283,7 @@ def test_per_head_width_uses_the_right_head_count(eager):
 
 
 def test_extra_name_is_a_boundary_without_width(llama_meta):
-    """seed 004:259 / SPEC.md:437 [L23] — an added name: module output, per layer, no width."""
+    """seed 004:259 / SPEC.md:444 [L23] — an added name: module output, per layer, no width."""
     a = address.locate(llama_meta, "mlp_gate_output", 0, extra={"mlp_gate_output": ("mlp.gate_proj", 42)})
     assert (a.module, a.io, a.rank, a.width) == ("mlp.gate_proj", "output", (0, 42), None)
     with pytest.raises(Refusal) as e:
@@ -322,7 +322,7 @@ def test_every_component_reads_in_one_trace_in_rank_order(eager, family):
 
 @pytest.mark.parametrize("family", ALL_FIXTURES)
 def test_block_identities_hold(eager, family):
-    """seed 004 B2 callout / SPEC.md:419 [L21] — at every layer, read in one trace: block_mid = input +
+    """seed 004 B2 callout / SPEC.md:426 [L21] — at every layer, read in one trace: block_mid = input +
     attention_output, block_output = block_mid + mlp_output, mlp_input_norm == mlp_input, flat attention_z ==
     attention_premix bit for bit; where a structure has no such place (OLMo-2's norms, Qwen3-Next's
     linear layer 0) the identity has nothing to say, and the gated attention of Qwen3-Next is L32's."""
@@ -439,7 +439,7 @@ def test_a_head_or_unit_past_the_end_is_refused_at_compile_against_the_real_coun
 
 
 def test_a_write_and_operand_of_different_widths_are_refused_at_compile(llama_engine_meta):
-    """SPEC.md:457 [L26] 64 mlp_activation features cannot land in a 16-wide block_output: refused when
+    """SPEC.md:464 [L26] 64 mlp_activation features cannot land in a 16-wide block_output: refused when
     compiled, naming both places."""
     doc = copy.deepcopy(PATCHING)
     doc["sites"]["act"] = {"component": "mlp_activation", "layers": [0]}
@@ -456,7 +456,7 @@ def test_a_write_and_operand_of_different_widths_are_refused_at_compile(llama_en
 
 
 def test_units_at_an_extra_name_are_refused_for_want_of_a_width(llama_meta, llama_engine_meta, eager):
-    """seed 004:259 / SPEC.md:437 [L23] — an added name has no width, so `units` there (what a featurizer
+    """seed 004:259 / SPEC.md:444 [L23] — an added name has no width, so `units` there (what a featurizer
     would need) is refused with the seed's text at compile; its order puts it in forward order: the gate
     projection (42) reads in one trace between mlp_input (40) and mlp_activation (44), act_fn of it."""
     extra = GATE
@@ -525,7 +525,7 @@ def _refusals_at_every_layer(m, names) -> dict:
 
 
 def test_a_parallel_block_has_no_block_mid_and_no_mlp_input_norm(tmp_path):
-    """seed 004:230 / SPEC.md:424 [L22] — GPT-NeoX with use_parallel_residual loads in nnterp 1.3.0; its
+    """seed 004:230 / SPEC.md:431 [L22] — GPT-NeoX with use_parallel_residual loads in nnterp 1.3.0; its
     layers keep a post_attention_layernorm, but it norms the block input, so the config flag decides:
     block_mid and mlp_input_norm are refused with a sentence at every layer, the rest resolves. Without
     the flag the same module tree resolves both, and block_mid == block_input + attention_output."""
@@ -547,7 +547,7 @@ def test_a_parallel_block_has_no_block_mid_and_no_mlp_input_norm(tmp_path):
 
 
 def test_a_document_names_an_extra_component_given_at_load():
-    """SPEC.md:437 [L23] — loading.load(extra=...) makes the name addressable from a document: a read there
+    """SPEC.md:444 [L23] — loading.load(extra=...) makes the name addressable from a document: a read there
     compiles to the module's output at (layer, order); `units` there is refused for want of a width."""
     raw = copy.deepcopy(PATCHING)
     raw["sites"]["target"] = {"component": "mlp_gate_output", "layers": [1]}
@@ -567,7 +567,7 @@ def test_a_document_names_an_extra_component_given_at_load():
 
 
 def test_a_post_norm_block_refuses_the_two_input_norms_and_places_the_rest(eager):
-    """seed 004:230 / SPEC.md:424 [L22] — OLMo-2 (norms only after each sublayer): attention_input_norm and
+    """seed 004:230 / SPEC.md:431 [L22] — OLMo-2 (norms only after each sublayer): attention_input_norm and
     mlp_input_norm are refused with a sentence at every layer; block_mid is the MLP's input, attention_output
     and mlp_output the post-norms' outputs, so block_output == block_input + attention_output + mlp_output."""
     m = eager("olmo2")
@@ -591,7 +591,7 @@ LINEAR = ("component '{name}': layer 0 is a linear-attention layer (Qwen3NextGat
 
 
 def test_a_hybrids_linear_attention_layer_has_no_attention_place(eager):
-    """seed 004:228 / SPEC.md:460 [L30] — Qwen3-Next, layer 0 linear (Gated DeltaNet), layer 1 softmax: every
+    """seed 004:228 / SPEC.md:467 [L30] — Qwen3-Next, layer 0 linear (Gated DeltaNet), layer 1 softmax: every
     attention_* place at layer 0 is refused with the seed's sentence naming the layer; the block boundaries
     and the MLP's places resolve there, and every place of layer 1 resolves (but the MoE pair); all of them
     read in one trace, the pattern of layer 1 included."""
@@ -609,7 +609,7 @@ def test_a_hybrids_linear_attention_layer_has_no_attention_place(eager):
 
 
 def test_nnterp_alone_cannot_load_the_hybrid_and_the_loader_can():
-    """SPEC.md:471 [L31] — nnterp 1.3.0's StandardizedTransformer refuses the hybrid (it checks self_attn on
+    """SPEC.md:478 [L31] — nnterp 1.3.0's StandardizedTransformer refuses the hybrid (it checks self_attn on
     layer 0); the loader gives it ignore_attn and checks the pattern at the first softmax layer."""
     from nnterp import StandardizedTransformer
     from nnterp.rename_utils import RenamingError
@@ -622,7 +622,7 @@ def test_nnterp_alone_cannot_load_the_hybrid_and_the_loader_can():
 
 
 def test_gated_attention_premix_is_z_scaled_by_a_gate(eager):
-    """SPEC.md:477 [L32] — on Qwen3-Next's softmax layer o_proj reads flat(attention_z) * sigmoid(gate):
+    """SPEC.md:484 [L32] — on Qwen3-Next's softmax layer o_proj reads flat(attention_z) * sigmoid(gate):
     not z's numbers, each ratio strictly between 0 and 1."""
     _, g = _read_all(eager("qwen3next"), 1)
     z, premix = g["attention_z"].flatten(2), g["attention_premix"]
@@ -633,7 +633,7 @@ def test_gated_attention_premix_is_z_scaled_by_a_gate(eager):
 
 
 def test_mlp_widths_are_read_off_the_down_projection(eager):
-    """SPEC.md:482 [L33] — GPT-2's config says intermediate_size 37 (a stray key); the module tree builds 128,
+    """SPEC.md:489 [L33] — GPT-2's config says intermediate_size 37 (a stray key); the module tree builds 128,
     and both MLP-inner places are 128 wide; on Llama they are its down_proj's in_features, 64."""
     gpt2 = eager("gpt2")
     assert gpt2.config.intermediate_size == 37
