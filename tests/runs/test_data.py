@@ -186,3 +186,24 @@ def test_an_over_long_dataset_ref_is_refused_with_its_path(ref, capsys):
     assert cli.main(["data", ref, "--data-root", str(DATA)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"compile: ref: dataset ref '{ref}'")
+
+
+def test_a_misspelt_answer_column_gets_the_tables_columns_and_the_nearest(tmp_path):
+    """SPEC.md:241 [P31] [D22] `counterfactual_answer` for `cf_answer` is refused at compile with the rows'
+    columns (read here from the table file itself, first row's order) and a `did you mean` naming cf_answer."""
+    from inprocess import cli
+
+    root = Path(__file__).resolve().parents[2]
+    doc = json.loads((root / "documents" / "weekday_patching.json").read_text(encoding="utf-8"))
+    doc["interventions"]["patching"]["metrics"]["iia"]["expected"] = "counterfactual_answer"
+    path = tmp_path / "doc.json"
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    rows = json.loads((root / "documents" / "data" / "weekday_trained" / "test.json").read_text(encoding="utf-8"))
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    done = cli("validate", str(path), "--data-root", str(root / "documents" / "data"))
+    assert done.returncode == 2
+    line = done.stderr.strip()
+    assert line.startswith("compile: interventions.patching.metrics.iia: metric 'iia': no row has a column "
+                           f"'counterfactual_answer'; the rows' columns: {', '.join(map(repr, columns))}; "
+                           "did you mean "), line
+    assert "'cf_answer'" in line.rpartition("did you mean ")[2] and "\n" not in line
