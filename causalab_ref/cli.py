@@ -284,6 +284,7 @@ def describe_components(eng) -> dict:
     """The `model` verb's answer: each component at each layer (the engine's `locate`), its width, its
     operation and what the engine's `detail` adds, or the reason the place is not there; the text is
     formatted here from those answers, one line per place under a line about the model."""
+    from .engines import contract
     from .locations import address
     answers: dict[str, dict] = {}
     for component, row in address.TABLE.items():
@@ -295,9 +296,9 @@ def describe_components(eng) -> dict:
                 answers[label] = {"resolves": False, "why": refusal.message}
                 continue
             answers[label] = {"resolves": True, "width": a.width, "op": a.op, **eng.detail(a)}
-    tok, heads = eng.tokenizer, address.attention_heads(eng.standard, eng.num_layers, eng.attention())  # SPEC.md L35
+    tok, heads = eng.tokenizer, contract.attention_heads(eng)  # SPEC.md L35
     lines = [f"{eng.spec.key} via {eng.name}: {eng.num_layers} layers, padding_side={tok.padding_side}, "
-             f"{eng.attention()} attention", *address.heads_lines(heads), *_component_lines(answers)]
+             f"{eng.attention()} attention", *contract.heads_lines(heads), *_component_lines(answers)]
     return {"text": "\n".join(lines), "key": eng.spec.key, "engine": eng.name, "num_layers": eng.num_layers,
             "padding_side": tok.padding_side, "attention": heads, "components": answers}
 
