@@ -90,7 +90,7 @@ BIG = "bench-llama-8x512"
 HEADS16 = "bench-llama-16-heads"
 # issue 33's targets: (a) on the fixture and on the 8x512 Llama, (e), (g), (h), each a ratio to its baseline
 A_TARGETS, E_TARGET, G_TARGET, H_TARGET = (1.10, 1.05), 1.15, 1.05, 1.05
-TABLE: list[tuple[str, str, str]] = []  # (what, measured, target: met or not) for README's table
+TABLE: list[tuple[str, str, str]] = []  # (what, measured, target: met or not) for docs/performance.md's table
 FULL = {"rows": 64, "repeats": 7, "b": (256, 512), "e": (256, 400), "e_repeats": 5, "g_rows": 64, "h": (64, 16),
         "i_repeats": 3, "j_only": None}
 QUICK = {"rows": 8, "repeats": 2, "b": (16, 128), "e": (16, 120), "e_repeats": 1, "g_rows": 8, "h": (8, 4),
@@ -845,7 +845,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="toy sizes: checks the script runs, measures nothing")
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--only", default="a,b,c,d,e,f,g,h,i,j,k,m")
-    parser.add_argument("--markdown", default=None, help="also write the results as README's table to this file")
+    parser.add_argument("--markdown", default=None, help="also write docs/performance.md's table to this file")
     args = parser.parse_args()
     size = dict(QUICK if args.quick else FULL)
     if args.repeats:

@@ -102,10 +102,10 @@ def cmd_run(args):
         raise Refusal(f"--batch-size {args.batch_size} is not a number of rows", path="--batch-size",
                       stage="validation")
     results.check_out(Path(args.out), args.replace)  # before any weights load; judged again once claimed
-    _note_untested()
     _raw, eng, plan = _compile(args, args.engine, weights=True, device_map=args.device_map)
     written = run.execute(plan, eng, Path(args.out), batch_size=args.batch_size, replace=args.replace,
                           progress=not args.quiet)
+    _note_untested()  # once the results are in place: never before a refusal (R24)
     lines = list(written)
     for path in written:
         summary = summary_line(Path(path))
@@ -284,6 +284,7 @@ def describe_components(eng) -> dict:
     """The `model` verb's answer: each component at each layer (the engine's `locate`), its width, its
     operation and what the engine's `detail` adds, or the reason the place is not there; the text is
     formatted here from those answers, one line per place under a line about the model."""
+    from .engines import contract
     from .locations import address
     answers: dict[str, dict] = {}
     for component, row in address.TABLE.items():
@@ -295,11 +296,11 @@ def describe_components(eng) -> dict:
                 answers[label] = {"resolves": False, "why": refusal.message}
                 continue
             answers[label] = {"resolves": True, "width": a.width, "op": a.op, **eng.detail(a)}
-    tok = eng.tokenizer
+    tok, heads = eng.tokenizer, contract.attention_heads(eng)  # SPEC.md L35
     lines = [f"{eng.spec.key} via {eng.name}: {eng.num_layers} layers, padding_side={tok.padding_side}, "
-             f"{eng.attention()} attention", *_component_lines(answers)]
+             f"{eng.attention()} attention", *contract.heads_lines(heads), *_component_lines(answers)]
     return {"text": "\n".join(lines), "key": eng.spec.key, "engine": eng.name, "num_layers": eng.num_layers,
-            "padding_side": tok.padding_side, "components": answers}
+            "padding_side": tok.padding_side, "attention": heads, "components": answers}
 
 
 def _component_lines(answers: dict) -> list[str]:
@@ -368,7 +369,8 @@ def _where_each_lands(eng, layer: int):
 
 
 def _note_untested() -> None:
-    """`run` and `conform` say in one line on stderr when the installed stack is not the tested one (R24)."""
+    """`run` and `conform` say in one line on stderr, once their work is done, when the installed stack is not the
+    tested one (R24)."""
     from .runs import results
     note = results.untested_note()
     if note:
@@ -401,12 +403,12 @@ def cmd_conform(args):
     options = Options(cases_dir=args.cases, only=args.only, fixtures_dir=args.fixtures, fail_fast=args.fail_fast,
                       record=args.record, quiet=args.quiet,
                       **{k: v for k in ("timeout", "jobs") if (v := vars(args)[k]) is not None})
-    _note_untested()
     try:
         result = conform(args.impl, options, main=main)
     except UsageError as error:
         print(f"usage: conform: {error}", file=sys.stderr)
         raise SystemExit(2) from None
+    _note_untested()  # once the cases are checked, before the last line's why: never with a usage line (R24)
     if not result["ok"]:
         print(result["summary"])
         if result["why"]:

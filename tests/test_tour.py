@@ -1,7 +1,9 @@
-"""docs/tour.md cannot drift from the code: each ```sh command is run in this process and every ```text line
-under it must be in what it printed (SPEC.md §14's plot verb draws the tour's figure)."""
+"""docs/tour.md and README's first finding cannot drift from the code: each ```sh command is run in this process
+and the ```text block under it must be what it printed, line for line, but for the lines an elision marker
+(`… N lines elided …`) stands for (SPEC.md §14's plot verb draws the tour's figure)."""
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from pathlib import Path
@@ -12,13 +14,16 @@ import torch
 from inprocess import REPO, cli
 
 TOUR = REPO / "docs" / "tour.md"
+README = REPO / "README.md"
 #: the figures the tour draws, drawn by the test into its own folder instead
 FIGURES = ("tracing.png", "distributed_controls.png")
+#: a quoted line standing for N printed lines the page leaves out
+ELISION = re.compile(r"^… (\d+) lines? elided\b")
 
 
-def _steps() -> list[tuple[str, list[str]]]:
-    """(command, the output lines stated under it), in the tour's order."""
-    blocks = re.findall(r"```(sh|text)\n(.*?)```", TOUR.read_text(encoding="utf-8"), re.S)
+def _steps(text: str) -> list[tuple[str, list[str]]]:
+    """(command, the output lines stated under it), in the page's order."""
+    blocks = re.findall(r"```(sh|text)\n(.*?)```", text, re.S)
     steps: list[tuple[str, list[str]]] = []
     for kind, body in blocks:
         if kind == "sh":
@@ -28,18 +33,46 @@ def _steps() -> list[tuple[str, list[str]]]:
     return steps
 
 
-def _run(command: str, out: Path) -> str:
+def _run(command: str, out: Path, scratch: str = "/tmp/tour") -> str:
     figures = [(f"docs/{name}", str(out / name)) for name in FIGURES]
-    for shipped, scratch in figures:
-        command = command.replace(shipped, scratch)
-    argv = shlex.split(command.replace("/tmp/tour", str(out)))
-    assert argv[:3] == ["python", "-m", "causalab_ref"], command
+    for shipped, drawn in figures:
+        command = command.replace(shipped, drawn)
+    here = str(out) + ("/" if scratch.endswith("/") else "")  # "out/" in README stands for the test's folder
+    argv = shlex.split(command.replace(scratch, here))
+    assert argv[:3] in (["python", "-m", "causalab_ref"], ["python3", "-m", "causalab_ref"]), command
     done = cli(*argv[3:])
     assert done.returncode == 0, done.stderr[-2000:]
     printed = done.stdout
-    for shipped, scratch in figures:
-        printed = printed.replace(scratch, shipped)
-    return printed.replace(str(out), "/tmp/tour")
+    for shipped, drawn in figures:
+        printed = printed.replace(drawn, shipped)
+    return printed.replace(here, scratch)
+
+
+def quoted_mismatch(quoted: list[str], printed: list[str]) -> str:
+    """'' when `quoted` is `printed` with each elision marker standing for exactly its count of lines; else the
+    first difference."""
+    at = 0
+    for line in quoted:
+        marker = ELISION.match(line)
+        if marker:
+            at += int(marker.group(1))
+            if at > len(printed):
+                return f"{line!r} elides past the end ({len(printed)} lines printed)"
+            continue
+        if at >= len(printed) or printed[at] != line:
+            return f"quoted {line!r}, printed {printed[at] if at < len(printed) else 'nothing'!r} (line {at + 1})"
+        at += 1
+    return "" if at == len(printed) else f"{len(printed) - at} printed line(s) after the last quoted one"
+
+
+def test_the_elision_check_can_fail():
+    """A marker counts exact lines: one too many or too few, a changed line, a dropped tail all differ."""
+    printed = ["a", "b", "c", "d"]
+    assert quoted_mismatch(["a", "… 2 lines elided", "d"], printed) == ""
+    assert quoted_mismatch(["a", "… 1 line elided", "d"], printed)
+    assert quoted_mismatch(["a", "… 3 lines elided", "d"], printed)
+    assert quoted_mismatch(["a", "b", "c"], printed)
+    assert quoted_mismatch(["a", "b", "c", "d; rows [1]"], printed)
 
 
 @pytest.fixture
@@ -53,10 +86,32 @@ def one_thread():
 
 
 def test_the_tour_states_what_its_commands_print(tmp_path, one_thread):
-    """Every stated line of every step (the DAS fits' too, SPEC.md X26, X31-X33) is in its command's output."""
-    steps = _steps()
+    """Every step's output (the DAS fits' too, SPEC.md X26, X31-X33) is quoted as printed, `; rows [...]` tails
+    and all, each left-out run of lines marked with its count."""
+    steps = _steps(TOUR.read_text(encoding="utf-8"))
     assert len(steps) == 12
     for command, lines in steps:
-        printed = _run(command, tmp_path)
-        missing = [line for line in lines if line not in printed]
-        assert not missing, (command, missing, printed[-2000:])
+        printed = _run(command, tmp_path).splitlines()
+        assert lines, command
+        assert not quoted_mismatch(lines, printed), (command, quoted_mismatch(lines, printed), printed)
+
+
+def _section(text: str, title: str) -> str:
+    start = text.index(f"## {title}")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end > 0 else len(text)]
+
+
+def test_readmes_first_finding_is_what_the_document_and_the_run_say(tmp_path, one_thread):
+    """README's first command prints what README quotes, its document is documents/weekday_patching.json without
+    its header, and the table row it shows is the first row of the iia.json that command writes (SPEC.md X21)."""
+    section = _section(README.read_text(encoding="utf-8"), "A first finding")
+    shown = [json.loads(b) for b in re.findall(r"```json\n(.*?)```", section, re.S)]
+    document, row = shown
+    raw = json.loads((REPO / "documents" / "weekday_patching.json").read_text(encoding="utf-8"))
+    assert document == {k: v for k, v in raw.items() if k != "header"}
+    [(command, lines)] = _steps(section)
+    printed = _run(command, tmp_path / "out", scratch="out/").splitlines()
+    assert not quoted_mismatch(lines, printed), (quoted_mismatch(lines, printed), printed)
+    written = json.loads((tmp_path / "out" / "weekday_patching" / "iia.json").read_text(encoding="utf-8"))
+    assert row == written[0]

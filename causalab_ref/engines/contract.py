@@ -237,3 +237,43 @@ class Engine(ABC):
             record["served_dtype"] = str(weight.dtype)
             record["device"] = str(weight.device)
         return record
+
+
+def attention_heads(eng: Engine) -> dict[str, dict]:
+    """Each layer's attention as a heads selection sees it (SPEC.md L35): query heads, key/value heads and each
+    head's width, read off the places `attention_query`, `attention_key` and `attention_z` resolve to on the
+    standardized tree (whichever engine then reaches them), or why the layer has none (linear attention, L30)."""
+    out: dict[str, dict] = {}
+    for layer in range(eng.num_layers):
+        try:
+            query, key, z = (address.locate(eng.standard, name, layer, attn_implementation=eng.attention())
+                             for name in ("attention_query", "attention_key", "attention_z"))
+        except Refusal as refusal:
+            out[f"attention[{layer}]"] = {"resolves": False, "why": refusal.message}
+            continue
+        if not (query.heads and key.heads and z.heads and query.width and z.width):
+            continue  # no head count at these places: nothing to state
+        out[f"attention[{layer}]"] = {"resolves": True, "heads": query.heads, "kv_heads": key.heads,
+                                      "head_dim": z.width // z.heads, "qk_head_dim": query.width // query.heads}
+    return out
+
+
+def heads_lines(heads: dict[str, dict]) -> list[str]:
+    """The `model` verb's lines for attention_heads' answer: one per run of layers with the same answer
+    (`attention[0-2]`), in the components' line format (`ok` and the counts, or `--` and why)."""
+    runs: list[tuple[int, int, dict]] = []
+    for label, a in heads.items():
+        layer = int(label[len("attention["):-1])
+        if runs and runs[-1][1] == layer - 1 and runs[-1][2] == a:
+            runs[-1] = (runs[-1][0], layer, a)
+        else:
+            runs.append((layer, layer, a))
+    lines = []
+    for first, last, a in runs:
+        label = f"attention[{first}]" if first == last else f"attention[{first}-{last}]"
+        if not a["resolves"]:
+            lines.append(f"  {label:24s} --   {a['why']}")
+            continue
+        qk = f"  qk_head_dim={a['qk_head_dim']}" if a["qk_head_dim"] != a["head_dim"] else ""
+        lines.append(f"  {label:24s} ok   heads={a['heads']}  kv_heads={a['kv_heads']}  head_dim={a['head_dim']}{qk}")
+    return lines

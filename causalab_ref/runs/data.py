@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, NoReturn, Optional
 
 from ..documents import reader
-from ..shapes import Refusal
+from ..shapes import Refusal, nearest
 
 _STEP = re.compile(r"^([A-Za-z_][A-Za-z0-9_\-]*)((?:\[\d+\])*)$")
 
@@ -233,11 +233,18 @@ def refuse_long_texts(tok, texts: list, limit: Optional[int], role: str, path: s
                 "pick rows that fit", path)
 
 
+#: how many of a table's columns a missing answer column's refusal lists (SPEC.md P31)
+COLUMNS_SHOWN = 20
+
+
 def answer_eligible(rows: list[dict], columns: tuple[str, ...], metric: str, path: str) -> tuple[bool, ...]:
     """The column half of a metric's rows: every named column holds a non-blank string."""
     for column in columns:
         if not any(column in r for r in rows):
-            _refuse(f"metric '{metric}': no row has a column '{column}'", path)
+            have = list(dict.fromkeys(str(k) for r in rows if isinstance(r, dict) for k in r))
+            shown = ", ".join(repr(k) for k in have[:COLUMNS_SHOWN]) + (", ..." if len(have) > COLUMNS_SHOWN else "")
+            _refuse(f"metric '{metric}': no row has a column '{column}'; the rows' columns: {shown or 'none'}"
+                    f"{nearest(column, have)}", path)
     eligible = tuple(all(isinstance(r.get(c), str) and str(r.get(c)).strip() != "" for c in columns) for r in rows)
     if not any(eligible):
         _refuse(f"metric '{metric}': none of these {len(rows)} row(s) has a value in {list(columns)}; "

@@ -93,13 +93,13 @@ def test_imports_only_stdlib_torch_and_shapes():
 
 
 def test_content_text_excludes_bos(weekdays):
-    """seed 000:140 — the content text is the prompt itself, no BOS. SPEC.md:219 [P24] SPEC.md:590 [X4]"""
+    """seed 000:140 — the content text is the prompt itself, no BOS. SPEC.md:219 [P24] SPEC.md:603 [X4]"""
     _ids, _mask, frame = weekdays
     assert repr(frame.texts[0]) == "'If today is Thursday, tomorrow is'"
 
 
 def test_content_pieces_of_the_weekday_prompt(llama, weekdays):
-    """seed 000:141 — the content span covers exactly the prompt's pieces. SPEC.md:219 [P24] SPEC.md:590 [X4]"""
+    """seed 000:141 — the content span covers exactly the prompt's pieces. SPEC.md:219 [P24] SPEC.md:603 [X4]"""
     ids, _mask, frame = weekdays
     pieces = [llama.decode([i]) for i in ids[0][frame.starts[0] : frame.ends[0]]]
     assert pieces == ["If", "today", "is", "Th", "urs", "day", ",", "tom", "orrow", "is"]
@@ -107,7 +107,7 @@ def test_content_pieces_of_the_weekday_prompt(llama, weekdays):
 
 def test_offsets_from_decoding_growing_prefixes(weekdays):
     """seed 000:116,142 — offsets[k] is where token k starts; the last entry is len(text).
-    SPEC.md:208 [P22] SPEC.md:590 [X4]"""
+    SPEC.md:208 [P22] SPEC.md:603 [X4]"""
     _ids, _mask, frame = weekdays
     assert frame.offsets[0] == (0, 2, 8, 11, 14, 17, 20, 21, 25, 30, 33)
 
@@ -168,7 +168,7 @@ def test_non_contiguous_padding_is_refused(llama):
 
 def test_bare_integer_pass_builds_no_character_map(llama, weekdays):
     """seed 000:214 — a pass of bare integers builds no character map and still resolves.
-    SPEC.md:266 [P33]"""
+    SPEC.md:268 [P33]"""
     ids, mask, _frame = weekdays
     frame = locate.frame_of_ids(llama, ids, mask, char_map=False)
     assert frame.texts == () and frame.offsets == ()
@@ -195,7 +195,7 @@ def test_spelling_of_an_anchored_all():
 
 def test_index_minus_one_is_the_anchors_last_token(weekdays):
     """seed 000:58,144 — negatives count from the end of the run: Thursday's last piece is 'day'.
-    SPEC.md:165 [P5] SPEC.md:590 [X4]"""
+    SPEC.md:165 [P5] SPEC.md:603 [X4]"""
     _ids, _mask, frame = weekdays
     where = Where(index=-1, scope=Anchor(variable="e"))
     windows, reasons = locate.locate(frame, where, ("Thursday", "Friday"))
@@ -220,7 +220,7 @@ def test_anchor_absent_or_none_is_missing(weekdays):
 
 def test_anchor_index_moves_with_the_tokens_after_it(llama):
     """seed 000:179-193 — ' Tuesday' is three tokens, so the number's index is 8 or 6.
-    SPEC.md:165 [P5] SPEC.md:590 [X4]"""
+    SPEC.md:165 [P5] SPEC.md:603 [X4]"""
     _ids, _mask, frame = locate.frame_of_texts(llama, ARITHMETIC)
     windows, reasons = locate.locate(
         frame, Where(index=-1, scope=Anchor(variable="number")), ("one", "three", "two", "five")
@@ -239,7 +239,7 @@ def test_special_prefix_is_bos_on_llama(llama):
 
 
 def test_index_zero_is_the_first_word_on_llama(llama):
-    """seed 000:168 — the run starts after BOS, so index 0 is 'If'. SPEC.md:219 [P24] SPEC.md:221 [P25] SPEC.md:590 [X4]"""
+    """seed 000:168 — the run starts after BOS, so index 0 is 'If'. SPEC.md:219 [P24] SPEC.md:221 [P25] SPEC.md:603 [X4]"""
     ids, _mask, frame = locate.frame_of_texts(llama, [WEEKDAYS[0]])
     windows, _reasons = locate.locate(frame, Where(index=0))
     assert ids[0][:4] == (1, 960, 9826, 338) and frame.starts == (1,)
@@ -355,7 +355,7 @@ def test_variable_inside_a_segment_is_unique(chat):
 
 def test_width_of_each_cut():
     """seed 000:58,326-328 — 1 for index, n for last, b-a for same-sign spans, None otherwise.
-    SPEC.md:323 [P46]"""
+    SPEC.md:325 [P46]"""
     assert Where(index=-1).width == 1
     assert Where(last=3).width == 3
     assert Where(span=(-4, -1)).width == 3
@@ -365,7 +365,7 @@ def test_width_of_each_cut():
 
 
 def test_ragged_iff_width_unknown_or_scoped():
-    """seed 000:328 — ragged when only a row knows the width, or when anchored. SPEC.md:325 [P47]"""
+    """seed 000:328 — ragged when only a row knows the width, or when anchored. SPEC.md:327 [P47]"""
     assert not Where(index=-1).ragged
     assert not Where(last=3).ragged
     assert Where(index=-1, scope=Anchor(variable="entity")).ragged
@@ -374,7 +374,7 @@ def test_ragged_iff_width_unknown_or_scoped():
 
 
 def test_a_continuation_spec_is_not_ragged_at_its_address():
-    """seed 000:332 SPEC.md:325 [P47] — a decode step processes one position, so no continuation-frame spec
+    """seed 000:332 SPEC.md:327 [P47] — a decode step processes one position, so no continuation-frame spec
     is ragged where it taps; which steps a row keeps (the cut over the stack) is still uneven."""
     for where in (Where(frame="generated", all=True), Where(frame="generated", index=-1),
                   Where(frame="generated", index=-1, scope=Anchor(variable="said"))):
@@ -430,7 +430,7 @@ GENERATED = [
 
 def test_continuation_is_cut_at_the_first_stop_token(llama):
     """seed 000:269 — a row is cut at its first stop token, which it keeps; one that never
-    stopped keeps the bound. SPEC.md:283 [P37]"""
+    stopped keeps the bound. SPEC.md:285 [P37]"""
     frame = locate.frame_of_continuation(llama, GENERATED, llama.eos_token_id)
     assert frame.kind == "generated"
     assert frame.starts == (0, 0) and frame.ends == (4, 6)
@@ -438,7 +438,7 @@ def test_continuation_is_cut_at_the_first_stop_token(llama):
 
 def test_eos_segment_is_the_stop_token(llama):
     """seed 000:269,322 — eos is the segment the continuation invents: the stop token.
-    SPEC.md:283 [P37]"""
+    SPEC.md:285 [P37]"""
     frame = locate.frame_of_continuation(llama, GENERATED, llama.eos_token_id)
     windows, reasons = locate.locate(frame, Where(frame="generated", index=-1, scope=Anchor(segment="eos")))
     assert windows[0] == (3,) and reasons[0] == ""
@@ -446,7 +446,7 @@ def test_eos_segment_is_the_stop_token(llama):
 
 
 def test_row_that_never_stopped_has_no_eos(llama):
-    """seed 000:269,322 — no stop token, no eos segment: alignment_missing. SPEC.md:283 [P37]"""
+    """seed 000:269,322 — no stop token, no eos segment: alignment_missing. SPEC.md:285 [P37]"""
     frame = locate.frame_of_continuation(llama, GENERATED, [llama.eos_token_id])
     windows, reasons = locate.locate(frame, Where(frame="generated", index=-1, scope=Anchor(segment="eos")))
     assert windows[1] == () and reasons[1] == "alignment_missing"
@@ -454,14 +454,14 @@ def test_row_that_never_stopped_has_no_eos(llama):
 
 def test_generated_negative_index_counts_from_the_rows_own_end(llama):
     """seed 000:269 — how far a row meant to generate is a result: -1 is its own last step.
-    SPEC.md:292 [P40]"""
+    SPEC.md:294 [P40]"""
     frame = locate.frame_of_continuation(llama, torch.tensor(GENERATED), llama.eos_token_id)
     assert locate.locate(frame, Where(frame="generated", index=-1)) == (((3,), (5,)), ("", ""))
 
 
 def test_continuation_map_comes_from_the_ids(llama):
     """seed 000:271 — the continuation's character map is built from its ids by decoding.
-    SPEC.md:286 [P38]"""
+    SPEC.md:288 [P38]"""
     frame = locate.frame_of_continuation(llama, GENERATED, llama.eos_token_id)
     assert frame.offsets[1] == locate.char_map(llama, GENERATED[1])
     assert frame.texts[1] == llama.decode(GENERATED[1])
@@ -528,7 +528,7 @@ def test_the_prefix_is_not_addressable(weekdays, llama):
 
 
 def test_tokens_is_the_character_map_slice_not_the_window_decoded_alone(llama):
-    """SPEC.md:268 [P34] seed 000:141 — on 'If today is Thursday, tomorrow is' the window of `Th urs day` is
+    """SPEC.md:270 [P34] seed 000:141 — on 'If today is Thursday, tomorrow is' the window of `Th urs day` is
     ' Thursday', `day` alone is 'day', the last token is ' is', while its id decoded alone is 'is'."""
     _ids, _mask, frame = locate.frame_of_texts(llama, ["If today is Thursday, tomorrow is"])
     start = frame.starts[0]

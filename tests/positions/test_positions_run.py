@@ -74,7 +74,7 @@ def _refusal(raw, llama, root=DATA) -> Refusal:
 
 
 def test_entity_patch_reproduces_the_seeds_provenance(llama):
-    """SPEC.md:260 [P32] seed 000:240-244 — where.py on entity_patch.json: the same spec on both roles,
+    """SPEC.md:262 [P32] seed 000:240-244 — where.py on entity_patch.json: the same spec on both roles,
     each row's own entity; the write lands on 'day' where the read took ' Saturday' whole, both at 6."""
     results = _results(ENTITY_PATCH, llama)
     where = results.positions
@@ -90,7 +90,7 @@ def test_entity_patch_reproduces_the_seeds_provenance(llama):
 
 
 def test_entity_patch_tables_carry_the_metric_reads_window(llama, tmp_path):
-    """SPEC.md:268 [P34] seed 000:248-262 — every table row carries the metric's own read's window
+    """SPEC.md:270 [P34] seed 000:248-262 — every table row carries the metric's own read's window
     (logits at -1, not the entity): positions [10], reason "", tokens "' is'"."""
     plan = compiler.compile_document(ENTITY_PATCH, llama, DATA)
     run.execute(plan, llama, tmp_path / "out")
@@ -147,7 +147,7 @@ def test_a_bare_turn_name_spoken_twice_and_a_cut_past_the_turn_are_reported_not_
 
 
 def test_a_read_whose_anchor_is_missing_is_an_excluded_measurement(llama, tmp_path):
-    """SPEC.md:228 [P27] SPEC.md:276 [P35] seed 000:199, seed 000:265 — the row stays in the table with
+    """SPEC.md:228 [P27] SPEC.md:278 [P35] seed 000:199, seed 000:265 — the row stays in the table with
     value null, eligible false, positions [], reason alignment_missing; the other rows score."""
     rows = copy.deepcopy(TRAIN)
     rows[1]["entity"] = "Tuesday"  # not in 'If today is Friday, tomorrow is'
@@ -250,7 +250,7 @@ def test_the_column_half_excludes_a_blank_answer_and_keeps_its_positions(llama, 
 
 
 def test_a_pass_of_bare_integers_reports_nothing(llama, tmp_path):
-    """SPEC.md:260 [P32] SPEC.md:266 [P33] seed 000:214 — no character map, no results.positions, and
+    """SPEC.md:262 [P32] SPEC.md:268 [P33] seed 000:214 — no character map, no results.positions, and
     table rows with positions null, reason "" and tokens ""; eligibility is still reported."""
     step = _step(PATCHING, llama)
     assert not step.dynamic
@@ -262,7 +262,7 @@ def test_a_pass_of_bare_integers_reports_nothing(llama, tmp_path):
 
 
 def test_the_where_py_record_is_plain_tuples_per_op(llama):
-    """SPEC.md:260 [P32] seed 000:222-238 — results.positions[op] has rows, tokens and reason, one entry
+    """SPEC.md:262 [P32] seed 000:222-238 — results.positions[op] has rows, tokens and reason, one entry
     per row, plain integers and strings."""
     results = _results(ENTITY_PATCH, llama)
     for name, record in results.positions.items():
@@ -273,7 +273,7 @@ def test_the_where_py_record_is_plain_tuples_per_op(llama):
 
 
 def test_a_last_cut_makes_a_pass_report_its_positions(llama):
-    """SPEC.md:260 [P32] only a pass of bare `index` cuts reports nothing; a `last` cut is the row's own
+    """SPEC.md:262 [P32] only a pass of bare `index` cuts reports nothing; a `last` cut is the row's own
     and is reported."""
     doc = copy.deepcopy(PATCHING)
     for op in (doc["interventions"]["patching"]["reads"]["v_cf"], doc["interventions"]["patching"]["writes"]["patch"]):
@@ -323,7 +323,7 @@ def test_a_variable_that_is_neither_is_refused_before_any_model_work(llama, tmp_
 
 
 def test_a_ragged_write_whose_operand_differs_on_some_row_is_refused(llama):
-    """SPEC.md:336 [P51] (seed-tables A6, A11) — the whole entity is 3 tokens on a Thursday
+    """SPEC.md:338 [P51] (seed-tables A6, A11) — the whole entity is 3 tokens on a Thursday
     row and 1 on the others, so swapping whole entities between rows 0 and 2 is refused naming them."""
     whole = {"all": True, "scope": {"variable": "entity"}}
     refusal = _refusal(_variant(ENTITY_PATCH, v_cf=whole, patch=whole), llama)
@@ -336,7 +336,7 @@ def test_a_ragged_write_whose_operand_differs_on_some_row_is_refused(llama):
 
 @pytest.mark.parametrize("read_pos, write_pos", [(ENTITY, -1), (-1, ENTITY)])
 def test_an_anchored_window_and_a_bare_one_of_equal_widths_interchange(llama, read_pos, write_pos):
-    """SPEC.md:330 [P48] SPEC.md:336 [P51] — an anchored read is flat and a bare write rectangular (or the
+    """SPEC.md:332 [P48] SPEC.md:338 [P51] — an anchored read is flat and a bare write rectangular (or the
     reverse); with one position on every row the value lands as if both were bare. The entity's last
     token is at 6 = {"index": -5} on every row of this batch, so the two runs must agree exactly."""
     bare = {"index": -5}
@@ -348,7 +348,7 @@ def test_an_anchored_window_and_a_bare_one_of_equal_widths_interchange(llama, re
 
 
 def test_a_bare_write_fed_by_an_anchored_read_that_skipped_a_row_is_refused(llama, tmp_path):
-    """SPEC.md:336 [P51] SPEC.md:228 [P27] — the read may skip counterfactual row 1, but then the write has
+    """SPEC.md:338 [P51] SPEC.md:228 [P27] — the read may skip counterfactual row 1, but then the write has
     no value to land there; refused naming the row (at compile, P58), not as a shape the engine cannot land."""
     rows = copy.deepcopy(TRAIN)
     rows[1]["counterfactual_inputs_variables"][0]["entity"] = "Tuesday"
@@ -383,7 +383,7 @@ def test_left_padding_same_last_index_each_rows_own_first_token(llama):
 
 
 def test_cli_tokens_shows_a_documents_rows_with_indices():
-    """SPEC.md:552 [R19] seed 000:175-195 (document-format §16) — `tokens --document DOC` prints each role's rows of the
+    """SPEC.md:565 [R19] seed 000:175-195 (document-format §16) — `tokens --document DOC` prints each role's rows of the
     first step as index:'piece', indices into the padded batch."""
     done = inprocess.cli("tokens", "--document", "documents/entity_patch.json")
     assert done.returncode == 0, done.stderr
@@ -396,7 +396,7 @@ def test_cli_tokens_shows_a_documents_rows_with_indices():
 
 
 def test_a_run_tokenizer_that_disagrees_with_the_plans_is_refused(llama):
-    """SPEC.md:338 [P52] row 0 decoded by the run's tokenizer and by the plan's must agree, compared as
+    """SPEC.md:340 [P52] row 0 decoded by the run's tokenizer and by the plan's must agree, compared as
     decoded strings (seed 000:334-336)."""
     from causalab_ref.fixtures import builder
     plan = compiler.compile_document(copy.deepcopy(PATCHING), llama, DATA)
