@@ -12,7 +12,7 @@ surface and checks one invariant per case:
 * flags: random values of --memory-budget, --batch-size, --device-map, --engine, --out, --data-root, --timeout, --jobs,
   conform's --list with --only and --cases;
 * cache: a copy of a built fixture folder under a temporary $CAUSALAB_REF_CACHE with files added,
-  removed, truncated or replaced by links;
+  removed, truncated or replaced by links, and its derived tokenizer forged with its record rewritten to match;
 * results: a copy of a run's results folder (a swept patching run, a fit with its loss curve) with
   its tables, document.json, run.json, tensor files and point folders edited, broken, removed or
   replaced by links (a table's values past a float's range, lists, any unit, many rows), drawn by `plot` to a figure path that may be a link, a folder or a file;
@@ -434,6 +434,32 @@ def _built_folder() -> pathlib.Path:
     return found[0]
 
 
+def _forge_derived(rng: random.Random, derived: pathlib.Path) -> None:
+    """A derived tokenizer.json with two pieces' ids exchanged, its merges reversed, or an added token at another
+    piece's id, and the record's digest of it (and of its sources) rewritten to vouch for it (SPEC.md S78)."""
+    import hashlib
+
+    try:
+        tokenizer = json.loads((derived / "tokenizer.json").read_bytes())
+        record = json.loads((derived / "record.json").read_bytes())
+        vocab = tokenizer["model"]["vocab"]
+        pieces = rng.sample(sorted(vocab), 2)
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    edit = rng.randrange(3)
+    if edit == 0:
+        vocab[pieces[0]], vocab[pieces[1]] = vocab[pieces[1]], vocab[pieces[0]]
+    elif edit == 1 and isinstance(tokenizer["model"].get("merges"), list):
+        tokenizer["model"]["merges"].reverse()
+    else:
+        tokenizer["added_tokens"].append({"id": vocab[pieces[0]], "content": pieces[1], "single_word": False,
+                                          "lstrip": False, "rstrip": False, "normalized": False, "special": True})
+    raw = json.dumps(tokenizer).encode("utf-8")
+    (derived / "tokenizer.json").write_bytes(raw)
+    record.setdefault("files", {})["tokenizer.json"] = hashlib.sha256(raw).hexdigest()
+    (derived / "record.json").write_text(json.dumps(record), encoding="utf-8")
+
+
 def damaged_cache(rng: random.Random, tmp: pathlib.Path, sentinel: pathlib.Path) -> pathlib.Path:
     """A copy of the built fixture folder (and of its cached tokenizer.json's folder) in tmp/cache with one to
     three files added, removed, truncated, replaced by links (to the sentinel, to a sibling, dangling) or by a
@@ -451,9 +477,11 @@ def damaged_cache(rng: random.Random, tmp: pathlib.Path, sentinel: pathlib.Path)
         kept = [*folder.iterdir(), *((cache / "tokenizers" / source.name).glob("*"))]
         files = sorted(p for p in kept) or [folder / "x"]
         file = rng.choice(files)
-        op = rng.randrange(7)
+        op = rng.randrange(8)
         with contextlib.suppress(OSError):
-            if op == 0:
+            if op == 7:  # the derived tokenizer forged, its record's sha256 lines rewritten to match (S78)
+                _forge_derived(rng, cache / "tokenizers" / source.name)
+            elif op == 0:
                 (folder / rng.choice(["tokenizer.json", "extra.bin", "model.py", ".hidden"])).write_text("{}")
             elif op == 1:
                 file.unlink()
