@@ -396,7 +396,7 @@ def test_a_bug_while_loading_stays_an_internal_error(monkeypatch, capsys):
     """SPEC.md:1002 [S10] an exception loading does not raise for a bad checkpoint (a TypeError here) is the
     project's failure: exit 1 and `internal error`, never a refusal of model.key. The bug is in every load
     validate may make: the weightless engine's tokenizer, served from the cached tokenizer.json (tokenjson.py) or
-    loaded by transformers on a cold cache (either then leaves the compile to the meta load, SPEC.md:1788 [E9]),
+    loaded by transformers on a cold cache (either then leaves the compile to the meta load, SPEC.md:1801 [E9]),
     and the meta load."""
     def broken(*args, **kwargs):
         raise TypeError("a bug")
@@ -637,7 +637,7 @@ def test_a_file_dropped_into_a_verified_fixture_folder_is_removed_not_read(tmp_p
 
 
 def test_run_json_names_the_recipe_only_for_files_checked_against_it(tmp_path):
-    """SPEC.md:1092 [S29] a run on an exported tiny-llama folder records the recipe while its files are the
+    """SPEC.md:1105 [S29] a run on an exported tiny-llama folder records the recipe while its files are the
     manifest's; after one weight value changes (same shapes) it records no recipe, and its model_files are
     the sha256 of the folder's files as they are now."""
     exported.export(tmp_path / "fx", keys=["fixture:tiny-llama"])
@@ -702,7 +702,7 @@ def _plants(dest: Path) -> dict:
                                    "a link of the fixture's name", "a user's folder of the fixture's name",
                                    "an exported folder with a file added", "a manifest no export wrote"])
 def test_an_export_onto_what_it_did_not_write_is_one_line_and_changes_nothing(tmp_path, capsys, plant):
-    """SPEC.md:1084 [S28] DIR a file or a link, a file or a link or a user's folder of a fixture's name, a file
+    """SPEC.md:1097 [S28] DIR a file or a link, a file or a link or a user's folder of a fixture's name, a file
     added to an exported folder, a manifest.json no export wrote: one refusal at DIR naming it, exit 2, and
     every byte, link and folder under the test's folder as it was."""
     dest = tmp_path / "w" / "fx"
