@@ -15,7 +15,7 @@ import threading
 import traceback
 from pathlib import Path
 
-from .shapes import Refusal
+from .shapes import Refusal, printable
 
 DEFAULT_DATA_ROOT = "documents/data"
 DEVICE_MAP_HELP = "where the model runs: cpu (default), cuda, cuda:N or auto (transformers' device_map)"
@@ -24,7 +24,7 @@ ENGINES = ("nnterp", "hooks", "ndif")  # engines/loading.ENGINES, named here so 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # argparse's own usage errors: one line, status 2
-        print(f"usage: {message}", file=sys.stderr)
+        print(printable(f"usage: {message}"), file=sys.stderr)  # argparse quotes no argument it names (S76)
         raise SystemExit(2)
 
 

@@ -143,3 +143,14 @@ def test_a_failure_after_a_swallowed_interrupt_is_the_interrupt(tmp_path, signum
     proc = subprocess.run([sys.executable, str(script), str(int(signum))], capture_output=True, text=True, cwd=ROOT,
                           env=ENV, timeout=300)
     assert proc.returncode == 130 and proc.stderr == "interrupted; nothing was written\n", proc.stderr
+
+
+def test_a_usage_line_naming_an_argument_escapes_it(capsys):
+    """SPEC.md:1030 [S76] — argparse's `unrecognized arguments` line names the argument as given: an ESC in it
+    is printed as its escape, in one line (it was printed raw)."""
+    from causalab_ref import cli
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["vocab", "\x1b[31mred\u202e"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err == "usage: unrecognized arguments: \\x1b[31mred\\u202e\n"
