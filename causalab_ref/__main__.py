@@ -1,6 +1,9 @@
 """`python -m causalab_ref` is the command line (cli.py)."""
+import signal
 import sys
 
-from .cli import main
+signal.signal(signal.SIGINT, signal.SIG_DFL)  # until main installs its own: an early interrupt ends it, silently (S77)
+
+from .cli import main  # noqa: E402
 
 sys.exit(main())

@@ -15,7 +15,7 @@ import threading
 import traceback
 from pathlib import Path
 
-from .shapes import Refusal
+from .shapes import Refusal, printable
 
 DEFAULT_DATA_ROOT = "documents/data"
 DEVICE_MAP_HELP = "where the model runs: cpu (default), cuda, cuda:N or auto (transformers' device_map)"
@@ -24,7 +24,7 @@ ENGINES = ("nnterp", "hooks", "ndif")  # engines/loading.ENGINES, named here so 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # argparse's own usage errors: one line, status 2
-        print(f"usage: {message}", file=sys.stderr)
+        print(printable(f"usage: {message}"), file=sys.stderr)  # argparse quotes no argument it names (S76)
         raise SystemExit(2)
 
 
@@ -559,13 +559,14 @@ class _Interrupts:
     interrupt, not a second error, so from here on a thread's failure prints nothing."""
 
     def __init__(self):
-        self.late, self.noted = False, 0
+        self.late, self.noted, self.raised = False, 0, False
 
     def __call__(self, signum, frame):
         if self.late:
             self.noted += 1
             return
         threading.excepthook = _quiet_thread
+        self.raised = True
         raise KeyboardInterrupt
 
 
@@ -602,6 +603,9 @@ def main(argv=None) -> int:
                                  else "nothing was written"), file=sys.stderr)
         return 130
     except Exception as error:  # the project's own failure, never a document's
+        if interrupts.raised:  # a library swallowed the interrupt and failed after it: it is the interrupt (S77)
+            print("interrupted; nothing was written", file=sys.stderr)
+            return 130
         if args.traceback:
             traceback.print_exc()
         print(f"internal error ({type(error).__name__}): {error}. This is a causalab_ref bug; "

@@ -12,14 +12,16 @@ surface and checks one invariant per case:
 * flags: random values of --memory-budget, --batch-size, --device-map, --engine, --out, --data-root, --timeout, --jobs,
   conform's --list with --only and --cases;
 * cache: a copy of a built fixture folder under a temporary $CAUSALAB_REF_CACHE with files added,
-  removed, truncated or replaced by links;
+  removed, truncated or replaced by links, and its derived tokenizer forged with its record rewritten to match;
 * results: a copy of a run's results folder (a swept patching run, a fit with its loss curve) with
   its tables, document.json, run.json, tensor files and point folders edited, broken, removed or
   replaced by links (a table's values past a float's range, lists, any unit, many rows), drawn by `plot` to a figure path that may be a link, a folder or a file;
 * env: $CAUSALAB_REF_LLAMA_TOKENIZER, $HF_HUB_OFFLINE, $CAUSALAB_REF_CACHE and $CONFORM_CHECKPOINTS set to
   hostile values (tests/fuzz_surfaces_env.py);
 * exported: a damaged copy of a `fixtures export` folder named by a path key, or `fixtures export` onto a
-  hostile target (tests/fuzz_surfaces_env.py).
+  hostile target (tests/fuzz_surfaces_env.py);
+* interrupt: `run`, `validate`, `vocab` or `conform` of a hanging --impl as the command line, sent SIGINT or
+  SIGTERM at a random moment (no traceback, status 0, 2 or 130, no implementation left alive).
 
 The invariant (`violations`, tests/invariant.py, the one tests/fuzzing.py's `check` applies too): no
 `internal error` or traceback; no metric-table row that is eligible with a non-finite or null value; no
@@ -34,6 +36,7 @@ import json
 import os
 import pathlib
 import random
+import re
 import shutil
 import struct
 import sys
@@ -52,7 +55,7 @@ BUNDLES = sorted((REPO / "documents" / "artifacts").glob("*.safetensors")) + sor
 BUNDLE_DOCS = {"pca": REPO / "documents" / "pca_control.json", "sae": REPO / "documents" / "sae_ablation.json"}
 PATCHING = REPO / "documents" / "patching.json"
 CACHE_KEY = "tiny-llama"
-SURFACES = ("bundle", "case", "impl", "flags", "cache", "results", "env", "exported")
+SURFACES = ("bundle", "case", "impl", "flags", "cache", "results", "env", "exported", "interrupt")
 DTYPES = ["F16", "BF16", "F64", "I64", "I32", "I8", "U8", "BOOL", "F8_E4M3", "X9"]
 
 
@@ -275,7 +278,8 @@ ONLYS = ["", ",", ",,", "refuse", "run_,validate", "x" * 5000, "\x00", "\u202e",
 def _weird_path(rng: random.Random, tmp: pathlib.Path, sentinel: pathlib.Path) -> str:
     return rng.choice(["", ".", "..", "/", str(sentinel), str(sentinel / "keep.txt"), str(tmp / "new" / "deep"),
                        "rel_out", "a" * 300, str(tmp / ("b" * 256)), "/proc/self", "/dev/null", str(REPO),
-                       str(sentinel / "link"), "-", "x\ny", str(tmp / "out")])
+                       str(sentinel / "link"), "-", "x\ny", str(tmp / "out"), "a\x1b[31mb", "\u202egnp.x",
+                       str(tmp / "\x1b]0;title\x07"), "n" * 100_000])
 
 
 def flags_case(rng: random.Random, tmp: pathlib.Path, sentinel: pathlib.Path,
@@ -434,6 +438,32 @@ def _built_folder() -> pathlib.Path:
     return found[0]
 
 
+def _forge_derived(rng: random.Random, derived: pathlib.Path) -> None:
+    """A derived tokenizer.json with two pieces' ids exchanged, its merges reversed, or an added token at another
+    piece's id, and the record's digest of it (and of its sources) rewritten to vouch for it (SPEC.md S78)."""
+    import hashlib
+
+    try:
+        tokenizer = json.loads((derived / "tokenizer.json").read_bytes())
+        record = json.loads((derived / "record.json").read_bytes())
+        vocab = tokenizer["model"]["vocab"]
+        pieces = rng.sample(sorted(vocab), 2)
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    edit = rng.randrange(3)
+    if edit == 0:
+        vocab[pieces[0]], vocab[pieces[1]] = vocab[pieces[1]], vocab[pieces[0]]
+    elif edit == 1 and isinstance(tokenizer["model"].get("merges"), list):
+        tokenizer["model"]["merges"].reverse()
+    else:
+        tokenizer["added_tokens"].append({"id": vocab[pieces[0]], "content": pieces[1], "single_word": False,
+                                          "lstrip": False, "rstrip": False, "normalized": False, "special": True})
+    raw = json.dumps(tokenizer).encode("utf-8")
+    (derived / "tokenizer.json").write_bytes(raw)
+    record.setdefault("files", {})["tokenizer.json"] = hashlib.sha256(raw).hexdigest()
+    (derived / "record.json").write_text(json.dumps(record), encoding="utf-8")
+
+
 def damaged_cache(rng: random.Random, tmp: pathlib.Path, sentinel: pathlib.Path) -> pathlib.Path:
     """A copy of the built fixture folder (and of its cached tokenizer.json's folder) in tmp/cache with one to
     three files added, removed, truncated, replaced by links (to the sentinel, to a sibling, dangling) or by a
@@ -451,9 +481,11 @@ def damaged_cache(rng: random.Random, tmp: pathlib.Path, sentinel: pathlib.Path)
         kept = [*folder.iterdir(), *((cache / "tokenizers" / source.name).glob("*"))]
         files = sorted(p for p in kept) or [folder / "x"]
         file = rng.choice(files)
-        op = rng.randrange(7)
+        op = rng.randrange(8)
         with contextlib.suppress(OSError):
-            if op == 0:
+            if op == 7:  # the derived tokenizer forged, its record's sha256 lines rewritten to match (S78)
+                _forge_derived(rng, cache / "tokenizers" / source.name)
+            elif op == 0:
                 (folder / rng.choice(["tokenizer.json", "extra.bin", "model.py", ".hidden"])).write_text("{}")
             elif op == 1:
                 file.unlink()
@@ -483,6 +515,84 @@ def damaged_cache(rng: random.Random, tmp: pathlib.Path, sentinel: pathlib.Path)
 
 def cache_case(rng: random.Random, tmp: pathlib.Path, sentinel: pathlib.Path) -> list[list[str]]:
     return [[rng.choice(["validate", "explain"]), str(PATCHING), "--data-root", str(fuzzing.DATA)]]
+
+
+# ---------------------------------------------------------------- interrupts
+
+#: an implementation that never answers: it records its pid and its child's (asleep in its group) and waits
+HANGING_IMPL = '''import os, pathlib, subprocess, sys, time
+child = subprocess.Popen(["sleep", "1000"])
+pathlib.Path(os.environ["HANG_PIDS"], str(os.getpid())).write_text(f"{os.getpid()} {child.pid}")
+while True:
+    time.sleep(1)
+'''
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie waiting to be reaped."""
+    try:
+        return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def interrupt_case(rng: random.Random, tmp: pathlib.Path, fixtures: pathlib.Path) -> list[tuple]:
+    """A verb run as the command line (a subprocess), sent SIGINT or SIGTERM after a random delay, at any moment
+    from its start to past its end: `run`, `validate`, `vocab`, or `conform` of a hanging --impl under --jobs 1
+    to 3. Whatever the moment: no traceback, one of the statuses 0, 2 and 130 (or, before the tool's handler is
+    installed, the signal's own default end with nothing printed), the process gone within 60 s, and
+    no implementation conform started left alive (SPEC.md S6, S77, C39)."""
+    import signal
+    import subprocess
+
+    pids = tmp / "pids"
+    pids.mkdir()
+    verb = rng.choice(["run", "validate", "vocab", "conform", "conform"])
+    if verb == "conform":
+        script = tmp / "hang.py"
+        script.write_text(HANGING_IMPL, encoding="utf-8")
+        folder = _corpus_copy(tmp, rng.sample(_cheap_cases(), rng.choice([1, 2, 3])))
+        argv = ["conform", "--impl", f"{sys.executable} {script}", "--cases", str(folder), "--fixtures", str(fixtures),
+                "--timeout", "600", "--jobs", rng.choice(["1", "2", "3"]), "--quiet"]
+    elif verb == "run":
+        argv = ["run", str(PATCHING), "--data-root", str(fuzzing.DATA), "--out", str(tmp / "out"), "--quiet"]
+    else:
+        argv = [verb] + ([str(PATCHING), "--data-root", str(fuzzing.DATA)] if verb == "validate" else [])
+    signum = rng.choice([signal.SIGINT, signal.SIGTERM])
+    # from half a second on: before, the interpreter itself is starting (site, .pth files), no program's own yet
+    delay = 0.5 + rng.uniform(0.0, 8.0 if verb in ("run", "conform") else 3.0)
+    env = {**os.environ, "HANG_PIDS": str(pids), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    started = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "causalab_ref", *argv], cwd=tmp, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, errors="replace")
+    found = []
+    try:
+        time.sleep(delay)
+        proc.send_signal(signum)
+        try:
+            _out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            err, _ = "", found.append(f"still running 60 s after {signal.Signals(signum).name}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    seen = [int(p) for f in pids.iterdir() for p in f.read_text().split()]
+    left = [pid for pid in seen if _alive(pid)]
+    for pid in left:  # what conform left is not left to the machine
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    if "Traceback" in err or "internal error" in err:
+        found.append(f"a traceback or an internal error: {err.strip()[-300:]!a}")
+    early = proc.returncode == -signum and not err.strip()  # before main's handler: the default action, silent
+    # CPython's own end after a handled interrupt that met PyRun_String code (SPEC.md S77): 130 to a shell
+    reraised = proc.returncode == -signal.SIGINT and err.strip().splitlines()[-1:] == ["interrupted; nothing was written"]
+    if proc.returncode not in (0, 2, 130) and not early and not reraised:
+        found.append(f"exit status {proc.returncode}")
+    if left:
+        found.append(f"implementations left alive: {left}")
+    argv_shown = [*argv, f"<{signal.Signals(signum).name} after {delay:.2f}s>"]
+    return [(argv_shown, proc.returncode, found, err.strip()[-600:], time.monotonic() - started)]
 
 
 # ---------------------------------------------------------------- running one case
@@ -556,6 +666,12 @@ def _users(before: dict, after: dict) -> list[str]:
             and any(part.startswith("user") for part in pathlib.Path(p).parts)]
 
 
+#: what a refusal line never prints raw (SPEC.md S76: C0, C1, DEL, separators, bidi controls), and how long a
+#: line of the tool's own words and cut names may be
+UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+LINE_MOST = 20_000
+
+
 def _call(argv: list[str], cwd: pathlib.Path, watched: Callable[[], dict]) -> tuple:
     """One call in this process, judged by the invariant: (argv, status, violations, stderr's end)."""
     before = watched()
@@ -566,6 +682,10 @@ def _call(argv: list[str], cwd: pathlib.Path, watched: Callable[[], dict]) -> tu
     found = violations(argv, done.returncode, done.stderr, seconds, (before, after), cwd)
     if _users(before, after):
         found.append(f"changed what the tool did not write: {_users(before, after)[:5]}")
+    lines = done.stderr.strip().splitlines()
+    if done.returncode == 2 and lines and (UNSAFE.search(lines[-1]) or len(lines[-1]) > LINE_MOST):
+        found.append(f"a refusal line with a raw control character or of {len(lines[-1])} characters (S76): "
+                     f"{lines[-1][:200]!a}")
     try:  # a real process's stdout is strict UTF-8: a lone surrogate there would be a traceback
         done.stdout.encode("utf-8")
     except UnicodeEncodeError as error:
@@ -583,6 +703,8 @@ def run_case(rng: random.Random, tmp: pathlib.Path, surface: Optional[str] = Non
     cwd = case_dir / "cwd"
     cwd.mkdir()
     (cwd / "here.txt").write_text("cwd sentinel\n")
+    if surface == "interrupt":  # the command line itself, in a process of its own, interrupted
+        return surface, [result[:4] for result in interrupt_case(rng, case_dir, fixtures)]
     argvs, env, extra = _argvs(surface, rng, case_dir, sentinel, fixtures)
     folders = [sentinel, cwd, CORPUS, REPO / "documents"] + extra
 

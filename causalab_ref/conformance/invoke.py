@@ -90,7 +90,8 @@ class Subprocess:
         self.command, self.timeout, self.cap = list(words), float(timeout), int(cap)
         self.name = shlex.join(words)
         self.env = dict(os.environ)
-        self._lock, self._running, self._stopped = threading.Lock(), set(), False
+        self._lock, self._stopped = threading.Lock(), False
+        self._running: set[subprocess.Popen] = set()
         if checkpoints is not None:
             self.env[exported.MAP_ENV] = json.dumps(checkpoints, sort_keys=True)
 

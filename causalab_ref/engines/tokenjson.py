@@ -175,9 +175,11 @@ def _regular_bytes(path: Path) -> Optional[bytes]:
         return None
 
 
-def read_cached(folder: Path, digest: str) -> Optional[dict[str, bytes]]:
-    """The cached files when each one's bytes hash to the record's sha256 and the record is the recipe's; else
-    None (a missing, damaged, linked or foreign file is never trusted, SPEC.md S71)."""
+def read_cached(folder: Path, digest: str, sources: Optional[dict[str, bytes]] = None) -> Optional[dict[str, bytes]]:
+    """The cached files when each one's bytes hash to the record's sha256, the record is the recipe's and, given
+    the `sources` the tokenizer is derived from ({file: bytes}), the record names their digests; else None (a
+    missing, damaged, linked or foreign file is never trusted, SPEC.md S71, S78). Whether the files hold the
+    sources' vocabulary is `bound`'s to say."""
     raw = _regular_bytes(folder / RECORD)
     try:
         record = json.loads(raw) if raw is not None else None
@@ -187,17 +189,91 @@ def read_cached(folder: Path, digest: str) -> Optional[dict[str, bytes]]:
         return None
     files = {fn: _regular_bytes(folder / fn) for fn in FILES}
     ok = all(b is not None and hashlib.sha256(b).hexdigest() == record["files"].get(fn) for fn, b in files.items())
+    if ok and sources is not None:
+        ok = record.get("sources") == _digests(sources)
     return {fn: b for fn, b in files.items() if b is not None} if ok else None
 
 
-def write_cached(folder: Path, digest: str, files: dict[str, bytes]) -> None:
+def _digests(files: dict[str, bytes]) -> dict[str, str]:
+    return {fn: hashlib.sha256(b).hexdigest() for fn, b in sorted(files.items())}
+
+
+def source_files(checkpoint: Path, listed: dict[str, str]) -> Optional[dict[str, bytes]]:
+    """The checkpoint's tokenizer source files, each read once (never through a link), when every one the recipe
+    lists (`listed`, {file: sha256} known apart from the cache) is there with those bytes; else None (S78)."""
+    found = {fn: _regular_bytes(checkpoint / fn) for fn in listed}
+    if not listed or any(b is None or hashlib.sha256(b).hexdigest() != listed[fn] for fn, b in found.items()):
+        return None
+    return {fn: b for fn, b in found.items() if b is not None}
+
+
+def _vocab(model: Any) -> Optional[dict]:
+    """A tokenizer.json model's vocabulary as {piece: id} (a BPE's mapping, a Unigram's list of [piece, score])."""
+    vocab = model.get("vocab") if isinstance(model, dict) else None
+    if isinstance(vocab, list):
+        return {entry[0]: k for k, entry in enumerate(vocab) if isinstance(entry, list) and entry}
+    return vocab if isinstance(vocab, dict) else None
+
+
+def _merges(merges: Any) -> Optional[list[tuple]]:
+    """Merges as pairs, from a tokenizer.json's (`"a b"` or `["a", "b"]`) or merges.txt's lines."""
+    if not isinstance(merges, list):
+        return None
+    return [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in merges]
+
+
+def _source_model(sources: dict[str, bytes]) -> tuple[Optional[dict], Optional[list[tuple]]]:
+    """(vocabulary, merges or None) the sources define: a tokenizer.json's model; vocab.json and merges.txt (its
+    `#version` line aside); a SentencePiece model's pieces (its merges are not in the file)."""
+    if "tokenizer.json" in sources:
+        model = json.loads(sources["tokenizer.json"]).get("model")
+        return _vocab(model), _merges(model.get("merges") if isinstance(model, dict) else None)
+    if "vocab.json" in sources:
+        lines = sources.get("merges.txt", b"").decode("utf-8").split("\n")
+        merges = [line for line in lines if line and not line.startswith("#version")]
+        return json.loads(sources["vocab.json"]), _merges(merges) if "merges.txt" in sources else None
+    if "tokenizer.model" in sources:
+        import sentencepiece
+
+        sp = sentencepiece.SentencePieceProcessor(model_proto=sources["tokenizer.model"])
+        return {sp.id_to_piece(k): k for k in range(sp.get_piece_size())}, None
+    return None, None
+
+
+#: bound's answers in this process, by the digests of the derived tokenizer.json and of the sources it was
+#: checked against: the same bytes get the same answer, so each is checked once
+_BOUND: dict[tuple, bool] = {}
+
+
+def bound(backend, tokenizer_json: bytes, sources: dict[str, bytes]) -> bool:
+    """Whether a derived tokenizer (`backend`, the `tokenizers.Tokenizer` of `tokenizer_json`) is its sources'
+    (S78): the same vocabulary (piece to id), the same merges where the sources list them, and each added token
+    a piece of that vocabulary at its own id. Any reading error (the files are not what they say) is False."""
+    key = (hashlib.sha256(tokenizer_json).hexdigest(), tuple(_digests(sources).items()))
+    if key not in _BOUND:
+        try:
+            vocab, merges = _source_model(sources)
+            added = backend.get_added_tokens_decoder()
+            _BOUND[key] = (vocab is not None and backend.get_vocab(with_added_tokens=False) == vocab
+                           and all(vocab.get(token.content) == k for k, token in added.items())
+                           and (merges is None or _merges(json.loads(tokenizer_json)["model"].get("merges")) == merges))
+        except Exception:  # noqa: BLE001 -- whatever the bytes hold, unbound files are derived again, never trusted
+            _BOUND[key] = False
+    return _BOUND[key]
+
+
+def write_cached(folder: Path, digest: str, files: dict[str, bytes],
+                 sources: Optional[dict[str, bytes]] = None) -> None:
     """Write the files in a staging folder beside `folder` (`.<name>.partial-pid<P>-<8>`, what a killed writer
-    left removed first, S26), then move each over its name (the record last): a reader sees old or new."""
+    left removed first, S26), then move each over its name (the record last): a reader sees old or new. The
+    record names the files' digests, the recipe's and the sources' (S71, S78)."""
     if folder.is_symlink() or folder.parent.is_symlink():
         raise NotADirectoryError(f"{folder} is reached through a link; nothing is written there")
     folder.mkdir(parents=True, exist_ok=True)
     builder.clean_stale(folder.parent, folder.name)
-    record = {"digest": digest, "files": {fn: hashlib.sha256(b).hexdigest() for fn, b in files.items()}}
+    record: dict[str, Any] = {"digest": digest, "files": _digests(files)}
+    if sources is not None:
+        record["sources"] = _digests(sources)
     tmp = builder.staging(folder.parent, folder.name)
     try:
         for fn, data in [*files.items(), (RECORD, json.dumps(record, sort_keys=True, indent=2).encode())]:
@@ -207,19 +283,27 @@ def write_cached(folder: Path, digest: str, files: dict[str, bytes]) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def cached(checkpoint: Path, digest: str, load: Callable[[], Any]):
+def cached(checkpoint: Path, digest: str, load: Callable[[], Any], listed: Optional[dict[str, str]] = None):
     """The fixture's tokenizer: the adapter from verified cached files, else from files derived from `load()`
-    (the AutoTokenizer) and written to the cache; `load()` itself for a tokenizer the adapter cannot serve."""
+    (the AutoTokenizer) and written to the cache; `load()` itself for a tokenizer the adapter cannot serve.
+    `listed` ({file: sha256}, the recipe's tokenizer sources) binds the cache to them: cached files are used
+    only when they hold the sources' vocabulary, and a checkpoint whose sources are not those is never
+    derived from (its AutoTokenizer serves this process alone) (S78)."""
     folder = folder_of(checkpoint)
-    files = read_cached(folder, digest)
+    sources = source_files(checkpoint, listed) if listed is not None else None
+    if listed is not None and sources is None:
+        return load()
+    files = read_cached(folder, digest, sources)
     if files is not None:
-        return from_files(files, load)
+        served = from_files(files, load)
+        if sources is None or bound(served.backend_tokenizer, files["tokenizer.json"], sources):
+            return served
     full = load()
     files = derive(full)
     if files is None:
         return full
     try:
-        write_cached(folder, digest, files)
+        write_cached(folder, digest, files, sources)
     except OSError:  # a cache that cannot be written: this process is served from memory, the next derives again
         pass
     return from_files(files, lambda: full)

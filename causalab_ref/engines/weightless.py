@@ -87,7 +87,7 @@ def fixture_tokenizer(key: str, path: str, raw: dict, digest: Optional[str] = No
     is loaded only to derive the cached files, or to render a chat template. `digest` is the key's recipe digest
     where the caller has it (checkpoint.where's), so its files are not hashed again."""
     digest = builder.recipe_digest(key) if digest is None else digest
-    return tokenjson.cached(Path(path), digest, lambda: loaded(path, raw))
+    return tokenjson.cached(Path(path), digest, lambda: loaded(path, raw), builder.tokenizer_sources(key))
 
 
 def load(spec: Model, device_map: str = "cpu") -> Optional[WeightlessEngine]:

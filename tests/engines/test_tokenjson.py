@@ -69,12 +69,12 @@ def pair(request):
 
 
 def test_the_texts_cover_the_seeds_tables_and_odd_text():
-    """SPEC.md:1879 [E14] — the compared texts hold the seeds' prose, the shipped tables' strings and ODD."""
+    """SPEC.md:1900 [E14] — the compared texts hold the seeds' prose, the shipped tables' strings and ODD."""
     assert len(TEXTS) > 500 and set(ODD) <= set(TEXTS) and "" in TEXTS
 
 
 def test_the_adapter_has_the_tokenizers_special_tokens_and_side(pair):
-    """SPEC.md:1879 [E14] — special tokens and their ids, the padding side, the length limit, the vocabulary
+    """SPEC.md:1900 [E14] — special tokens and their ids, the padding side, the length limit, the vocabulary
     and its size and the chat template are the AutoTokenizer's."""
     ours, theirs, texts = pair
     for name in ("bos_token", "eos_token", "pad_token", "unk_token", "bos_token_id", "eos_token_id", "pad_token_id",
@@ -84,7 +84,7 @@ def test_the_adapter_has_the_tokenizers_special_tokens_and_side(pair):
 
 
 def test_the_adapter_encodes_and_decodes_every_text_as_the_autotokenizer(pair):
-    """SPEC.md:1879 [E14] — each text's ids with and without special tokens, its pieces and its decode (every
+    """SPEC.md:1900 [E14] — each text's ids with and without special tokens, its pieces and its decode (every
     fifth text's with and without special tokens and clean-up too) are the AutoTokenizer's (transformers' own
     batch calls, which take each text as its single call does)."""
     ours, theirs, texts = pair
@@ -101,7 +101,7 @@ def test_the_adapter_encodes_and_decodes_every_text_as_the_autotokenizer(pair):
 
 
 def test_the_adapter_pads_batches_and_maps_characters_as_the_autotokenizer(pair):
-    """SPEC.md:1879 [E14] — left-padded batches of the texts (ids and attention masks) and their frames (content
+    """SPEC.md:1900 [E14] — left-padded batches of the texts (ids and attention masks) and their frames (content
     spans, decoded texts, character maps, for the odd texts and every 20th other; P22's definition as well
     for the odd texts) are the AutoTokenizer's."""
     ours, theirs, texts = pair
@@ -121,7 +121,7 @@ def test_the_adapter_pads_batches_and_maps_characters_as_the_autotokenizer(pair)
 
 
 def test_a_chat_template_is_rendered_by_the_autotokenizer():
-    """SPEC.md:1898 [E16] — a conversation renders through the checkpoint's template to the AutoTokenizer's text."""
+    """SPEC.md:1919 [E16] — a conversation renders through the checkpoint's template to the AutoTokenizer's text."""
     key = "fixture:tiny-llama"
     path = builder.checkpoint_dir(key)
     raw = read_json(path / "config.json")
@@ -145,7 +145,7 @@ def _copy_fixture_cache(tmp_path: Path, monkeypatch) -> Path:
 
 @pytest.mark.parametrize("damage", ["truncated", "changed", "linked", "record", "foreign recipe", "missing"])
 def test_a_damaged_cached_tokenizer_is_rebuilt_never_trusted(tmp_path, monkeypatch, damage):
-    """SPEC.md:1090 [S71] — a cached tokenizer.json or adapter.json whose bytes are not its record's, a link, a
+    """SPEC.md:1098 [S71] — a cached tokenizer.json or adapter.json whose bytes are not its record's, a link, a
     damaged record or one of another recipe is not read: the files are derived again from the AutoTokenizer
     and the adapter answers as it does."""
     folder = _copy_fixture_cache(tmp_path, monkeypatch)
@@ -179,7 +179,7 @@ def test_a_damaged_cached_tokenizer_is_rebuilt_never_trusted(tmp_path, monkeypat
 
 @pytest.mark.parametrize("block", ["file", "link"])
 def test_a_cache_that_cannot_be_written_still_serves_the_adapter(tmp_path, monkeypatch, block):
-    """SPEC.md:1097 [S72] — where the tokenizers folder is a file, or a link (nothing is written through it), the
+    """SPEC.md:1118 [S72] — where the tokenizers folder is a file, or a link (nothing is written through it), the
     adapter is served from memory."""
     folder = _copy_fixture_cache(tmp_path, monkeypatch)
     elsewhere = tmp_path / "elsewhere"
@@ -195,7 +195,7 @@ def test_a_cache_that_cannot_be_written_still_serves_the_adapter(tmp_path, monke
 
 
 def test_a_tokenizer_class_that_overrides_a_served_call_is_not_adapted(pair):
-    """SPEC.md:1895 [E15] — a tokenizer whose class overrides one of the calls the adapter answers is not
+    """SPEC.md:1916 [E15] — a tokenizer whose class overrides one of the calls the adapter answers is not
     derived (the caller keeps the AutoTokenizer)."""
     _ours, theirs, _texts = pair
     assert tokenjson.servable(theirs)
@@ -236,7 +236,7 @@ class Mirror(tokenjson.JsonTokenizer):
 
 
 def test_compile_and_the_run_engines_tokenizer_agree_on_every_shipped_document(monkeypatch):
-    """SPEC.md:1879 [E14] — validating every shipped document (documents/, steps_first/ too), each tokenizer call
+    """SPEC.md:1900 [E14] — validating every shipped document (documents/, steps_first/ too), each tokenizer call
     compile makes gives on the adapter what it gives on the AutoTokenizer the run engines load (ids, masks,
     decodes, pieces): the batches, and so the positions compiled with one, are the other's."""
     from inprocess import cli
@@ -258,7 +258,7 @@ def test_compile_and_the_run_engines_tokenizer_agree_on_every_shipped_document(m
 
 
 def test_what_a_killed_writer_left_is_removed_by_the_next_write(tmp_path, monkeypatch):
-    """SPEC.md:1090 [S71] — a staging folder a dead process left beside the derived tokenizer's folder is removed
+    """SPEC.md:1098 [S71] — a staging folder a dead process left beside the derived tokenizer's folder is removed
     when the files are next written, and the files are whole."""
     folder = _copy_fixture_cache(tmp_path, monkeypatch)
     cached = tokenjson.folder_of(folder)
@@ -269,3 +269,99 @@ def test_what_a_killed_writer_left_is_removed_by_the_next_write(tmp_path, monkey
     weightless.fixture_tokenizer("fixture:tiny-gpt2", str(folder), read_json(folder / "config.json"))
     assert not left.exists() and sorted(p.name for p in cached.parent.iterdir()) == [cached.name]
     assert tokenjson.read_cached(cached, builder.recipe_digest("fixture:tiny-gpt2")) is not None
+
+
+def _copy_with_derived(tmp_path: Path, monkeypatch, key: str) -> tuple[Path, Path]:
+    """A fixture folder and its derived tokenizer's folder copied into a fresh cache root (the cache points there)."""
+    source = builder.checkpoint_dir(key)
+    weightless.fixture_tokenizer(key, str(source), read_json(source / "config.json"))  # derived and bound there
+    root = tmp_path / "cache"
+    for folder, dest in ((source, root / source.name), (tokenjson.folder_of(source), root / "tokenizers" / source.name)):
+        dest.mkdir(parents=True)
+        for entry in folder.iterdir():
+            (dest / entry.name).write_bytes(entry.read_bytes())
+    monkeypatch.setenv(builder.CACHE_ENV, str(root))
+    return root / source.name, root / "tokenizers" / source.name
+
+
+def _forged(cached: Path, edit) -> None:
+    """tokenizer.json edited by `edit` and the record's sha256 line rewritten to match it (the record vouching
+    for what it holds, as a forger would write it)."""
+    import hashlib
+
+    derived = json.loads((cached / "tokenizer.json").read_bytes())
+    edit(derived)
+    raw = json.dumps(derived).encode("utf-8")
+    (cached / "tokenizer.json").write_bytes(raw)
+    record = json.loads((cached / tokenjson.RECORD).read_text(encoding="utf-8"))
+    record["files"]["tokenizer.json"] = hashlib.sha256(raw).hexdigest()
+    (cached / tokenjson.RECORD).write_text(json.dumps(record), encoding="utf-8")
+
+
+def _exchange(a: str, b: str):
+    def edit(derived: dict) -> None:
+        vocab = derived["model"]["vocab"]
+        vocab[a], vocab[b] = vocab[b], vocab[a]
+    return edit
+
+
+def _added(content: str, id_: int):
+    def edit(derived: dict) -> None:
+        derived["added_tokens"].append({"id": id_, "content": content, "single_word": False, "lstrip": False,
+                                        "rstrip": False, "normalized": False, "special": True})
+    return edit
+
+
+def _merges_reversed(derived: dict) -> None:
+    derived["model"]["merges"] = derived["model"]["merges"][::-1]
+
+
+@pytest.mark.parametrize("key, forgery", [
+    ("fixture:tiny-gpt2", _exchange("\u0120Monday", "\u0120Tuesday")),
+    ("fixture:tiny-gpt2", _merges_reversed),
+    ("fixture:tiny-gpt2", _added(" Monday", 7)),
+    ("fixture:weekday-llama", _exchange("\u0120Monday", "\u0120Tuesday")),
+    ("fixture:tiny-llama", _exchange("\u2581Mon", "\u2581Month")),
+], ids=["gpt2-ids-exchanged", "gpt2-merges-reversed", "gpt2-added-token", "weekday-ids-exchanged",
+        "llama-sentencepiece-ids-exchanged"])
+def test_a_derived_tokenizer_whose_record_was_rewritten_to_match_is_not_trusted(tmp_path, monkeypatch, key,
+                                                                                 forgery):
+    """SPEC.md:1105 [S78] — a cached tokenizer.json whose vocabulary (two ids exchanged), merges or added tokens
+    differ from the fixture's source files, its record's sha256 line rewritten to match, is not served: the
+    tokenizer is derived again and encodes as the AutoTokenizer does (before, the forged ids were served)."""
+    folder, cached = _copy_with_derived(tmp_path, monkeypatch, key)
+    raw = read_json(folder / "config.json")
+    truth = weightless.tokenizer(str(folder), raw)
+    texts = [" Monday", " Tuesday", "Monday is a day", " Monday Tuesday"]
+    want = [truth.encode(t) for t in texts]
+    _forged(cached, forgery)
+    spec = Model(key=key, revision="main", dtype="fp32")
+    assert tokenjson.read_cached(cached, builder.recipe_digest(key)) is not None  # the record alone vouches
+    served = weightless.load(spec).tokenizer
+    assert isinstance(served, tokenjson.JsonTokenizer) and [served.encode(t) for t in texts] == want
+    record = json.loads((cached / tokenjson.RECORD).read_text(encoding="utf-8"))
+    assert record["sources"] == builder.tokenizer_sources(key)  # derived again, bound to the recipe's sources
+
+
+def test_a_record_of_other_sources_is_derived_again(tmp_path, monkeypatch):
+    """SPEC.md:1105 [S78] — a record whose `sources` are not the recipe's source digests (a tokenizer derived from
+    other files) is not served as it is: the files are derived again and the record names the recipe's."""
+    key = "fixture:tiny-gpt2"
+    _folder, cached = _copy_with_derived(tmp_path, monkeypatch, key)
+    record = json.loads((cached / tokenjson.RECORD).read_text(encoding="utf-8"))
+    record["sources"] = {fn: "0" * 64 for fn in record["sources"]}
+    (cached / tokenjson.RECORD).write_text(json.dumps(record), encoding="utf-8")
+    weightless.load(Model(key=key, revision="main", dtype="fp32"))
+    assert json.loads((cached / tokenjson.RECORD).read_text(encoding="utf-8"))["sources"] == \
+        builder.tokenizer_sources(key)
+
+
+def test_the_sources_are_the_recipes_not_the_caches():
+    """SPEC.md:1105 [S78] — the digests a derived tokenizer is bound to are hashed from the package's own files:
+    for a BPE fixture, the committed vocab.json and merges.txt (recomputed here from the files themselves)."""
+    import hashlib
+
+    from causalab_ref.fixtures import recipes
+
+    want = {fn: hashlib.sha256((recipes.BPE_DIR / fn).read_bytes()).hexdigest() for fn in ("merges.txt", "vocab.json")}
+    assert builder.tokenizer_sources("fixture:tiny-gpt2") == want
