@@ -23,11 +23,12 @@ class Interrupts:
     interrupt, not a second error, so from here on a thread's failure prints nothing."""
 
     def __init__(self):
-        self.late, self.noted, self.raised = False, 0, False
+        self.late, self.raised = False, False
+        self.noted: list[int] = []
 
     def __call__(self, signum, frame):
         if self.late:
-            self.noted += 1
+            self.noted.append(signum)
             return
         threading.excepthook = _quiet_thread
         self.raised = True
@@ -39,10 +40,11 @@ class Interrupts:
             return {}
         return {signum: signal.signal(signum, self) for signum in HANDLED}
 
-    @staticmethod
-    def restore(previous: dict) -> None:
+    def restore(self, previous: dict) -> None:
         """Put the caller's handlers back with the signals held, so one that arrives meanwhile is noted by this
-        handler (the mask's change runs it first) or taken while held, never raised by the caller's (S77)."""
+        handler (the mask's change runs it first) or taken while held, never raised by the caller's (S77); a
+        signal noted once the verb was done is handed on only to a caller that is this tool too (`main` called
+        in-process by a verb, as conform calls it), whose own verb it then stops."""
         hold = getattr(signal, "pthread_sigmask", None)
         mask = hold(signal.SIG_BLOCK, list(previous)) if hold and previous else None
         try:
@@ -50,11 +52,17 @@ class Interrupts:
                 if handler is not None:  # None: a handler installed outside Python, which cannot be put back
                     signal.signal(signum, handler)
             take = getattr(signal, "sigtimedwait", None)
-            while mask is not None and take and take([s for s in previous if s not in mask], 0) is not None:
-                pass  # held while the handlers changed: noted, as one after the verb is
+            while mask is not None and take:
+                held = take([s for s in previous if s not in mask], 0)
+                if held is None:
+                    break
+                self.noted.append(held.si_signo)  # held while the handlers changed: noted, as one after the verb is
         finally:
             if mask is not None and hold:
                 hold(signal.SIG_SETMASK, mask)
+        for signum in dict.fromkeys(self.noted):
+            if isinstance(previous.get(signum), Interrupts):
+                previous[signum](signum, None)
 
 
 def _quiet_thread(args) -> None:
