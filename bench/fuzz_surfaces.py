@@ -1,6 +1,6 @@
 """Fuzz every input surface but documents and tables: bundles, case files, --impl outputs, flags, caches,
-results folders, environment variables, exported folders (`--surface` bundle, case, impl, flags, cache, results,
-env, exported).
+results folders, environment variables, exported folders, interrupts of the command line (`--surface` bundle,
+case, impl, flags, cache, results, env, exported, interrupt).
 
     python bench/fuzz_surfaces.py [N=2000] [--seed S] [--shard I/M] [--surface NAME] [--minutes M] [--start K]
                                    [--verbose]

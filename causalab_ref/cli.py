@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
-import threading
 import traceback
 from pathlib import Path
 
+from .interrupts import Interrupts
 from .shapes import Refusal, printable
 
 DEFAULT_DATA_ROOT = "documents/data"
@@ -550,43 +549,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class _Interrupts:
-    """SIGTERM is handled as SIGINT is: the run stops where it is and removes what it staged (SPEC.md S6).
-    Once the verb has returned or raised (`late`), a signal is only counted: the answer is printed whole
-    and the handlers are put back with nothing left to raise (S77).
-
-    A trace's own threads (nnsight's mediators) fail when the main thread stops under them; that is the
-    interrupt, not a second error, so from here on a thread's failure prints nothing."""
-
-    def __init__(self):
-        self.late, self.noted, self.raised = False, 0, False
-
-    def __call__(self, signum, frame):
-        if self.late:
-            self.noted += 1
-            return
-        threading.excepthook = _quiet_thread
-        self.raised = True
-        raise KeyboardInterrupt
-
-
-def _quiet_thread(args) -> None:
-    """A thread failing after an interrupt: already reported as the one `interrupted` line."""
-
-
-def _main_thread() -> bool:
-    return threading.current_thread() is threading.main_thread()
-
-
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not args.verb:
         parser.print_usage(sys.stderr)
         return 2
-    handled = (signal.SIGINT, signal.SIGTERM) if _main_thread() else ()
-    interrupts = _Interrupts()
-    previous = {signum: signal.signal(signum, interrupts) for signum in handled}
+    interrupts = Interrupts()
+    previous = interrupts.install()
     try:
         try:
             result = args.func(args)
@@ -619,21 +589,4 @@ def main(argv=None) -> int:
         return 0
     finally:  # called in-process, the caller's handlers are put back; the command line keeps noting to its exit
         if argv is not None:
-            _restore(previous)
-
-
-def _restore(previous: dict) -> None:
-    """Put the caller's handlers back with the signals held, so one that arrives meanwhile is noted by the
-    tool's handler (the mask's change runs it first) or taken while held, never raised by the caller's (S77)."""
-    hold = getattr(signal, "pthread_sigmask", None)
-    mask = hold(signal.SIG_BLOCK, list(previous)) if hold and previous else None
-    try:
-        for signum, handler in previous.items():
-            if handler is not None:  # None: a handler installed outside Python, which cannot be put back
-                signal.signal(signum, handler)
-        take = getattr(signal, "sigtimedwait", None)
-        while mask is not None and take and take([s for s in previous if s not in mask], 0) is not None:
-            pass  # held while the handlers changed: noted, as one after the verb is
-    finally:
-        if mask is not None and hold:
-            hold(signal.SIG_SETMASK, mask)
+            interrupts.restore(previous)

@@ -1,0 +1,69 @@
+"""Interrupts: the command line's SIGINT and SIGTERM handler (SPEC.md S6, S77).
+
+    interrupts = Interrupts()
+    previous = interrupts.install()      # the main thread only; {signal: the handler it replaced}
+    ... the verb; then interrupts.late = True, and the answer printed ...
+    interrupts.restore(previous)          # in-process callers get theirs back
+"""
+from __future__ import annotations
+
+import signal
+import threading
+
+HANDLED = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupts:
+    """SIGTERM is handled as SIGINT is: the run stops where it is and removes what it staged (S6). Once the verb
+    has returned or raised (`late`), a signal is only counted: the answer is printed whole and the handlers are
+    put back with nothing left to raise (S77). `raised` says an interrupt was raised in the verb, so a failure
+    after it (a library that swallowed it) is reported as the interrupt.
+
+    A trace's own threads (nnsight's mediators) fail when the main thread stops under them; that is the
+    interrupt, not a second error, so from here on a thread's failure prints nothing."""
+
+    def __init__(self):
+        self.late, self.raised = False, False
+        self.noted: list[int] = []
+
+    def __call__(self, signum, frame):
+        if self.late:
+            self.noted.append(signum)
+            return
+        threading.excepthook = _quiet_thread
+        self.raised = True
+        raise KeyboardInterrupt
+
+    def install(self) -> dict:
+        """This handler for SIGINT and SIGTERM (in the main thread; elsewhere none): {signal: the one replaced}."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        return {signum: signal.signal(signum, self) for signum in HANDLED}
+
+    def restore(self, previous: dict) -> None:
+        """Put the caller's handlers back with the signals held, so one that arrives meanwhile is noted by this
+        handler (the mask's change runs it first) or taken while held, never raised by the caller's (S77); a
+        signal noted once the verb was done is handed on only to a caller that is this tool too (`main` called
+        in-process by a verb, as conform calls it), whose own verb it then stops."""
+        hold = getattr(signal, "pthread_sigmask", None)
+        mask = hold(signal.SIG_BLOCK, list(previous)) if hold and previous else None
+        try:
+            for signum, handler in previous.items():
+                if handler is not None:  # None: a handler installed outside Python, which cannot be put back
+                    signal.signal(signum, handler)
+            take = getattr(signal, "sigtimedwait", None)
+            while mask is not None and take:
+                held = take([s for s in previous if s not in mask], 0)
+                if held is None:
+                    break
+                self.noted.append(held.si_signo)  # held while the handlers changed: noted, as one after the verb is
+        finally:
+            if mask is not None and hold:
+                hold(signal.SIG_SETMASK, mask)
+        for signum in dict.fromkeys(self.noted):
+            if isinstance(previous.get(signum), Interrupts):
+                previous[signum](signum, None)
+
+
+def _quiet_thread(args) -> None:
+    """A thread failing after an interrupt: already reported as the one `interrupted` line."""
