@@ -8,7 +8,8 @@ directions), and the reserved `steps.saves` says what is written. `lower(raw)` r
 plan-shaped document it means (roles, sites, interventions, observe steps), which the one pipeline then
 validates, compiles and runs, as protocol.py does for the protocol format; `Lowered.path` maps a path of
 the plan-shaped document in a refusal back to the steps-first document's own; `digest(raw)` is the
-produced_by. Everything without a plan-shaped meaning is refused by name. SPEC.md §15 (SF1-SF19).
+produced_by. Everything without a plan-shaped meaning is refused by name, and every name the lowering
+makes is its source's alone (SF20). SPEC.md §15 (SF1-SF16, SF20).
 
     from causalab_ref.documents import stepsfirst
     lowered = stepsfirst.lower(raw)          # lowered.plan: a plan-shaped document
@@ -37,6 +38,7 @@ WRITE_KEYS = ("site", "pos", "mechanism", "operand", "params", "features")
 SITE_KEYS = ("component", "layers", "heads", "units")
 STATE = "linear_attention_state"  # the original's Gated DeltaNet state place, refused by name (SF12)
 READ_FIELDS = {f for kind in metrics.KINDS.values() for f in kind.reads}  # a metric's fields that are reads
+MAX_ROWS = 10_000  # (stage, role) pairs a lowering writes: each stage's observe step has every role's rows (SF21)
 SAVES = "saves"  # the reserved key of `steps`: what is written (SF9)
 #: what the format has and causalab_ref does not read from it, refused by name (SF12)
 UNREAD = {
@@ -584,6 +586,12 @@ def lower(raw: Any) -> Lowered:
     check_order(steps)
     stage = stages(steps)
     _roles(build)
+    passes = max(stage.values()) + 1
+    if passes * len(build.roles) > MAX_ROWS:
+        _fail("steps", f"the steps run in {passes} passes (a reduce step's value is used a pass after its forward) "
+                       f"over {len(build.roles)} (dataset, field) pairs, and each pass runs over every pair's rows: "
+                       f"{passes * len(build.roles)} pass-rows, above the {MAX_ROWS} a document lowers to; use "
+                       "fewer passes or fewer (dataset, field) pairs, or split the document")
     rows = {role: data[ds] for (ds, _f), role in build.roles.items()}
     interventions, observes = {}, {}
     in_stage: list[list[str]] = [[] for _k in range(max(stage.values()) + 1)]
