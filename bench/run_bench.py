@@ -1,6 +1,6 @@
 """Benchmarks (not a test): ratios measured side by side in one run.
 
-    python bench/run_bench.py [--quick] [--only a,b,c,d,e,f,g,h,i,j,k] [--repeats 7] [--markdown FILE]
+    python bench/run_bench.py [--quick] [--only a,b,c,d,e,f,g,h,i,j,k,l] [--repeats 7] [--markdown FILE]
 
 (a) `run` of the interchange document (documents/patching.json: block_output[0] at -1 read on the
     counterfactual, swapped into the base run, the head read at -1) on 64 rows, versus a hand-written
@@ -42,6 +42,9 @@
     forward, SPEC Q32) versus a hand-written nnsight trace tapping every layer's block_output at -1 in one forward,
     projecting each tap through the final norm and the head and computing both metrics from it (argmax for
     match, as a researcher writes it), values checked equal. Target <= 1.10x.
+(l) `validate` of a steps-first chain of 3,000 forward steps (each swapping in the read of the one before, a
+    600 KB document) versus one of 800, no weights, in this process: near-linear (SPEC Q39) is a ratio of at most
+    1.6x the ratio of the steps (it was cubic: 800 steps took 16 s and 3,000 did not finish in 120 s).
 Timings are medians of interleaved repeats. CPU threads are pinned to 1 for stable numbers. `--quick`
 runs every row at toy sizes (a check that the script works, not a measurement).
 """
@@ -87,9 +90,10 @@ HEADS16 = "bench-llama-16-heads"
 A_TARGETS, E_TARGET, G_TARGET, H_TARGET = (1.10, 1.05), 1.15, 1.05, 1.05
 TABLE: list[tuple[str, str, str]] = []  # (what, measured, target: met or not) for README's table
 FULL = {"rows": 64, "repeats": 7, "b": (256, 512), "e": (256, 400), "e_repeats": 5, "g_rows": 64, "h": (64, 16),
-        "i_repeats": 3, "j_only": None}
+        "i_repeats": 3, "j_only": None, "l": (800, 3000)}
 QUICK = {"rows": 8, "repeats": 2, "b": (16, 128), "e": (16, 120), "e_repeats": 1, "g_rows": 8, "h": (8, 4),
-         "i_repeats": 1, "j_only": "run_patching,explain_patching,model_components_gpt2,refuse_unknown_key"}
+         "i_repeats": 1, "j_only": "run_patching,explain_patching,model_components_gpt2,refuse_unknown_key",
+         "l": (100, 375)}
 
 
 def register(name: str, seed: int, note: str, **config) -> str:
@@ -757,6 +761,49 @@ def machine() -> str:
             f"nnsight {nnsight.__version__}; {torch.get_num_threads()} torch thread")
 
 
+# ---------------------------------------------------------------- (l)
+
+
+def chain_document(n: int) -> dict:
+    """A steps-first chain of n forward steps, each swapping in the read of the one before, one metric of the
+    last (issue 38's 3,000-step document)."""
+    steps: dict = {"s0": {"kind": "forward", "data": "pairs", "field": "counterfactual_inputs[0]",
+                          "reads": {"v": {"site": "target", "pos": -1}}}}
+    for k in range(1, n):
+        steps[f"s{k}"] = {"kind": "forward", "data": "pairs", "field": "input",
+                          "interventions": {"writes": {"w": {"site": "target", "pos": -1, "mechanism": "swap",
+                                                             "operand": f"s{k - 1}.v"}}},
+                          "reads": {"v": {"site": "target", "pos": -1}, "logits": {"site": "head", "pos": -1}}}
+    steps["iia"] = {"kind": "metric", "metric": "match", "of": f"s{n - 1}.logits", "expected": "pairs.cf_answer"}
+    return {"model": DOC["model"], "data": {"pairs": {"path": "weekdays/train"}},
+            "sites": {"target": {"component": "block_output", "layers": 0}, "head": {"component": "lm_head"}},
+            "steps": steps}
+
+
+def bench_l(sizes: tuple, repeats: int, tmp: pathlib.Path) -> None:
+    from causalab_ref import cli
+
+    tmp.mkdir(parents=True, exist_ok=True)
+    times = {}
+    for n in sizes:
+        doc = tmp / f"chain{n}.json"
+        doc.write_text(json.dumps(chain_document(n)), encoding="utf-8")
+
+        def validate(doc=doc):
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:
+                status = cli.main(["validate", str(doc), "--data-root", str(DATA)])
+            assert status == 0, err.getvalue()
+        times[n] = timed(validate, repeats)
+    small, big = sizes
+    ratio, linear = times[big] / times[small], big / small
+    ok = ratio <= 1.6 * linear
+    print(f"(l) validate a steps-first chain of forward steps, no weights: {small} steps {times[small]:.2f} s, "
+          f"{big} steps {times[big]:.2f} s; ratio {ratio:.1f}x for {linear:.2f}x the steps {verdict(ok)}")
+    TABLE.append((f"(l) `validate` of a steps-first chain of {big} forward steps vs {small} (SPEC Q39)",
+                  f"{times[big]:.2f} s vs {times[small]:.2f} s: {ratio:.1f}x for {linear:.2f}x the steps",
+                  f"near-linear, <= {1.6 * linear:.1f}x: {'met' if ok else 'NOT met'}"))
+
+
 def markdown() -> str:
     lines = ["| what | measured | target |", "|---|---|---|"]
     rows = sorted(TABLE, key=lambda row: row[0][:3])  # by letter; rows of one letter in the order they ran
@@ -767,7 +814,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="toy sizes: checks the script runs, measures nothing")
     parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--only", default="a,b,c,d,e,f,g,h,i,j,k")
+    parser.add_argument("--only", default="a,b,c,d,e,f,g,h,i,j,k,l")
     parser.add_argument("--markdown", default=None, help="also write the results as README's table to this file")
     args = parser.parse_args()
     size = dict(QUICK if args.quick else FULL)
@@ -805,6 +852,8 @@ def main() -> int:
             bench_j(size["j_only"], tmp / "j")
         if "k" in only:
             bench_k(size["rows"], repeats, tmp / "k")
+        if "l" in only:
+            bench_l(size["l"], max(1, repeats // 3), tmp / "l")
     table = markdown()
     print("\n" + table)
     if args.markdown:
