@@ -193,7 +193,7 @@ def test_a_pass_that_needs_its_own_reduce_is_refused(tmp_path):
     ({"iia": "a/iia.json"}, ["a/iia.json"]),
 ])
 def test_saves_is_a_map_or_a_list_of_steps(saves, files):
-    """SPEC.md:2365 [SF9] the reserved steps.saves: {value: file} or [value] (a metric to <value>.json)."""
+    """SPEC.md:2366 [SF9] the reserved steps.saves: {value: file} or [value] (a metric to <value>.json)."""
     plan = stepsfirst.lower(_edited(lambda d: d["steps"].update(saves=saves))).plan
     assert [s["file_path"] for s in plan["steps"]["stage1"]["saves"]] == files
 
@@ -206,13 +206,13 @@ def test_saves_is_a_map_or_a_list_of_steps(saves, files):
     ({"ia": "x.json"}, "validation: steps.saves.ia: save 'ia' names no metric, reduce or generate step"),
 ])
 def test_a_save_names_a_step_or_is_refused(tmp_path, saves, line):
-    """SPEC.md:2365 [SF9] a read's tensor, a number, an unknown name."""
+    """SPEC.md:2366 [SF9] a read's tensor, a number, an unknown name."""
     assert _refusal(tmp_path, _edited(lambda d: d["steps"].update(saves=saves))).startswith(line)
 
 
 @pytest.mark.fast
 def test_layers_is_an_integer_and_a_site_may_be_written_in_place():
-    """SPEC.md:2369 [SF10] "layers": 0 is [0]; the in-place lm_head site is declared as patched:logits."""
+    """SPEC.md:2370 [SF10] "layers": 0 is [0]; the in-place lm_head site is declared as patched:logits."""
     plan = stepsfirst.lower(POS_SWEEP).plan
     assert plan["sites"] == {"target": {"component": "block_output", "layers": [0]},
                              "patched:logits": {"component": "lm_head"}}
@@ -230,7 +230,7 @@ def _generating(**extra):
 
 @pytest.mark.fast
 def test_a_generate_step_decodes_greedily_its_number_of_tokens():
-    """SPEC.md:2372 [SF11] max_new_tokens is the intervention's decode; its name saved is its model's ids."""
+    """SPEC.md:2373 [SF11] max_new_tokens is the intervention's decode; its name saved is its model's ids."""
     plan = stepsfirst.lower(_generating(min_new_tokens=2, do_sample=False)).plan
     assert plan["interventions"]["stage1"]["decode"] == 2
     assert plan["steps"]["stage1"]["saves"] == [{"value": "original.generated", "file_path": "gen.safetensors"}]
@@ -243,13 +243,13 @@ def test_a_generate_step_decodes_greedily_its_number_of_tokens():
     ({"max_new_tokens": "2"}, "validation: steps.gen.max_new_tokens: a generate step says how many tokens"),
 ])
 def test_a_generate_step_the_plan_cannot_hold_is_refused(tmp_path, extra, line):
-    """SPEC.md:2372 [SF11] sampling, an early stop, a length that is not an integer."""
+    """SPEC.md:2373 [SF11] sampling, an early stop, a length that is not an integer."""
     assert _refusal(tmp_path, _generating(**extra)).startswith(line)
 
 
 @pytest.mark.fast
 def test_a_forward_beside_a_generate_step_is_refused(tmp_path):
-    """SPEC.md:2372 [SF11] one intervention has one decode."""
+    """SPEC.md:2373 [SF11] one intervention has one decode."""
     doc = _generating()
     doc["steps"] = {"plain": {"kind": "forward", "data": "p", "field": "input",
                               "reads": {"x": {"site": {"component": "logits"}, "pos": -1}}}, **doc["steps"]}
@@ -269,13 +269,13 @@ def test_a_forward_beside_a_generate_step_is_refused(tmp_path):
     (lambda d: d["steps"].update(x=[1]), "validation: steps.x: a step is an object with a kind, got a list"),
 ])
 def test_what_has_no_plan_shaped_meaning_is_refused_by_name(tmp_path, edit, line):
-    """SPEC.md:2375 [SF12] fit steps, an unknown kind, the Gated DeltaNet state."""
+    """SPEC.md:2376 [SF12] fit steps, an unknown kind, the Gated DeltaNet state."""
     assert _refusal(tmp_path, _edited(edit)).startswith(line)
 
 
 @pytest.mark.parametrize("name", ["pos_sweep", "mean_ablation"])
 def test_explain_of_a_steps_first_document_and_its_twin_agree(tmp_path, name):
-    """SPEC.md:2379 [SF13] the same plan, point by point; a point's produced_by too (an unswept document's is
+    """SPEC.md:2380 [SF13] the same plan, point by point; a point's produced_by too (an unswept document's is
     its own format's digest, SF15)."""
     plans = []
     for doc in (SHIPPED / f"{name}.json", TWINS / f"{name}.json"):
@@ -288,7 +288,7 @@ def test_explain_of_a_steps_first_document_and_its_twin_agree(tmp_path, name):
 
 
 def test_a_steps_first_run_writes_its_twins_tables(tmp_path, llama):
-    """SPEC.md:2379 [SF13] mean_ablation run in both formats: every table equal, value for value."""
+    """SPEC.md:2380 [SF13] mean_ablation run in both formats: every table equal, value for value."""
     tables = []
     for k, doc in enumerate((stepsfirst.lower(_load(SHIPPED / "mean_ablation.json")).plan,
                              _load(TWINS / "mean_ablation.json"))):
@@ -311,7 +311,7 @@ def test_a_steps_first_run_writes_its_twins_tables(tmp_path, llama):
                                                            "one-element band"),
 ])
 def test_a_refusal_of_the_lowered_document_names_the_steps_first_path(tmp_path, edit, line):
-    """SPEC.md:2381 [SF14] a read's pos, a write's mechanism, a metric's kind, a site: the steps-first paths."""
+    """SPEC.md:2382 [SF14] a read's pos, a write's mechanism, a metric's kind, a site: the steps-first paths."""
     doc = _edited(edit)
     if line is None:  # a column no row has: refused at compile, at the metric's own step
         done = _verb(tmp_path, doc, "validate")
@@ -322,7 +322,7 @@ def test_a_refusal_of_the_lowered_document_names_the_steps_first_path(tmp_path, 
 
 @pytest.mark.fast
 def test_produced_by_is_the_document_as_given_without_its_header(tmp_path):
-    """SPEC.md:2386 [SF15] sha256 of the raw document without header, keys sorted, compact separators."""
+    """SPEC.md:2387 [SF15] sha256 of the raw document without header, keys sorted, compact separators."""
     body = {k: v for k, v in POS_SWEEP.items() if k != "header"}
     want = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     assert stepsfirst.digest(POS_SWEEP) == want
@@ -333,7 +333,7 @@ SHIPPED_NAMES = ["hydra_effect", "logit_lens_all", "mean_ablation", "multi_posit
 
 
 def test_the_originals_adapted_steps_first_documents_validate(tmp_path):
-    """SPEC.md:2395 [SF16] the five shipped adaptations validate (the corpus runs them); top_k's band is refused."""
+    """SPEC.md:2396 [SF16] the five shipped adaptations validate (the corpus runs them); top_k's band is refused."""
     assert sorted(p.stem for p in SHIPPED.glob("*.json")) == SHIPPED_NAMES
     for name in SHIPPED_NAMES:
         done = cli("validate", str(SHIPPED / f"{name}.json"), "--data-root", DATA)
