@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from causalab_ref.documents import reader, stepsfirst, validate
+from causalab_ref.documents import reader, stepsfirst, stepstages, validate
 from causalab_ref.shapes import Refusal
 from tests.inprocess import cli
 
@@ -280,7 +280,7 @@ def _stages_by_rounds(steps: dict) -> dict | None:
     for _round in range(len(steps) + 2):
         changed = False
         for name, step in steps.items():
-            same, earlier = stepsfirst._ties(name, step, steps)
+            same, earlier = stepstages._ties(name, step, steps)
             want = max([stage[name]] + [stage[s] for s in same] + [stage[r] + 1 for r in earlier])
             for other in [name, *same]:
                 if stage[other] != want:
@@ -320,9 +320,9 @@ def test_stages_are_the_plain_definitions(steps):
     want = _stages_by_rounds(steps)
     if want is None:
         with pytest.raises(Refusal, match="swaps in a reduce step's value and, in the same pass"):
-            stepsfirst.stages(steps)
+            stepstages.stages(steps)
     else:
-        assert stepsfirst.stages(steps) == want
+        assert stepstages.stages(steps) == want
 
 
 @pytest.mark.fast
@@ -334,7 +334,7 @@ def test_a_chain_of_forwards_and_reduces_is_staged_in_one_pass():
         steps[f"m{k}"] = {"kind": "reduce", "of": f"f{k - 1}.r"}
         steps[f"f{k}"] = {"kind": "forward", "reads": {"r": {}},
                           "interventions": {"writes": {"w": {"operand": f"m{k}"}}}}
-    stage = stepsfirst.stages(steps)
+    stage = stepstages.stages(steps)
     assert stage["f1499"] == 1499 and stage["m1499"] == 1498 and stage["f0"] == 0
 
 
