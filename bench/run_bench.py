@@ -1,6 +1,10 @@
 """Benchmarks (not a test): ratios measured side by side in one run.
 
+<<<<<<< HEAD
     python bench/run_bench.py [--quick] [--only a,b,c,d,e,f,g,h,i,j,k,m] [--repeats 7] [--markdown FILE]
+=======
+    python bench/run_bench.py [--quick] [--only a,b,c,d,e,f,g,h,i,j,k,l] [--repeats 7] [--markdown FILE]
+>>>>>>> sf
 
 (a) `run` of the interchange document (documents/patching.json: block_output[0] at -1 read on the
     counterfactual, swapped into the base run, the head read at -1) on 64 rows, versus a hand-written
@@ -42,11 +46,17 @@
     forward, SPEC Q32) versus a hand-written nnsight trace tapping every layer's block_output at -1 in one forward,
     projecting each tap through the final norm and the head and computing both metrics from it (argmax for
     match, as a researcher writes it), values checked equal. Target <= 1.10x.
+<<<<<<< HEAD
 (m) loading the exported Llama fixture (`fixtures export`, a path key): `loading.load` (its file digests, the
     checkpoint-code refusal, nnterp's names) versus `nnsight.LanguageModel(folder, dispatch=True)` (tokenizer
     and weights loaded, as the load loads them), both after their imports, interleaved in one process, the
     same weights checked equal; min and median, wall and CPU time. Target <= 1.5x (issue 39). Printed beside
     it: each as a new process, the imports apart from the first load (SPEC Q40-Q42).
+=======
+(l) `validate` of a steps-first chain of 3,000 forward steps (each swapping in the read of the one before, a
+    600 KB document) versus one of 800, no weights, in this process: near-linear (SPEC Q39) is a ratio of at most
+    1.6x the ratio of the steps (it was cubic: 800 steps took 16 s and 3,000 did not finish in 120 s).
+>>>>>>> sf
 Timings are medians of interleaved repeats. CPU threads are pinned to 1 for stable numbers. `--quick`
 runs every row at toy sizes (a check that the script works, not a measurement).
 """
@@ -92,9 +102,10 @@ HEADS16 = "bench-llama-16-heads"
 A_TARGETS, E_TARGET, G_TARGET, H_TARGET = (1.10, 1.05), 1.15, 1.05, 1.05
 TABLE: list[tuple[str, str, str]] = []  # (what, measured, target: met or not) for docs/performance.md's table
 FULL = {"rows": 64, "repeats": 7, "b": (256, 512), "e": (256, 400), "e_repeats": 5, "g_rows": 64, "h": (64, 16),
-        "i_repeats": 3, "j_only": None}
+        "i_repeats": 3, "j_only": None, "l": (800, 3000)}
 QUICK = {"rows": 8, "repeats": 2, "b": (16, 128), "e": (16, 120), "e_repeats": 1, "g_rows": 8, "h": (8, 4),
-         "i_repeats": 1, "j_only": "run_patching,explain_patching,model_components_gpt2,refuse_unknown_key"}
+         "i_repeats": 1, "j_only": "run_patching,explain_patching,model_components_gpt2,refuse_unknown_key",
+         "l": (100, 375)}
 
 
 def register(name: str, seed: int, note: str, **config) -> str:
@@ -834,6 +845,49 @@ def machine() -> str:
             f"nnsight {nnsight.__version__}; {torch.get_num_threads()} torch thread")
 
 
+# ---------------------------------------------------------------- (l)
+
+
+def chain_document(n: int) -> dict:
+    """A steps-first chain of n forward steps, each swapping in the read of the one before, one metric of the
+    last (issue 38's 3,000-step document)."""
+    steps: dict = {"s0": {"kind": "forward", "data": "pairs", "field": "counterfactual_inputs[0]",
+                          "reads": {"v": {"site": "target", "pos": -1}}}}
+    for k in range(1, n):
+        steps[f"s{k}"] = {"kind": "forward", "data": "pairs", "field": "input",
+                          "interventions": {"writes": {"w": {"site": "target", "pos": -1, "mechanism": "swap",
+                                                             "operand": f"s{k - 1}.v"}}},
+                          "reads": {"v": {"site": "target", "pos": -1}, "logits": {"site": "head", "pos": -1}}}
+    steps["iia"] = {"kind": "metric", "metric": "match", "of": f"s{n - 1}.logits", "expected": "pairs.cf_answer"}
+    return {"model": DOC["model"], "data": {"pairs": {"path": "weekdays/train"}},
+            "sites": {"target": {"component": "block_output", "layers": 0}, "head": {"component": "lm_head"}},
+            "steps": steps}
+
+
+def bench_l(sizes: tuple, repeats: int, tmp: pathlib.Path) -> None:
+    from causalab_ref import cli
+
+    tmp.mkdir(parents=True, exist_ok=True)
+    times = {}
+    for n in sizes:
+        doc = tmp / f"chain{n}.json"
+        doc.write_text(json.dumps(chain_document(n)), encoding="utf-8")
+
+        def validate(doc=doc):
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:
+                status = cli.main(["validate", str(doc), "--data-root", str(DATA)])
+            assert status == 0, err.getvalue()
+        times[n] = timed(validate, repeats)
+    small, big = sizes
+    ratio, linear = times[big] / times[small], big / small
+    ok = ratio <= 1.6 * linear
+    print(f"(l) validate a steps-first chain of forward steps, no weights: {small} steps {times[small]:.2f} s, "
+          f"{big} steps {times[big]:.2f} s; ratio {ratio:.1f}x for {linear:.2f}x the steps {verdict(ok)}")
+    TABLE.append((f"(l) `validate` of a steps-first chain of {big} forward steps vs {small} (SPEC Q39)",
+                  f"{times[big]:.2f} s vs {times[small]:.2f} s: {ratio:.1f}x for {linear:.2f}x the steps",
+                  f"near-linear, <= {1.6 * linear:.1f}x: {'met' if ok else 'NOT met'}"))
+
+
 def markdown() -> str:
     lines = ["| what | measured | target |", "|---|---|---|"]
     rows = sorted(TABLE, key=lambda row: row[0][:3])  # by letter; rows of one letter in the order they ran
@@ -844,8 +898,13 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="toy sizes: checks the script runs, measures nothing")
     parser.add_argument("--repeats", type=int, default=None)
+<<<<<<< HEAD
     parser.add_argument("--only", default="a,b,c,d,e,f,g,h,i,j,k,m")
     parser.add_argument("--markdown", default=None, help="also write docs/performance.md's table to this file")
+=======
+    parser.add_argument("--only", default="a,b,c,d,e,f,g,h,i,j,k,l")
+    parser.add_argument("--markdown", default=None, help="also write the results as README's table to this file")
+>>>>>>> sf
     args = parser.parse_args()
     size = dict(QUICK if args.quick else FULL)
     if args.repeats:
@@ -882,8 +941,13 @@ def main() -> int:
             bench_j(size["j_only"], tmp / "j")
         if "k" in only:
             bench_k(size["rows"], repeats, tmp / "k")
+<<<<<<< HEAD
         if "m" in only:
             bench_m(3 * repeats, 1 if args.quick else 3, tmp / "m")
+=======
+        if "l" in only:
+            bench_l(size["l"], max(1, repeats // 3), tmp / "l")
+>>>>>>> sf
     table = markdown()
     print("\n" + table)
     if args.markdown:

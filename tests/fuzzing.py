@@ -3,7 +3,8 @@
 `case(rng, tmp)` takes one shipped document and, with the data root, writes a mutated
 copy into `tmp`: wrong types, missing and extra keys, out-of-range and huge numbers,
 unicode, deep nesting, broken JSON, keys named twice, integers past 4300 digits, names
-that are paths, and the same done to a data table. `check(argv)`
+that are paths, a steps-first document's names built to collide across its lowering
+(`steps_first`), and the same done to a data table. `check(argv)`
 runs the command line in this process and says whether the outcome was the project's
 own: status 0, or status 2 with one `<stage>: ...` line, and the invariant fuzz_surfaces.py
 checks too (tests/invariant.py: no internal error or traceback, no eligible non-finite row
@@ -173,6 +174,122 @@ def _cycle(rng: random.Random, steps: dict) -> None:
         steps[name]["of"] = f"{name}.{name}" if rng.random() < 0.5 else steps[name]["of"]
 
 
+# ---------------------------------------------------------------- steps-first: names built to collide
+
+
+GENERATED = ["base", "base-1", "base-2", "original", "stage1", "stage2", "saves", "counterfactual"]  # SF4, SF8
+WRONG = [["pairs"], {"a": 1}, 3, None, True, ""]  # SF3's data and field, SF9's saves, of the wrong type
+
+
+def _refer(value: Any, old: str, new: str) -> Any:
+    """A reference (`<step>.<read>`, or a reduce step's name) to `old`, made to name `new`."""
+    if value == old:
+        return new
+    if isinstance(value, str) and value.startswith(old + "."):
+        return new + value[len(old):]
+    return value
+
+
+def _renamed(steps: dict, old: str, new: str) -> dict:
+    """The steps with step `old` named `new`, in its place, and every reference and save that names it too."""
+    out = {}
+    for name, step in steps.items():
+        if name == "saves":
+            step = ({_refer(k, old, new): v for k, v in step.items()} if isinstance(step, dict)
+                    else [_refer(v, old, new) for v in step] if isinstance(step, list) else step)
+        elif isinstance(step, dict):
+            step = {k: _refer(v, old, new) if k not in ("kind", "data", "field") else v for k, v in step.items()}
+            writes = (step.get("interventions") or {}).get("writes") if isinstance(step.get("interventions"),
+                                                                                  dict) else None
+            for write in (writes or {}).values() if isinstance(writes, dict) else ():
+                if isinstance(write, dict) and "operand" in write:
+                    write["operand"] = _refer(write["operand"], old, new)
+        out[new if name == old else name] = step
+    return out
+
+
+def _runs(steps: dict) -> list[str]:
+    return [n for n, s in steps.items() if isinstance(s, dict) and s.get("kind") in ("forward", "generate")
+            and isinstance(s.get("reads"), dict) and s["reads"]]
+
+
+def _rename_read(steps: dict, step: str, old: str, new: str) -> None:
+    """Step `step`'s read `old` named `new`, and every `<step>.<old>` that names it."""
+    steps[step]["reads"] = {new if r == old else r: v for r, v in steps[step]["reads"].items()}
+    for name, other in list(steps.items()):
+        renamed = _renamed({name: other}, f"{step}.{old}", f"{step}.{new}")  # a reference is the whole string
+        steps[name] = next(iter(renamed.values()))
+
+
+def _chain(rng: random.Random, steps: dict) -> dict:
+    """The steps with a chain of forward steps after them, each swapping in the read of the one before
+    (SPEC.md Q39)."""
+    runs = _runs(steps)
+    if not runs:
+        return steps
+    head = steps[runs[0]]
+    read, first = next(iter(head["reads"].items()))
+    site = first.get("site") if isinstance(first, dict) else None
+    chain, last = dict(steps), runs[0]
+    for k in range(rng.choice([50, 200, 400])):
+        chain[f"chain{k}"] = {"kind": "forward", "data": head.get("data"), "field": head.get("field"),
+                              "interventions": {"writes": {"w": {"site": site, "pos": -1, "mechanism": "swap",
+                                                                 "operand": f"{last}.{read}"}}},
+                              "reads": {read: {"site": site, "pos": -1}}}
+        last = f"chain{k}"
+    return chain
+
+
+def steps_first(rng: random.Random, raw: Any) -> Any:
+    """One of issue 38's shapes on a steps-first document: a step, read, write or site named to meet another
+    or a name the lowering makes (':' joins, base and base-1, original, stage1, a read and write of one name),
+    data, field or saves of the wrong type, no forward step, a long chain of forwards (SPEC.md SF3, SF9, SF20,
+    Q39)."""
+    raw = copy.deepcopy(raw)
+    steps = raw.get("steps") if isinstance(raw, dict) else None
+    if not isinstance(steps, dict) or "data" not in raw:
+        return raw
+    runs = _runs(steps)
+    how = rng.randrange(9)
+    if how == 0 and len(runs) >= 2:  # p reads q:r, p:q reads r: both once lowered to p:q:r
+        a, b = rng.sample(runs, 2)
+        r = next(iter(steps[b]["reads"]))
+        _rename_read(steps, a, next(iter(steps[a]["reads"])), f"x:{r}")
+        steps = _renamed(steps, b, f"{a}:x")
+    elif how == 1 and runs:  # a step named as a generated role, model or stage, or as another step's read
+        old = rng.choice(runs)
+        other = rng.choice(runs)
+        steps = _renamed(steps, old, rng.choice(GENERATED + [f"{other}:{next(iter(steps[other]['reads']))}"]))
+    elif how == 2 and len(runs) >= 2:  # base on one column, base-1 on another
+        a, b = rng.sample(runs, 2)
+        steps[b]["field"] = rng.choice(["entity", "answer", steps[a].get("field")])
+        steps = _renamed(_renamed(steps, a, "base"), b, "base-1")
+    elif how == 3 and runs:  # a read named like a write of its step, or holding ':'; a site named as a hoisted one
+        step = rng.choice(runs)
+        writes = (steps[step].get("interventions") or {}).get("writes") or {}
+        new = rng.choice(list(writes) + ["a:b", f"{step}:x"]) if isinstance(writes, dict) else "a:b"
+        _rename_read(steps, step, next(iter(steps[step]["reads"])), new)
+        if isinstance(raw.get("sites"), dict) and rng.random() < 0.5:
+            raw["sites"][f"{step}:{new}"] = {"component": "lm_head"}
+    elif how == 4 and runs:  # data or field of the wrong type
+        steps[rng.choice(runs)][rng.choice(["data", "field"])] = copy.deepcopy(rng.choice(WRONG))
+    elif how == 5:  # saves of the wrong type, or a step listed twice
+        names = [n for n in steps if n != "saves"]
+        steps["saves"] = copy.deepcopy(rng.choice(WRONG[2:] + [names[:1] * 2, []]))
+    elif how == 6:  # no forward step
+        steps = {n: s for n, s in steps.items() if n not in runs}
+    elif how == 7:
+        steps = _chain(rng, steps)
+    elif runs:  # two writeless generations on other rows, saved: one `original.generated`
+        data = steps[rng.choice(runs)].get("data")
+        steps = {name: {"kind": "generate", "data": data, "field": field, "max_new_tokens": 2,
+                        "reads": {"l": {"site": {"component": "lm_head"}, "pos": -1}}}
+                 for name, field in (("g1", "input"), ("g2", rng.choice(["input", "counterfactual_inputs[0]"])))}
+        steps["saves"] = ["g1"]
+    raw["steps"] = steps
+    return raw
+
+
 def language(rng: random.Random, raw: Any) -> Any:
     """The later language's fields (issue #32): a site's layers made "all" (or a wrong spelling of it), and in a
     steps-first document a reference that closes a cycle."""
@@ -195,6 +312,8 @@ def case(rng: random.Random, tmp: pathlib.Path) -> tuple[pathlib.Path, pathlib.P
     which = rng.random()
     if rng.random() < 0.2:  # the later language's fields, before any other edit (SPEC.md D34-D36, SF6)
         raw = language(rng, raw)
+    if isinstance(raw, dict) and "data" in raw and rng.random() < 0.5:  # names built to collide (SF20)
+        raw = steps_first(rng, raw)
     if which < 0.7:
         raw = mutate_tree(rng, raw, _keys(raw))
     if which >= 0.55:  # mutate a data table too (or only)

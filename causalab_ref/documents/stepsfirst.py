@@ -8,7 +8,8 @@ directions), and the reserved `steps.saves` says what is written. `lower(raw)` r
 plan-shaped document it means (roles, sites, interventions, observe steps), which the one pipeline then
 validates, compiles and runs, as protocol.py does for the protocol format; `Lowered.path` maps a path of
 the plan-shaped document in a refusal back to the steps-first document's own; `digest(raw)` is the
-produced_by. Everything without a plan-shaped meaning is refused by name. SPEC.md §15 (SF1-SF19).
+produced_by. Everything without a plan-shaped meaning is refused by name, and every name the lowering
+makes is its source's alone (SF20). SPEC.md §15 (SF1-SF16, SF20, SF21); stepstages.py orders the steps.
 
     from causalab_ref.documents import stepsfirst
     lowered = stepsfirst.lower(raw)          # lowered.plan: a plan-shaped document
@@ -18,16 +19,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, Optional
+from typing import Any, NoReturn
 
 from . import metrics, sweeps
+from .stepstages import RUNS, check_order, stages
 from .fields import mapping
 from .reader import canonical_sha256, type_name
 from ..shapes import Refusal, nearest
 
 TOP = ("header", "model", "data", "sites", "steps")
 KINDS = ("forward", "generate", "metric", "reduce", "fit")
-RUNS = ("forward", "generate")
 STEP_KEYS = {"forward": ("kind", "data", "field", "reads", "interventions"),
              "generate": ("kind", "data", "field", "reads", "interventions", "max_new_tokens", "min_new_tokens",
                           "do_sample"),
@@ -37,6 +38,7 @@ WRITE_KEYS = ("site", "pos", "mechanism", "operand", "params", "features")
 SITE_KEYS = ("component", "layers", "heads", "units")
 STATE = "linear_attention_state"  # the original's Gated DeltaNet state place, refused by name (SF12)
 READ_FIELDS = {f for kind in metrics.KINDS.values() for f in kind.reads}  # a metric's fields that are reads
+MAX_ROWS = 10_000  # (stage, role) pairs a lowering writes: each stage's observe step has every role's rows (SF21)
 SAVES = "saves"  # the reserved key of `steps`: what is written (SF9)
 #: what the format has and causalab_ref does not read from it, refused by name (SF12)
 UNREAD = {
@@ -113,136 +115,6 @@ def _reference(value: Any, path: str, runs: dict) -> tuple[str, str]:
         _fail(path, f"'{value}': step '{step}' has no read '{read}'; its reads: {sorted(reads)}"
                     f"{nearest(read, sorted(reads))}")
     return step, read
-
-
-def _names_of(name: str, step: dict, steps: dict) -> list[tuple[str, str]]:
-    """(path, step named) for every other step this one names: an operand, `of`, or a metric's `against`."""
-    found = []
-    kind = step.get("kind")
-    if kind in RUNS:
-        writes = (step.get("interventions") or {}).get("writes") if isinstance(step.get("interventions"), dict) \
-            else None
-        for w, write in (writes or {}).items() if isinstance(writes, dict) else ():
-            operand = write.get("operand") if isinstance(write, dict) else None
-            if isinstance(operand, str):
-                found.append((f"steps.{name}.interventions.writes.{w}.operand", operand.split(".", 1)[0]))
-    else:
-        for key, value in step.items():
-            if key in ("of", "against") and isinstance(value, str):
-                found.append((f"steps.{name}.{key}", value.split(".", 1)[0]))
-    return [(p, s) for p, s in found if s in steps]
-
-
-def _cycle(edges: dict) -> Optional[list[str]]:
-    """The first cycle of references (its steps, the first repeated at the end), by an iterative search."""
-    done: set[str] = set()
-    for start in edges:
-        if start in done:
-            continue
-        trail, on, stack = [start], {start}, [iter(edges[start])]
-        while stack:
-            nxt = next(stack[-1], None)
-            if nxt is None:
-                finished = trail.pop()
-                on.discard(finished)
-                done.add(finished)
-                stack.pop()
-                continue
-            other = nxt[1]
-            if other in on:
-                return trail[trail.index(other):] + [other]
-            if other not in done:
-                trail.append(other)
-                on.add(other)
-                stack.append(iter(edges[other]))
-    return None
-
-
-def check_order(steps: dict) -> None:
-    """Steps run in the order written: a cycle of references is refused naming it, then a reference to a
-    step that is not written before the one naming it (SF6, SF7)."""
-    edges = {name: _names_of(name, step, steps) for name, step in steps.items()}
-    cycle = _cycle(edges)
-    if cycle:
-        path = next(p for p, other in edges[cycle[0]] if other == cycle[1])
-        _fail(path, f"steps {' -> '.join(cycle)} name each other in a cycle; a step names only the values of "
-                    "steps written before it")
-    order = {name: k for k, name in enumerate(steps)}
-    for name, found in edges.items():
-        for path, other in found:
-            if order[other] >= order[name]:
-                _fail(path, f"step '{name}' names step '{other}', which is not written before it; steps run in "
-                            f"the order written, so put '{other}' first")
-
-
-# ---------------------------------------------------------------- stages: one observe step each
-
-
-def _ties(name: str, step: dict, steps: dict) -> tuple[list[str], list[str]]:
-    """(steps that run in this step's stage, reduce steps whose value it needs from an earlier stage)."""
-    same: list[str] = []
-    earlier: list[str] = []
-    for _path, other in _names_of(name, step, steps):
-        (earlier if steps[other].get("kind") == "reduce" and step.get("kind") in RUNS else same).append(other)
-    return same, earlier
-
-
-def stages(steps: dict) -> dict[str, int]:
-    """Each step's stage (SF8): a forward step that swaps in a reduce step's value runs a stage after the forward
-    that value reduces; a step it takes a read from, a metric, and a reduce run in the stage of their read. Tied
-    steps are one group; a group's stage is the longest chain of reduce values it waits on, found in one pass
-    over the groups in dependency order (SPEC.md SF8, Q39); a group that waits on itself is refused."""
-    ties = {name: _ties(name, step, steps) for name, step in steps.items()}
-    parent = {name: name for name in steps}
-
-    def group(name: str) -> str:
-        root = name
-        while parent[root] != root:
-            root = parent[root]
-        while parent[name] != root:
-            parent[name], name = root, parent[name]
-        return root
-
-    for name, (same, _earlier) in ties.items():
-        for other in same:
-            parent[group(name)] = group(other)
-    after: dict[str, dict[str, str]] = {group(n): {} for n in steps}  # group -> {group it waits on: first step}
-    for name, (_same, earlier) in ties.items():
-        for reduce_step in earlier:
-            after[group(name)].setdefault(group(reduce_step), name)
-    waiting = {g: len(on) for g, on in after.items()}
-    users: dict[str, list[str]] = {g: [] for g in after}
-    for g, on in after.items():
-        for h in on:
-            users[h].append(g)
-    level = dict.fromkeys(after, 0)
-    ready = [g for g, n in waiting.items() if n == 0]
-    while ready:
-        h = ready.pop()
-        for g in users[h]:
-            level[g] = max(level[g], level[h] + 1)
-            waiting[g] -= 1
-            if waiting[g] == 0:
-                ready.append(g)
-    if any(waiting.values()):
-        name = _waits_on_itself(steps, group, after, waiting)
-        _fail(f"steps.{name}.interventions", f"step '{name}' swaps in a reduce step's value and, in the same pass, a "
-                                             "read of the forward that value reduces; the value is known only after "
-                                             "that forward has run over every row, so no one pass runs both")
-    return {name: level[group(name)] for name in steps}
-
-
-def _waits_on_itself(steps: dict, group, after: dict, waiting: dict) -> str:
-    """The step to blame for a stage that waits on its own reduce value: in a cycle of groups left waiting, its
-    first step (in the order written) that swaps in such a value."""
-    g = next(group(n) for n in steps if waiting[group(n)])
-    seen: list[str] = []
-    while g not in seen:
-        seen.append(g)
-        g = next(h for h in after[g] if waiting[h])
-    cycle = seen[seen.index(g):] + [g]
-    order = {name: k for k, name in enumerate(steps)}
-    return min((after[a][b] for a, b in zip(cycle, cycle[1:])), key=order.__getitem__)
 
 
 # ---------------------------------------------------------------- the parts
@@ -584,6 +456,12 @@ def lower(raw: Any) -> Lowered:
     check_order(steps)
     stage = stages(steps)
     _roles(build)
+    passes = max(stage.values()) + 1
+    if passes * len(build.roles) > MAX_ROWS:
+        _fail("steps", f"the steps run in {passes} passes (a reduce step's value is used a pass after its forward) "
+                       f"over {len(build.roles)} (dataset, field) pairs, and each pass runs over every pair's rows: "
+                       f"{passes * len(build.roles)} pass-rows, above the {MAX_ROWS} a document lowers to; use "
+                       "fewer passes or fewer (dataset, field) pairs, or split the document")
     rows = {role: data[ds] for (ds, _f), role in build.roles.items()}
     interventions, observes = {}, {}
     in_stage: list[list[str]] = [[] for _k in range(max(stage.values()) + 1)]
