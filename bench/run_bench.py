@@ -1,10 +1,6 @@
 """Benchmarks (not a test): ratios measured side by side in one run.
 
-<<<<<<< HEAD
-    python bench/run_bench.py [--quick] [--only a,b,c,d,e,f,g,h,i,j,k,m] [--repeats 7] [--markdown FILE]
-=======
-    python bench/run_bench.py [--quick] [--only a,b,c,d,e,f,g,h,i,j,k,l] [--repeats 7] [--markdown FILE]
->>>>>>> sf
+    python bench/run_bench.py [--quick] [--only a,b,c,d,e,f,g,h,i,j,k,l,m] [--repeats 7] [--markdown FILE]
 
 (a) `run` of the interchange document (documents/patching.json: block_output[0] at -1 read on the
     counterfactual, swapped into the base run, the head read at -1) on 64 rows, versus a hand-written
@@ -46,17 +42,14 @@
     forward, SPEC Q32) versus a hand-written nnsight trace tapping every layer's block_output at -1 in one forward,
     projecting each tap through the final norm and the head and computing both metrics from it (argmax for
     match, as a researcher writes it), values checked equal. Target <= 1.10x.
-<<<<<<< HEAD
+(l) `validate` of a steps-first chain of 3,000 forward steps (each swapping in the read of the one before, a
+    600 KB document) versus one of 800, no weights, in this process: near-linear (SPEC Q39) is a ratio of at most
+    1.6x the ratio of the steps (it was cubic: 800 steps took 16 s and 3,000 did not finish in 120 s).
 (m) loading the exported Llama fixture (`fixtures export`, a path key): `loading.load` (its file digests, the
     checkpoint-code refusal, nnterp's names) versus `nnsight.LanguageModel(folder, dispatch=True)` (tokenizer
     and weights loaded, as the load loads them), both after their imports, interleaved in one process, the
     same weights checked equal; min and median, wall and CPU time. Target <= 1.5x (issue 39). Printed beside
     it: each as a new process, the imports apart from the first load (SPEC Q40-Q42).
-=======
-(l) `validate` of a steps-first chain of 3,000 forward steps (each swapping in the read of the one before, a
-    600 KB document) versus one of 800, no weights, in this process: near-linear (SPEC Q39) is a ratio of at most
-    1.6x the ratio of the steps (it was cubic: 800 steps took 16 s and 3,000 did not finish in 120 s).
->>>>>>> sf
 Timings are medians of interleaved repeats. CPU threads are pinned to 1 for stable numbers. `--quick`
 runs every row at toy sizes (a check that the script works, not a measurement).
 """
@@ -898,13 +891,8 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="toy sizes: checks the script runs, measures nothing")
     parser.add_argument("--repeats", type=int, default=None)
-<<<<<<< HEAD
-    parser.add_argument("--only", default="a,b,c,d,e,f,g,h,i,j,k,m")
+    parser.add_argument("--only", default="a,b,c,d,e,f,g,h,i,j,k,l,m")
     parser.add_argument("--markdown", default=None, help="also write docs/performance.md's table to this file")
-=======
-    parser.add_argument("--only", default="a,b,c,d,e,f,g,h,i,j,k,l")
-    parser.add_argument("--markdown", default=None, help="also write the results as README's table to this file")
->>>>>>> sf
     args = parser.parse_args()
     size = dict(QUICK if args.quick else FULL)
     if args.repeats:
@@ -941,13 +929,10 @@ def main() -> int:
             bench_j(size["j_only"], tmp / "j")
         if "k" in only:
             bench_k(size["rows"], repeats, tmp / "k")
-<<<<<<< HEAD
-        if "m" in only:
-            bench_m(3 * repeats, 1 if args.quick else 3, tmp / "m")
-=======
         if "l" in only:
             bench_l(size["l"], max(1, repeats // 3), tmp / "l")
->>>>>>> sf
+        if "m" in only:
+            bench_m(3 * repeats, 1 if args.quick else 3, tmp / "m")
     table = markdown()
     print("\n" + table)
     if args.markdown:

@@ -290,7 +290,7 @@ def _plain_with(tmp_path: Path, rows_of) -> Path:
 
 
 def test_a_value_past_a_floats_range_is_drawn_as_not_a_number(tmp_path):
-    """SPEC.md:2361 [FG9] an eligible row whose value is a 400-digit integer (valid JSON, S41) is drawn as a value
+    """SPEC.md:2360 [FG9] an eligible row whose value is a 400-digit integer (valid JSON, S41) is drawn as a value
     that is not a finite number, and a 300-digit one as its float; the figure is written (it was an internal
     error, OverflowError)."""
     out = _plain_with(tmp_path, lambda rows: [dict(rows[0], value=10 ** 400), dict(rows[1], value=10 ** 300),
@@ -301,7 +301,7 @@ def test_a_value_past_a_floats_range_is_drawn_as_not_a_number(tmp_path):
 
 
 def test_a_long_table_draws_its_first_rows_and_says_so(tmp_path):
-    """SPEC.md:2361 [FG9] a table of 100,000 rows is drawn as 100 bars and 100 ticks, titled with every row's
+    """SPEC.md:2360 [FG9] a table of 100,000 rows is drawn as 100 bars and 100 ticks, titled with every row's
     eligible count and `the first 100 drawn` (it drew a bar and a tick per row)."""
     n = 100_000
     out = _plain_with(tmp_path, lambda rows: [dict(rows[k % len(rows)], example_id=str(k), eligible=k % 3 > 0)
@@ -316,7 +316,7 @@ def test_a_long_table_draws_its_first_rows_and_says_so(tmp_path):
 
 
 def test_a_figure_draws_at_most_24_panels_and_says_how_many_it_left(tmp_path):
-    """SPEC.md:2361 [FG9] 30 metric tables give 24 panels and a title naming 24 of the panels there are."""
+    """SPEC.md:2360 [FG9] 30 metric tables give 24 panels and a title naming 24 of the panels there are."""
     out = _run(_patching(), tmp_path, "plain")
     rows = json.loads((out / "iia.json").read_text(encoding="utf-8"))
     for k in range(28):
@@ -328,7 +328,7 @@ def test_a_figure_draws_at_most_24_panels_and_says_how_many_it_left(tmp_path):
 
 
 def test_a_readout_table_of_lists_is_not_drawn(tmp_path):
-    """SPEC.md:2361 [FG9] a table whose rows hold lists ([token, probability] pairs, a top_k readout) is not
+    """SPEC.md:2360 [FG9] a table whose rows hold lists ([token, probability] pairs, a top_k readout) is not
     drawn; the other tables are, and a folder holding only such tables is refused in one line."""
     pairs = [[" Monday", 0.5], [" Tuesday", 0.25]]
     out = _plain_with(tmp_path, lambda rows: [dict(r, metric="top_k", value=pairs, unit="") for r in rows])
@@ -340,7 +340,7 @@ def test_a_readout_table_of_lists_is_not_drawn(tmp_path):
 
 
 def test_a_fraction_is_drawn_on_0_1_and_a_logit_difference_centred_on_0(tracing):
-    """SPEC.md:2370 [FG10] read from the drawn figure: the iia heatmap's colour limits are (0, 1) whatever its
+    """SPEC.md:2369 [FG10] read from the drawn figure: the iia heatmap's colour limits are (0, 1) whatever its
     means; the logit_diff heatmap's are (-m, m), m the largest |mean| recomputed from the points' tables, with a
     diverging map."""
     fig = plot.figure(tracing)
@@ -353,7 +353,7 @@ def test_a_fraction_is_drawn_on_0_1_and_a_logit_difference_centred_on_0(tracing)
 
 
 def test_a_small_fraction_is_not_drawn_in_the_colour_of_one(tmp_path):
-    """SPEC.md:2370 [FG10] a heatmap of fractions 0.074 and 0.08 (its range's ends, which the colour scale was
+    """SPEC.md:2369 [FG10] a heatmap of fractions 0.074 and 0.08 (its range's ends, which the colour scale was
     fit to) draws 0.074 near the colour of 0: the limits are (0, 1), not (0.074, 0.08)."""
     plt = plot._pyplot()
     fig, ax = plt.subplots()
