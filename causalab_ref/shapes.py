@@ -46,7 +46,9 @@ class Refusal(Exception):
         self.stage = stage
 
     def __str__(self) -> str:
-        return f"{self.path}: {self.message}" if self.path else self.message
+        """The CLI's line, `<stage>: <path>: <message>`, one line whatever the document's text holds (D4)."""
+        where = f"{self.path}: " if self.path else ""
+        return f"{self.stage}: {where}{self.message}".replace("\r", "\\r").replace("\n", "\\n")
 
 
 def nearest(name: Any, known) -> str:
