@@ -225,6 +225,8 @@ def run(document: Union[Plan, Document, str, os.PathLike, dict], model, data_roo
     """Run a plan, or a document compiled first, on `model`, in memory: nothing is written (`Results.save`
     writes). `progress`: None a bar on stderr when it is a terminal, True always, False never."""
     from .runs import run as runner
+    if not any(progress is allowed for allowed in (None, True, False)):
+        raise Refusal(f"progress {progress!r} is not None, True or False", path="progress", stage="validation")
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
                                    or batch_size <= 0):
         raise Refusal(f"batch_size {batch_size!r} is not a number of rows", path="batch_size", stage="validation")
@@ -233,7 +235,8 @@ def run(document: Union[Plan, Document, str, os.PathLike, dict], model, data_roo
         raise Refusal("this plan was compiled on another model; run it on the model it was compiled on, or "
                       "compile the document again", path="model", stage="compile")
     with own_paths(plan.document):
-        computed = runner.compute(plan.plan, model, batch_size, progress, plan.coordinates)
+        shown = {None: True, True: "always", False: False}[progress]
+        computed = runner.compute(plan.plan, model, batch_size, shown, plan.coordinates)
     return Results(computed)
 
 
@@ -393,7 +396,9 @@ def _point_of(entry: Any, k: int, root: Path):
     from .runs.run import Point
     ok = (isinstance(entry, dict) and isinstance(entry.get("label"), str)
           and isinstance(entry.get("coordinates"), dict) and isinstance(entry.get("folder"), str)
-          and entry["folder"] == (entry["label"] or "."))
+          and entry["folder"] == (entry["label"] or ".")
+          and (entry["label"] == "" or (entry["label"] not in (".", "..") and "/" not in entry["label"]
+                                        and "\0" not in entry["label"])))
     if not ok:
         raise _fail(f"{root / 'run.json'}: points[{k}] is not a point (label, coordinates, folder as a run "
                     "writes them); run the document again")

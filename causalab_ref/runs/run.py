@@ -159,10 +159,11 @@ def points_of(plan: Plan, coordinates: dict) -> tuple[Point, ...]:
     return tuple(Point(leaf.label, coordinates[leaf.label], leaf.label or ".") for leaf in plan.leaves())
 
 
-def compute(plan: Plan, engine, batch_size: Optional[int] = None, progress: Optional[bool] = None,
+def compute(plan: Plan, engine, batch_size: Optional[int] = None, progress=True,
             coordinates: Optional[dict] = None) -> Computed:
-    """Run every leaf of the plan, writing nothing; `progress`: None shows a bar when stderr is a terminal,
-    True always, False never (R16). `coordinates` (label -> coordinates) default to the plan's document's."""
+    """Run every leaf of the plan, writing nothing; `progress`: True a bar when stderr is a terminal, "always"
+    a bar, False none (results.progress; SPEC.md R16, PY11). `coordinates` (label -> coordinates) default to
+    the plan's document's."""
     started = time.perf_counter()
     given, batch_size = batch_size, batch_size or plan.window or None  # --batch-size wins (SPEC.md Q11)
     leaves = plan.leaves()
@@ -251,7 +252,7 @@ def execute(plan: Plan, engine, out: Path, batch_size: Optional[int] = None, rep
     the written paths in write order. `progress` False is --quiet."""
     with results.Folder(out, replace) as folder:
         confine_all(folder, plan)
-        computed = compute(plan, engine, batch_size, None if progress else False, coordinates)
+        computed = compute(plan, engine, batch_size, progress, coordinates)
         return write_into(folder, computed)
 
 
