@@ -16,16 +16,21 @@ TOUR = REPO / "docs" / "tour.md"
 FIGURES = ("tracing.png", "distributed_controls.png")
 
 
+def _blocks(language: str = "sh") -> list[tuple[str, list[str]]]:
+    """(a ```sh command or ```python program, the output lines stated under it), in the tour's order."""
+    blocks = re.findall(r"```(sh|python|text)\n(.*?)```", TOUR.read_text(encoding="utf-8"), re.S)
+    steps: list[tuple[str, str, list[str]]] = []
+    for kind, body in blocks:
+        if kind == "text":
+            steps[-1][2].extend(line for line in body.splitlines() if line)
+        else:
+            steps.append((kind, body.strip(), []))
+    return [(body, lines) for kind, body, lines in steps if kind == language]
+
+
 def _steps() -> list[tuple[str, list[str]]]:
     """(command, the output lines stated under it), in the tour's order."""
-    blocks = re.findall(r"```(sh|text)\n(.*?)```", TOUR.read_text(encoding="utf-8"), re.S)
-    steps: list[tuple[str, list[str]]] = []
-    for kind, body in blocks:
-        if kind == "sh":
-            steps.append((body.strip(), []))
-        else:
-            steps[-1][1].extend(line for line in body.splitlines() if line)
-    return steps
+    return _blocks("sh")
 
 
 def _run(command: str, out: Path) -> str:
@@ -60,3 +65,23 @@ def test_the_tour_states_what_its_commands_print(tmp_path, one_thread):
         printed = _run(command, tmp_path)
         missing = [line for line in lines if line not in printed]
         assert not missing, (command, missing, printed[-2000:])
+
+
+def test_the_tours_python_prints_what_it_states(tmp_path, one_thread, monkeypatch):
+    """SPEC.md:2348 [PY2] SPEC.md:2373 [PY8] the tour's Python section, run in this process from the repository root:
+    one model loaded for every document, the tidy table's coordinate columns, the figure and the saved folder;
+    each stated line is in what it printed, and the lines agree with the CLI steps above (X24's grid)."""
+    import contextlib
+    import io
+
+    (program, lines), = _blocks("python")
+    out = io.StringIO()
+    monkeypatch.chdir(REPO)
+    with contextlib.redirect_stdout(out):
+        exec(compile(program.replace("/tmp/tour", str(tmp_path)), "tour.md", "exec"), {"__name__": "tour"})
+    printed = out.getvalue().replace(str(tmp_path), "/tmp/tour")
+    missing = [line for line in lines if line not in printed]
+    assert not missing, (missing, printed)
+    assert (tmp_path / "tracing_api.png").stat().st_size > 0
+    assert (tmp_path / "tracing_api" / "run.json").is_file()
+
