@@ -342,7 +342,7 @@ def tidy(points, tables, metric: Optional[str] = None) -> list[dict]:
     by_label = {p.label: p for p in points}
     order = {p.label: k for k, p in enumerate(points)}
     taken = set(named.values())
-    out = []
+    out: list[dict] = []
     for label, file, rows in sorted(tables, key=lambda t: (order[t[0]], t[1])):
         at = {}
         for name, column in named.items():

@@ -97,8 +97,9 @@ def points(raw: Any) -> list[tuple[str, Any]]:
 
 
 def coordinates(raw: Any) -> dict[str, dict[str, Any]]:
-    """Each point's label -> its coordinates: each axis's name -> its value as the label shows it (a
-    one-item list is its item), as JSON (an axis named as an earlier one is `<name>_<its place>`); an unswept document is {"": {}}."""
+    """Each point's label -> its coordinates: each axis's name -> its value as the label shows it (a one-item
+    list is its item), as JSON (an axis named as an earlier one is `<name>_<its place>`); an unswept document
+    is {"": {}} (SPEC.md PY9)."""
     return {label: at for label, _point, at in _lowered(raw)}
 
 
@@ -136,7 +137,8 @@ def _lowered(raw: Any) -> list[tuple[str, Any, dict[str, Any]]]:
                                                          f"{MAX_POINTS} points")
     result = []
     for choice in itertools.product(*(range(len(axes[k][0][2])) for k in order)):
-        point, labels, at = raw, [], {}
+        point, labels = raw, []
+        at: dict[str, Any] = {}
         for key, k in zip(order, choice):
             members = axes[key]
             name = members[0][1]
