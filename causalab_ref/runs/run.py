@@ -156,7 +156,7 @@ def coordinates_of(plan: Plan, engine) -> dict[str, dict]:
 
 def points_of(plan: Plan, coordinates: dict) -> tuple[Point, ...]:
     """The plan's leaves as points: label, coordinates (label -> coordinates, sweeps.coordinates) and folder."""
-    return tuple(Point(leaf.label, coordinates[leaf.label], leaf.label or ".") for leaf in plan.leaves())
+    return tuple(Point(leaf.label, coordinates.get(leaf.label, {}), leaf.label or ".") for leaf in plan.leaves())
 
 
 def compute(plan: Plan, engine, batch_size: Optional[int] = None, progress=True,
