@@ -68,8 +68,8 @@ def cmd_run(args):
     compiled = _compile(args.document, args.data_root, args.memory_budget, args.engine, weights=True,
                         device_map=args.device_map)
     with api.own_paths(compiled.document):  # the run's refusals name the document's own paths too
-        written = run.execute(compiled.plan, compiled.model, Path(args.out), batch_size=args.batch_size,
-                              replace=args.replace, progress=not args.quiet, coordinates=compiled.coordinates)
+        written = run.into_folder(Path(args.out), args.replace, compiled.plan, lambda: run.compute(
+            compiled.plan, compiled.model, args.batch_size, not args.quiet, compiled.coordinates))
     lines = list(written)
     for path in written:
         summary = summary_line(Path(path))

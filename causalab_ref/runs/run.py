@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -73,7 +73,7 @@ def fit_step(engine, step, live: dict, batch_size: Optional[int] = None, report=
     try:
         with engine.frozen():  # the model is not trained: only the featurizers' leaves get a gradient (E8)
             curves = fit.train(live, settings, epochs, evaluate, total=step.epochs * len(step.first),
-                               report=report)
+                               report=report or fit.silent)
     except fit.Diverged as bad:  # nothing this fit trained is saved (SPEC.md S37)
         raise Refusal(f"step '{step.name}': update epochs[{bad.epoch}][{bad.update}] left {bad.bad} of {bad.total} "
                       f"values of '{bad.name}' not finite (NaN or infinite), so the fit is refused and nothing it "
@@ -246,14 +246,18 @@ def write(computed: Computed, out: Path, replace: bool = False) -> list[str]:
         return write_into(folder, computed)
 
 
-def execute(plan: Plan, engine, out: Path, batch_size: Optional[int] = None, replace: bool = False,
-            progress: bool = True, coordinates: Optional[dict] = None) -> list[str]:
-    """Claim the results folder, run every leaf of the plan (`compute`) and write its files there; returns
-    the written paths in write order. `progress` False is --quiet."""
+def into_folder(out: Path, replace: bool, plan: Plan, make: Callable[[], Computed]) -> list[str]:
+    """Claim `out` (results.Folder), check every destination before any forward runs (SPEC.md R12), make the
+    results (`compute`) and write them into it; the written paths, in write order."""
     with results.Folder(out, replace) as folder:
         confine_all(folder, plan)
-        computed = compute(plan, engine, batch_size, progress, coordinates)
-        return write_into(folder, computed)
+        return write_into(folder, make())
+
+
+def execute(plan: Plan, engine, out: Path, batch_size: Optional[int] = None, replace: bool = False,
+            progress: bool = True) -> list[str]:
+    """Run every leaf of the plan into the results folder `out` (`into_folder`); `progress` False is --quiet."""
+    return into_folder(Path(out), replace, plan, lambda: compute(plan, engine, batch_size, progress))
 
 
 def _saved(step: ObservePlan, result: StepResult, value: str, digest: str):
