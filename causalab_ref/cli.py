@@ -560,7 +560,7 @@ def main(argv=None) -> int:
     try:
         result = args.func(args)
     except Refusal as refusal:  # its paths already the document's own (api.own_paths)
-        print(str(refusal), file=sys.stderr)  # `<stage>: <path>: <message>`, one line (D4)
+        print(refusal.line(), file=sys.stderr)  # `<stage>: <path>: <message>`, one line (D4)
         return 2
     except KeyboardInterrupt as interrupt:  # SIGINT, or SIGTERM (S6): the staging folder is already removed
         done = type(interrupt).__name__ == "Written"

@@ -46,7 +46,11 @@ class Refusal(Exception):
         self.stage = stage
 
     def __str__(self) -> str:
-        """The CLI's line, `<stage>: <path>: <message>`, one line whatever the document's text holds (D4)."""
+        """The CLI's line (`line`), so that a caller of the Python API sees what the CLI prints (SPEC.md PY4)."""
+        return self.line()
+
+    def line(self) -> str:
+        """The one line the CLI prints, `<stage>: <path>: <message>`, whatever the document's text holds (D4)."""
         where = f"{self.path}: " if self.path else ""
         return f"{self.stage}: {where}{self.message}".replace("\r", "\\r").replace("\n", "\\n")
 
