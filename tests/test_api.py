@@ -304,11 +304,20 @@ def test_to_pandas_is_the_table_or_refused_without_pandas(tracing, monkeypatch):
     assert (refused.value.stage, refused.value.path) == ("table", "pandas")
 
 
-def test_one_model_serves_two_documents_as_two_fresh_processes(models, tmp_path):
-    """SPEC.md:2348 [PY2] two documents on one loaded model give the numbers two fresh `run` processes give."""
+def test_one_model_serves_two_documents_as_two_fresh_processes(models, tmp_path, monkeypatch):
+    """SPEC.md:2348 [PY2] two documents on one loaded model give the numbers two fresh `run` processes give, and
+    neither run loads a model (loading and checkpoint reading fail if called)."""
+    from causalab_ref.engines import checkpoint, loading
+    model = models(cr.read(DOCS / "patching.json"))
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded again")
     for name in ("patching", "layer_sweep"):
         path = DOCS / f"{name}.json"
-        results = cr.run(path, models(cr.read(path)), data_root=DATA, progress=False)
+        with monkeypatch.context() as patched:
+            patched.setattr(loading, "load", no_load)
+            patched.setattr(checkpoint, "load", no_load)
+            results = cr.run(path, model, data_root=DATA, progress=False)
         out = tmp_path / name
         done = subprocess.run([sys.executable, "-m", "causalab_ref", "run", str(path), "--out", str(out),
                                "--data-root", str(DATA), "--quiet"], cwd=REPO, capture_output=True, text=True,
