@@ -1,6 +1,6 @@
 """Benchmarks (not a test): ratios measured side by side in one run.
 
-    python bench/run_bench.py [--quick] [--only a,b,c,d,e,f,g,h,i,j,k,l,m] [--repeats 7] [--markdown FILE]
+    python bench/run_bench.py [--quick] [--only a,b,c,d,e,f,g,h,i,j,k,l,m,n] [--repeats 7] [--markdown FILE]
 
 (a) `run` of the interchange document (documents/patching.json: block_output[0] at -1 read on the
     counterfactual, swapped into the base run, the head read at -1) on 64 rows, versus a hand-written
@@ -50,6 +50,10 @@
     and weights loaded, as the load loads them), both after their imports, interleaved in one process, the
     same weights checked equal; min and median, wall and CPU time. Target <= 1.5x (issue 39). Printed beside
     it: each as a new process, the imports apart from the first load (SPEC Q40-Q42).
+(n) the tour's documents (docs/tour.md) through the Python API in one new process, each model loaded once
+    (SPEC.md PY2), versus one `run` process per document as a shell script runs them: seconds to all results,
+    every metric row's value checked identical (the two folders' tidy tables, `table`'s rows). `--quick`: the
+    four weekday documents that fit nothing.
 Timings are medians of interleaved repeats. CPU threads are pinned to 1 for stable numbers. `--quick`
 runs every row at toy sizes (a check that the script works, not a measurement).
 """
@@ -94,11 +98,12 @@ HEADS16 = "bench-llama-16-heads"
 # issue 33's targets: (a) on the fixture and on the 8x512 Llama, (e), (g), (h), each a ratio to its baseline
 A_TARGETS, E_TARGET, G_TARGET, H_TARGET = (1.10, 1.05), 1.15, 1.05, 1.05
 TABLE: list[tuple[str, str, str]] = []  # (what, measured, target: met or not) for docs/performance.md's table
+TOUR_QUICK = ["weekday_patching", "weekday_tracing", "weekday_lens_all", "weekday_divergence"]
 FULL = {"rows": 64, "repeats": 7, "b": (256, 512), "e": (256, 400), "e_repeats": 5, "g_rows": 64, "h": (64, 16),
-        "i_repeats": 3, "j_only": None, "l": (800, 3000)}
+        "i_repeats": 3, "j_only": None, "l": (800, 3000), "n": None}
 QUICK = {"rows": 8, "repeats": 2, "b": (16, 128), "e": (16, 120), "e_repeats": 1, "g_rows": 8, "h": (8, 4),
          "i_repeats": 1, "j_only": "run_patching,explain_patching,model_components_gpt2,refuse_unknown_key",
-         "l": (100, 375)}
+         "l": (100, 375), "n": TOUR_QUICK}
 
 
 def register(name: str, seed: int, note: str, **config) -> str:
@@ -824,6 +829,64 @@ def bench_m(repeats: int, processes: int, tmp: pathlib.Path) -> None:
                   "names), after imports", f"{said('ours')} = {ratio['wall']:.2f}x (CPU {ratio['cpu']:.2f}x) "
                   f"`nnsight.LanguageModel(folder, dispatch=True)` ({said('nnsight')})",
                   f"<= 1.5x: {verdict(ratio['wall'] <= 1.5)}"))
+# ---------------------------------------------------------------- (n): the API, one model, versus a process each
+
+
+API_SCRIPT = """
+import sys, causalab_ref as cr
+models = {}
+for name, out in zip(sys.argv[1::2], sys.argv[2::2]):
+    document = cr.read(f"documents/{name}.json")
+    spec = document.model
+    key = (spec.key, spec.revision, spec.dtype, spec.attn_implementation)
+    if key not in models:
+        models[key] = cr.load(spec.key, revision=spec.revision, dtype=spec.dtype,
+                              attn_implementation=spec.attn_implementation)
+    cr.run(document, models[key], progress=False).save(out)
+"""
+
+
+def tour_documents() -> list[str]:
+    """The documents docs/tour.md runs, in its order."""
+    text = (ROOT / "docs" / "tour.md").read_text(encoding="utf-8")
+    return list(dict.fromkeys(m.split("/")[1].removesuffix(".json") for m in
+                              __import__("re").findall(r"run (documents/\S+\.json)", text)))
+
+
+def bench_n(names, repeats: int, tmp: pathlib.Path) -> None:
+    """The tour's documents: one API process (each model loaded once) versus a `run` process per document."""
+    from causalab_ref import api
+    names = names or tour_documents()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    turn = {"n": 0}
+
+    def outs(side: str) -> list[pathlib.Path]:
+        return [tmp / f"{side}{turn['n']}" / name for name in names]
+
+    def by_api():
+        turn["n"] += 1
+        argv = [x for name, out in zip(names, outs("api")) for x in (name, str(out))]
+        proc = subprocess.run([sys.executable, "-c", API_SCRIPT, *argv], cwd=ROOT, env=env, capture_output=True,
+                              text=True)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+
+    def by_cli():
+        for name, out in zip(names, outs("cli")):
+            proc = subprocess.run([sys.executable, "-m", "causalab_ref", "run", f"documents/{name}.json", "--out",
+                                   str(out), "--quiet"], cwd=ROOT, env=env, capture_output=True, text=True)
+            assert proc.returncode == 0, proc.stderr[-2000:]
+    t = side_by_side({"api": by_api, "cli": by_cli}, repeats)
+    same = all([(r["point"], r["file"], r["example_id"], r["value"]) for r in api.tidy(*api.read_folder(a))] ==
+               [(r["point"], r["file"], r["example_id"], r["value"]) for r in api.tidy(*api.read_folder(c))]
+               for a, c in zip(outs("api"), outs("cli")))
+    ratio = t["api"] / t["cli"]
+    print(f"(n) the tour's {len(names)} documents: the API in one process {t['api']:.1f} s, a `run` process each "
+          f"{t['cli']:.1f} s = {ratio:.2f}x; every metric row identical: {same}")
+    TABLE.append((f"(n) the tour's {len(names)} documents, all results", f"{t['api']:.1f} s through the API in one "
+                  f"process (each model loaded once) = {ratio:.2f}x one `run` process per document "
+                  f"({t['cli']:.1f} s); every metric row identical: {same}",
+                  f"numbers identical: {verdict(same)}"))
+    assert same, "the API's numbers are not the CLI's"
 
 
 def machine() -> str:
@@ -891,7 +954,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="toy sizes: checks the script runs, measures nothing")
     parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--only", default="a,b,c,d,e,f,g,h,i,j,k,l,m")
+    parser.add_argument("--only", default="a,b,c,d,e,f,g,h,i,j,k,l,m,n")
     parser.add_argument("--markdown", default=None, help="also write docs/performance.md's table to this file")
     args = parser.parse_args()
     size = dict(QUICK if args.quick else FULL)
@@ -933,6 +996,8 @@ def main() -> int:
             bench_l(size["l"], max(1, repeats // 3), tmp / "l")
         if "m" in only:
             bench_m(3 * repeats, 1 if args.quick else 3, tmp / "m")
+        if "n" in only:
+            bench_n(size["n"], max(1, repeats // 3), tmp / "n")
     table = markdown()
     print("\n" + table)
     if args.markdown:

@@ -27,90 +27,55 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def _read_document(path: str, args=None):
-    from .documents import reader, validate
-    file = Path(path)
-    try:
-        if not file.is_file():
-            raise Refusal(f"no document at {path}", path="document", stage="validation")
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:  # unreadable, or a name the file system will not take
-        raise Refusal(f"cannot read {path}: {error}", path="document", stage="validation") from None
-    given = reader.load_json(text, path)
-    form, raw, repath = _lowered(given)  # the lowering's own refusals name the document's own paths
-    if args is not None:
-        args.format, args.repath = form, repath  # from here on, so do the lowered document's (main)
-    return given, raw, validate.points_of(raw)
-
-
-def _lowered(raw):
-    """(format, the plan-shaped document, its paths' map back): a protocol or a steps-first document is
-    lowered (protocol.py, SPEC.md §10; stepsfirst.py, §15)."""
-    from .documents import protocol, stepsfirst
-    form = protocol.shape(raw)
-    if form == "steps-first":
-        lowered = stepsfirst.lower(raw)
-        return form, lowered.plan, lowered.path
-    if form == "protocol":
-        return form, protocol.lower(raw)[0], protocol.protocol_path
-    return form, raw, None
-
-
 BUDGET_HELP = ("the bytes one pass may hold (a number, or with KiB, MiB, GiB; default 1GiB): rows are split into "
                "passes that fit, unless --batch-size says how many")
 
 
-def _compile(args, engine_name: str, weights: bool = False, device_map: str = "cpu"):
-    """The one pass down: read -> lower (a protocol document to the plan-shaped one it means) -> validate
-    (each point once) -> load the model -> compile. A protocol document's plan keeps the document as
-    given and the protocol's digest (SPEC.md PR15, PR16)."""
-    from .documents import protocol, stepsfirst
+def _compile(document: str, data_root: str, memory_budget=None, engine: str = "nnterp", weights: bool = False,
+             device_map: str = "cpu"):
+    """The one pass down (api.read, then api.compiled): read -> lower (a protocol or steps-first document to the
+    plan-shaped one it means) -> validate (each point once) -> load the model -> compile. A protocol
+    document's plan keeps the document as given and the protocol's digest (SPEC.md PR15, PR16)."""
+    from . import api
     from .runs import memory
-    from .runs.plan import with_digest
-    budget = memory.parse_budget(getattr(args, "memory_budget", None))
-    given, raw, points = _read_document(args.document, args)  # refusals up to here import no torch (Q17)
-    from .engines import loading
-    from .runs import compile as compiler
-    eng, plan = loading.compiled(points[0].document.model,  # the model is never swept
-                                 lambda e: compiler.compile_document(raw, e, Path(args.data_root), points,
-                                                                     budget=budget),
-                                 kind=engine_name, weights=weights, device_map=device_map)
-    if args.format != "plan-shaped":
-        own = protocol.digest if args.format == "protocol" else stepsfirst.digest
-        plan = with_digest(plan, own(given), given)
-    return raw, eng, plan
+    memory.parse_budget(memory_budget)  # refused before the document is read
+    read = api.read(document)  # refusals up to here import no torch (Q17)
+    return api.compiled(read, data_root, memory_budget, engine=engine, weights=weights, device_map=device_map)
 
 
 def cmd_validate(args):
-    _raw, _eng, plan = _compile(args, args.engine, device_map=args.device_map)
-    steps = sum(len(leaf.steps) for leaf in plan.leaves())
-    text = f"ok: {args.document} is a valid {args.format} document, {steps} step{'s' if steps != 1 else ''}"
-    return {"text": text, "ok": True, "format": args.format}
+    compiled = _compile(args.document, args.data_root, args.memory_budget, args.engine, device_map=args.device_map)
+    steps = sum(len(leaf.steps) for leaf in compiled.plan.leaves())
+    form = compiled.document.format
+    text = f"ok: {args.document} is a valid {form} document, {steps} step{'s' if steps != 1 else ''}"
+    return {"text": text, "ok": True, "format": form}
 
 
 def cmd_explain(args):
-    from .runs.plan import plan_json
-    _raw, eng, plan = _compile(args, args.engine, device_map=args.device_map)
-    return {"text": plan.text(), "steps": [leaf.label or step.name for leaf in plan.leaves() for step in leaf.steps],
-            "plan": plan_json(plan, eng)}
+    return _compile(args.document, args.data_root, args.memory_budget, args.engine,
+                    device_map=args.device_map).explain()
 
 
 def cmd_run(args):
+    from . import api
     from .runs import results, run
     if args.batch_size is not None and args.batch_size <= 0:
         raise Refusal(f"--batch-size {args.batch_size} is not a number of rows", path="--batch-size",
                       stage="validation")
     results.check_out(Path(args.out), args.replace)  # before any weights load; judged again once claimed
-    _raw, eng, plan = _compile(args, args.engine, weights=True, device_map=args.device_map)
-    written = run.execute(plan, eng, Path(args.out), batch_size=args.batch_size, replace=args.replace,
-                          progress=not args.quiet)
+    compiled = _compile(args.document, args.data_root, args.memory_budget, args.engine, weights=True,
+                        device_map=args.device_map)
+    with api.own_paths(compiled.document):  # the run's refusals name the document's own paths too
+        written = run.into_folder(Path(args.out), args.replace, compiled.plan, lambda: run.compute(
+            compiled.plan, compiled.model, args.batch_size, not args.quiet, compiled.coordinates))
     _note_untested()  # once the results are in place: never before a refusal (R24)
     lines = list(written)
     for path in written:
         summary = summary_line(Path(path))
         if summary:
             lines.append(summary)
-    return {"text": "\n".join(lines), "written": written}
+    points = [p.as_json() for p in run.points_of(compiled.plan, compiled.coordinates)]
+    return {"text": "\n".join(lines), "written": written, "points": points}
 
 
 #: how many of a table's values the run's summary line shows (SPEC.md S19)
@@ -216,8 +181,8 @@ def _document_tokens(args):
     if args.key is not None or args.texts:
         raise Refusal("tokens takes either KEY TEXT... or --document DOC, not both", path="--document",
                       stage="validation")
-    _raw, eng, plan = _compile(args, "nnterp")
-    leaf = plan.leaves()[0]
+    compiled = _compile(args.document, args.data_root)
+    eng, leaf = compiled.model, compiled.plan.leaves()[0]
     if not leaf.steps:
         raise Refusal("this document has no step, so it has no rows to show", path="steps", stage="compile")
     step = leaf.steps[0]
@@ -444,11 +409,32 @@ def cmd_plot(args):
     folder = Path(args.folder)
     plot.target_of(folder, Path(args.out) if args.out else None, args.replace)  # refused before anything compiles
     plot.check_folder(folder)
-    given = argparse.Namespace(document=str(folder / "document.json"), data_root=args.data_root, memory_budget=None)
-    _raw, eng, plan = _compile(given, "nnterp")  # where each swept position lands (explain's plan, no weights)
+    compiled = _compile(str(folder / "document.json"), args.data_root)  # where each swept position lands
     written = plot.draw(folder, Path(args.out) if args.out else None, replace=args.replace,
-                        plan=plan_json(plan, eng))
+                        plan=plan_json(compiled.plan, compiled.model))
     return {"text": f"figure: {written}", "figure": str(written)}
+
+
+def cmd_table(args):
+    """`table FOLDER`: one run folder's metric rows across its points as one table, coordinates as columns
+    (SPEC.md §16): tab-separated text, CSV with --csv, records with --json."""
+    from . import api
+    points, tables = api.read_folder(args.folder)
+    metrics = list(dict.fromkeys(row.get("metric") for _label, _file, rows in tables for row in rows))
+    if args.metric is not None and args.metric not in metrics:
+        raise Refusal(f"no metric '{args.metric}' in {args.folder}; it has {', '.join(map(str, metrics)) or 'none'}",
+                      path="--metric", stage="table")
+    rows, columns = api.tidy(points, tables, args.metric), api.columns_of(points, tables)
+    text = api.as_csv(rows, columns) if args.csv else "\n".join(
+        "\t".join(_cell(row.get(c)) for c in columns) for row in [dict(zip(columns, columns)), *rows])
+    return {"text": text, "columns": columns, "rows": rows, "points": [p.as_json() for p in points]}
+
+
+def _cell(value) -> str:
+    """A tab-separated cell: a string as it is (its tabs and newlines escaped), anything else as JSON."""
+    if isinstance(value, str):
+        return value.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+    return json.dumps(value, separators=(",", ":"))
 
 
 def cmd_schema(args):
@@ -530,6 +516,11 @@ def _corpus_verbs(verbs) -> None:
     p.add_argument("dir", help="the folder to write <name>/ checkpoint folders and manifest.json into")
     p.add_argument("--key", action="append", default=None, help="export only this fixture key (repeatable)")
     _verb(verbs, "schema", cmd_schema, "the document format as a JSON Schema")
+    p = _verb(verbs, "table", cmd_table, "a run's metric rows across its sweep points as one table, coordinates "
+              "as columns")
+    p.add_argument("folder", help="the folder a run wrote (its --out)")
+    p.add_argument("--metric", default=None, help="only this metric's rows")
+    p.add_argument("--csv", action="store_true", help="print CSV (a list or object cell as compact JSON)")
     p = _verb(verbs, "plot", cmd_plot, "draw a run's results folder: heatmaps over its sweep, bars, loss curves")
     p.add_argument("folder", help="the folder a run wrote (its --out)")
     p.add_argument("--out", default=None, help="the figure's file, .png or .svg (default <folder>.png beside it)")
@@ -562,9 +553,7 @@ def main(argv=None) -> int:
             result = args.func(args)
         finally:
             interrupts.late = True  # from here on a signal raises nothing (S77)
-    except Refusal as refusal:
-        if getattr(args, "repath", None):  # set for a protocol or steps-first document only (_lowered)
-            refusal.path = args.repath(refusal.path)  # the protocol or steps-first document's own (PR19, SF14)
+    except Refusal as refusal:  # its paths already the document's own (api.own_paths)
         print(refusal.line(), file=sys.stderr)  # one line, escaped and cut, whatever the names hold (D4, S76)
         return 2
     except KeyboardInterrupt as interrupt:  # SIGINT, or SIGTERM (S6): the staging folder is already removed

@@ -47,7 +47,8 @@ class Refusal(Exception):
         self.stage = stage
 
     def __str__(self) -> str:
-        return f"{self.path}: {self.message}" if self.path else self.message
+        """The CLI's line (`line`), so that a caller of the Python API sees what the CLI prints (SPEC.md PY4)."""
+        return self.line()
 
     def line(self) -> str:
         """The one line the CLI prints, `<stage>: <path>: <message>` (SPEC.md D4, S76)."""

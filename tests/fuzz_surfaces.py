@@ -16,6 +16,8 @@ surface and checks one invariant per case:
 * results: a copy of a run's results folder (a swept patching run, a fit with its loss curve) with
   its tables, document.json, run.json, tensor files and point folders edited, broken, removed or
   replaced by links (a table's values past a float's range, lists, any unit, many rows), drawn by `plot` to a figure path that may be a link, a folder or a file;
+* table: a damaged copy of those results folders (the same damages, and run.json's points edited: labels and
+  folders that climb out, name a link, a file or nothing), read by `table` with --csv, --json or --metric;
 * env: $CAUSALAB_REF_LLAMA_TOKENIZER, $HF_HUB_OFFLINE, $CAUSALAB_REF_CACHE and $CONFORM_CHECKPOINTS set to
   hostile values (tests/fuzz_surfaces_env.py);
 * exported: a damaged copy of a `fixtures export` folder named by a path key, or `fixtures export` onto a
@@ -55,7 +57,7 @@ BUNDLES = sorted((REPO / "documents" / "artifacts").glob("*.safetensors")) + sor
 BUNDLE_DOCS = {"pca": REPO / "documents" / "pca_control.json", "sae": REPO / "documents" / "sae_ablation.json"}
 PATCHING = REPO / "documents" / "patching.json"
 CACHE_KEY = "tiny-llama"
-SURFACES = ("bundle", "case", "impl", "flags", "cache", "results", "env", "exported", "interrupt")
+SURFACES = ("bundle", "case", "impl", "flags", "cache", "results", "env", "exported", "interrupt", "table")
 DTYPES = ["F16", "BF16", "F64", "I64", "I32", "I8", "U8", "BOOL", "F8_E4M3", "X9"]
 
 
@@ -427,6 +429,59 @@ def results_case(rng: random.Random, tmp: pathlib.Path, sentinel: pathlib.Path) 
     return [argv]
 
 
+# ---------------------------------------------------------------- results folders (table's input, SPEC.md S64)
+
+POINT_NAMES = ["..", ".", "", "/", "/etc", "../results", "x/../..", "layers=9,pos=-1", "document.json", "run.json",
+               "\x00", "c" * 300]
+
+
+def _damage_points(rng: random.Random, folder: pathlib.Path) -> None:
+    """run.json's points edited: a label or folder that climbs out or names no point, a point dropped, doubled,
+    made a scalar, or the list made something else."""
+    try:
+        record = json.loads((folder / "run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if not isinstance(record, dict):
+        return
+    points = record.get("points")
+    op = rng.randrange(5)
+    if op == 0 and isinstance(points, list) and points and isinstance(points[0], dict):
+        name = rng.choice(POINT_NAMES)
+        points[rng.randrange(len(points))] = {**points[0], "label": name, "folder": rng.choice([name, "."])}
+    elif op == 1 and isinstance(points, list) and points:
+        points.append(rng.choice(points))
+    elif op == 2 and isinstance(points, list) and points:
+        points.pop(rng.randrange(len(points)))
+    elif op == 3:
+        record["points"] = rng.choice([None, {}, "x", 1, [1], [[]], [{"label": 1}], []])
+    else:
+        record["points"] = fuzzing.mutate_tree(rng, points, ["label", "coordinates", "folder", "points"])
+    (folder / "run.json").write_text(json.dumps(record), encoding="utf-8")
+
+
+def table_case(rng: random.Random, tmp: pathlib.Path, sentinel: pathlib.Path) -> list[list[str]]:
+    """`table` of a damaged copy of a results folder (results_case's damages, and run.json's points edited)."""
+    base = rng.choice(results_bases(tmp.parent))
+    folder = tmp / "results" / base.name
+    shutil.copytree(base, folder, symlinks=True)
+    if rng.random() < 0.5:
+        _damage_points(rng, folder)
+    for _ in range(rng.choice([0, 1, 2])):
+        entries = sorted(folder.rglob("*"))
+        if entries:
+            with contextlib.suppress(OSError):
+                _damage_entry(rng, rng.choice(entries), sentinel)
+    argv = ["table", str(folder)]
+    if rng.random() < 0.3:
+        argv = ["--json", *argv]
+    if rng.random() < 0.3:
+        argv.append("--csv")
+    if rng.random() < 0.3:
+        argv += ["--metric", rng.choice(["iia", "logit_diff", "nope", "", "../x"])]
+    return [argv]
+
+
 # ---------------------------------------------------------------- fixture cache folders
 
 def _built_folder() -> pathlib.Path:
@@ -657,6 +712,8 @@ def _argvs(surface: str, rng: random.Random, case_dir: pathlib.Path, sentinel: p
         return impl_case(rng, case_dir, fixtures), {}, []
     if surface == "flags":
         return flags_case(rng, case_dir, sentinel, fixtures), {}, []
+    if surface == "table":
+        return table_case(rng, case_dir, sentinel), {}, [case_dir / "results"]  # table writes nothing
     return results_case(rng, case_dir, sentinel), {}, [case_dir / "results"]  # plot writes only its figure
 
 

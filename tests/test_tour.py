@@ -21,16 +21,21 @@ FIGURES = ("tracing.png", "distributed_controls.png")
 ELISION = re.compile(r"^… (\d+) lines? elided\b")
 
 
+def _blocks(text: str, language: str = "sh") -> list[tuple[str, list[str]]]:
+    """(a ```sh command or ```python program, the output lines stated under it), in the page's order."""
+    blocks = re.findall(r"```(sh|python|text)\n(.*?)```", text, re.S)
+    steps: list[tuple[str, str, list[str]]] = []
+    for kind, body in blocks:
+        if kind == "text":
+            steps[-1][2].extend(line for line in body.splitlines() if line)
+        else:
+            steps.append((kind, body.strip(), []))
+    return [(body, lines) for kind, body, lines in steps if kind == language]
+
+
 def _steps(text: str) -> list[tuple[str, list[str]]]:
     """(command, the output lines stated under it), in the page's order."""
-    blocks = re.findall(r"```(sh|text)\n(.*?)```", text, re.S)
-    steps: list[tuple[str, list[str]]] = []
-    for kind, body in blocks:
-        if kind == "sh":
-            steps.append((body.strip(), []))
-        else:
-            steps[-1][1].extend(line for line in body.splitlines() if line)
-    return steps
+    return _blocks(text, "sh")
 
 
 def _run(command: str, out: Path, scratch: str = "/tmp/tour") -> str:
@@ -115,3 +120,23 @@ def test_readmes_first_finding_is_what_the_document_and_the_run_say(tmp_path, on
     assert not quoted_mismatch(lines, printed), (quoted_mismatch(lines, printed), printed)
     written = json.loads((tmp_path / "out" / "weekday_patching" / "iia.json").read_text(encoding="utf-8"))
     assert row == written[0]
+
+
+def test_the_tours_python_prints_what_it_states(tmp_path, one_thread, monkeypatch):
+    """SPEC.md:2588 [PY2] SPEC.md:2613 [PY8] the tour's Python section, run in this process from the repository root:
+    one model loaded for every document, the tidy table's coordinate columns, the figure and the saved folder;
+    each stated line is in what it printed, and the lines agree with the CLI steps above (X24's grid)."""
+    import contextlib
+    import io
+
+    (program, lines), = _blocks(TOUR.read_text(encoding="utf-8"), "python")
+    out = io.StringIO()
+    monkeypatch.chdir(REPO)
+    with contextlib.redirect_stdout(out):
+        exec(compile(program.replace("/tmp/tour", str(tmp_path)), "tour.md", "exec"), {"__name__": "tour"})
+    printed = out.getvalue().replace(str(tmp_path), "/tmp/tour")
+    missing = [line for line in lines if line not in printed]
+    assert not missing, (missing, printed)
+    assert (tmp_path / "tracing_api.png").stat().st_size > 0
+    assert (tmp_path / "tracing_api" / "run.json").is_file()
+

@@ -93,11 +93,22 @@ def _replace(raw: Any, path: tuple, value: Any) -> Any:
 
 def points(raw: Any) -> list[tuple[str, Any]]:
     """Lower sweep wrappers: one (label, document) per point; an unswept document is [("", raw)]."""
+    return [(label, point) for label, point, _at in _lowered(raw)]
+
+
+def coordinates(raw: Any) -> dict[str, dict[str, Any]]:
+    """Each point's label -> its coordinates: each axis's name -> its value as the label shows it (a one-item
+    list is its item), as JSON (an axis named as an earlier one is `<name>_<its place>`); an unswept document
+    is {"": {}} (SPEC.md PY9)."""
+    return {label: at for label, _point, at in _lowered(raw)}
+
+
+def _lowered(raw: Any) -> list[tuple[str, Any, dict[str, Any]]]:
     if not isinstance(raw, dict):
         _fail("", f"a document is a JSON object, got {type_name(raw)}")
     wrappers = find_wrappers(raw, ())
     if not wrappers:
-        return [("", raw)]
+        return [("", raw, {})]
     axes: dict[str, list] = {}
     order: list[str] = []
     for path, wrapper in wrappers:
@@ -127,8 +138,11 @@ def points(raw: Any) -> list[tuple[str, Any]]:
     result = []
     for choice in itertools.product(*(range(len(axes[k][0][2])) for k in order)):
         point, labels = raw, []
+        at: dict[str, Any] = {}
         for key, k in zip(order, choice):
             members = axes[key]
+            name = members[0][1]
+            at[name if name not in at else f"{name}_{len(at) + 1}"] = json.loads(_label_value(members[0][2][k]))
             labels.append(f"{members[0][1]}={_label_value(members[0][2][k])}")
             inside_out(labels[-1], ".".join(str(p) for p in members[0][0]), "the sweep point's folder", True)
             for path, _name, values in members:
@@ -136,7 +150,7 @@ def points(raw: Any) -> list[tuple[str, Any]]:
         label = ",".join(labels)
         # The label is the point's folder under --out (SPEC.md R6, R12).
         inside_out(label, ".".join(str(p) for p in axes[order[0]][0][0]), "the sweep point's folder", True)
-        result.append((label, point))
+        result.append((label, point, at))
     return result
 
 

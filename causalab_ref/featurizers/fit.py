@@ -100,13 +100,19 @@ def _set_training(featurizers: dict, names, on: bool) -> None:
         featurizers[name].training = on
 
 
+def silent(epoch: int, loss: Optional[float]) -> None:
+    """No progress shown: `train`'s report when nobody watches."""
+
+
 def train(featurizers: dict, settings: Settings, updates: Iterable[list[Callable[[], dict]]],
-          evaluate: Callable[[], dict], total: Optional[int] = None) -> dict[str, torch.Tensor]:
+          evaluate: Callable[[], dict], total: Optional[int] = None,
+          report: Callable[[int, Optional[float]], None] = silent) -> dict[str, torch.Tensor]:
     """Run the fit: returns `train/loss` (float32, one entry per update run) and `train/eval` (float32,
     epochs run x (1 + trained gates): the watched metric's mean, then each gate's hard-mask mean).
 
     `updates` may be lazy (one epoch made when it is reached); `total`, the updates planned, is then given
-    (the anneal's schedule needs it first). An update that leaves a parameter not finite raises Diverged."""
+    (the anneal's schedule needs it first). An update that leaves a parameter not finite raises Diverged;
+    `report(epoch, loss)` (progress, 1-based) follows each update with its loss and each eval with None."""
     trained = [featurizers[name] for name in settings.params]
     leaves = [leaf for f in trained for leaf in f.params()]
     for leaf in leaves:
@@ -130,11 +136,13 @@ def train(featurizers: dict, settings: Settings, updates: Iterable[list[Callable
             optimizer.step()
             _check_finite(featurizers, settings.params, e, u)
             losses.append(loss.detach().float())
+            report(e + 1, float(losses[-1]))
         _set_training(featurizers, settings.params, False)
         with torch.no_grad():
             scored = {**evaluate(), **mask_terms(gates)}
         names = (settings.early_stop, *mask_terms(gates))
         evals.append(torch.stack([scored[name].float().mean() for name in names]))
+        report(e + 1, None)
         watched = float(scored[settings.early_stop].float().mean())
         if _improves(watched, best, settings.mode):
             best, waited = watched, 0

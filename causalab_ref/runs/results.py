@@ -149,9 +149,10 @@ def clean_stale(out: Path) -> None:
 
 
 
-def progress(total: int, show: bool, what: str):
-    """A tqdm bar on stderr when it is a terminal and the run is not --quiet; otherwise nothing."""
-    if not show or total <= 1 or not sys.stderr.isatty():
+def progress(total: int, show, what: str):
+    """A tqdm bar on stderr: `show` True when it is a terminal (the run is not --quiet), "always" also off a
+    terminal (the API's `progress=True`, a notebook's stderr), False never; nothing for one pass or none."""
+    if not show or total <= 1 or (show != "always" and not sys.stderr.isatty()):
         return None
     from tqdm import tqdm
     return tqdm(total=total, desc=what, unit="pass", leave=False, file=sys.stderr)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -53,9 +53,10 @@ def metric_vectors(step: ObservePlan, result: StepResult) -> dict[str, torch.Ten
 # ---------------------------------------------------------------- fit and weights steps (SPEC.md §9)
 
 
-def fit_step(engine, step, live: dict, batch_size: Optional[int] = None) -> Fitted:
+def fit_step(engine, step, live: dict, batch_size: Optional[int] = None, report=None) -> Fitted:
     """A fit: every update an observe pass with gradient, the eval pass after each epoch (fit.train).
-    Returns the curves and the last eval pass's results."""
+    Returns the curves and the last eval pass's results; `report(epoch, loss)` is called after each update
+    (its loss) and each eval (None)."""
     metric, mode, patience = step.early_stop
     settings = fit.Settings(params=step.params, objective=step.objective, epochs=step.epochs, lr=step.lr,
                             weight_decay=step.weight_decay, anneal=step.anneal, early_stop=metric, mode=mode,
@@ -71,7 +72,8 @@ def fit_step(engine, step, live: dict, batch_size: Optional[int] = None) -> Fitt
     epochs = ([update(p) for p in epoch] for epoch in step.updates())  # each planned when it is reached
     try:
         with engine.frozen():  # the model is not trained: only the featurizers' leaves get a gradient (E8)
-            curves = fit.train(live, settings, epochs, evaluate, total=step.epochs * len(step.first))
+            curves = fit.train(live, settings, epochs, evaluate, total=step.epochs * len(step.first),
+                               report=report or fit.silent)
     except fit.Diverged as bad:  # nothing this fit trained is saved (SPEC.md S37)
         raise Refusal(f"step '{step.name}': update epochs[{bad.epoch}][{bad.update}] left {bad.bad} of {bad.total} "
                       f"values of '{bad.name}' not finite (NaN or infinite), so the fit is refused and nothing it "
@@ -80,7 +82,7 @@ def fit_step(engine, step, live: dict, batch_size: Optional[int] = None) -> Fitt
     return Fitted(curves=curves, evaluation=last["results"])
 
 
-def _leaf_step(walk: Walk, leaf: Plan, step, setting: Setting) -> list[tuple[str, Any]]:
+def _leaf_step(walk: Walk, leaf: Plan, step, setting: Setting, report=None) -> list[tuple[str, Any]]:
     """Run one step of a leaf; returns its files in write order as (file_path, content): a metric table
     (a list), or (tensors, metadata) for a .safetensors file. An observe step's outputs join
     `setting.published`, the leaf's."""
@@ -89,7 +91,7 @@ def _leaf_step(walk: Walk, leaf: Plan, step, setting: Setting) -> list[tuple[str
         stamps = {f.name: dict(f.stamp) for f in leaf.featurizers}
         return [(path, ({"weight": live[name].tensors()["weight"]}, stamps[name])) for name, path in step.saves]
     if step.kind == "fit":
-        fitted = fit_step(walk.engine, step, live, walk.batch_size)
+        fitted = fit_step(walk.engine, step, live, walk.batch_size, report)
         files: list[tuple[str, Any]] = [(path, ({"weight": fitted.curves[name]}, {})) for name, path in step.saves]
         return files + [(path, metric_table(step.evaluation, fitted.evaluation, name, leaf.digest))
                         for name, path in step.evaluation.saves]
@@ -122,48 +124,140 @@ def metric_table(step: ObservePlan, result: StepResult, name: str, digest: str) 
     return rows
 
 
-def execute(plan: Plan, engine, out: Path, batch_size: Optional[int] = None, replace: bool = False,
-            progress: bool = True) -> list[str]:
-    """Run every leaf of the plan and hand its tables to the results folder; returns the written
-    paths in write order (results.py writes them, and moves the folder into place at the end)."""
+@dataclass(frozen=True)
+class Point:
+    """A leaf of the run: its label (its folder's name; "" unswept), its coordinates (each axis's name ->
+    its value as JSON, as the label shows it) and its folder relative to the results folder ("." unswept)."""
+
+    label: str
+    coordinates: dict
+    folder: str
+
+    def as_json(self) -> dict:
+        return {"label": self.label, "coordinates": self.coordinates, "folder": self.folder}
+
+
+@dataclass(frozen=True)
+class Computed:
+    """A run held in memory: each file the folder would hold, in write order, as (relative path, content,
+    the document path a write refusal names) with content a JSON value (a metric table is a list of rows) or
+    (tensors, metadata) for a .safetensors file; the points; and run.json's record (written second)."""
+
+    files: tuple
+    points: tuple[Point, ...]
+    record: dict
+
+
+def coordinates_of(plan: Plan, engine) -> dict[str, dict]:
+    """Each leaf's label -> its coordinates, from the plan-shaped document (sweeps.coordinates)."""
+    from ..documents import sweeps
+    return sweeps.coordinates(sweeps.with_layers(plan.raw, engine.num_layers))
+
+
+def points_of(plan: Plan, coordinates: dict) -> tuple[Point, ...]:
+    """The plan's leaves as points: label, coordinates (label -> coordinates, sweeps.coordinates) and folder."""
+    return tuple(Point(leaf.label, coordinates.get(leaf.label, {}), leaf.label or ".") for leaf in plan.leaves())
+
+
+def compute(plan: Plan, engine, batch_size: Optional[int] = None, progress=True,
+            coordinates: Optional[dict] = None) -> Computed:
+    """Run every leaf of the plan, writing nothing; `progress`: True a bar when stderr is a terminal, "always"
+    a bar, False none (results.progress; SPEC.md R16, PY11). `coordinates` (label -> coordinates) default to
+    the plan's document's."""
     started = time.perf_counter()
     given, batch_size = batch_size, batch_size or plan.window or None  # --batch-size wins (SPEC.md Q11)
     leaves = plan.leaves()
-    with results.Folder(out, replace) as folder:
-        # Every destination is checked before any forward runs (SPEC.md R12).
-        for leaf in leaves:
+    points = points_of(plan, coordinates_of(plan, engine) if coordinates is None else coordinates)
+    passes = sum(-(-len(step.example_ids) // (batch_size or len(step.example_ids) or 1))
+                 for leaf in leaves for step in leaf.steps if isinstance(step, ObservePlan))
+    passes += sum(step.epochs * (len(step.first) + 1) for leaf in leaves for step in leaf.steps
+                  if step.kind == "fit")  # an update or an eval is one tick (fit_step's report)
+    bar = results.progress(passes, progress, "run")
+    walk = Walk(engine, batch_size, share.Memo(plan))
+    files: list[tuple[str, Any, str]] = [("document.json", plan.raw, "")]
+    try:
+        for n, leaf in enumerate(leaves):
             if leaf.label:
-                folder.confine(leaf.label, f"sweep point '{leaf.label}'")
-            for step in leaf.steps:
-                for k, (_value, file_path) in enumerate(document_steps.all_saves(step)):
-                    folder.confine(_within(leaf.label, file_path), f"steps.{step.name}.saves.{k}.file_path")
-        passes = sum(-(-len(step.example_ids) // (batch_size or len(step.example_ids) or 1))
-                     for leaf in leaves for step in leaf.steps if isinstance(step, ObservePlan))
-        bar = results.progress(passes, progress, "run")
-        walk = Walk(engine, batch_size, share.Memo(plan))
-        try:
-            folder.write("document.json", plan.raw)
-            for leaf in leaves:
-                if leaf.label:
-                    folder.write(_within(leaf.label, "document.json"), leaf.raw)
-                # Each sweep point has its own featurizers and its own published outputs (SPEC.md M13).
-                setting = Setting(live=kinds.build(leaf.featurizers), published={}, bar=bar)
-                for step in leaf.steps:
-                    for file_path, content in _leaf_step(walk, leaf, step, setting):
-                        where, path = _within(leaf.label, file_path), f"steps.{step.name}.saves"
-                        if isinstance(content, tuple):
-                            folder.write_bytes(where, bundles.encode(*content), path=path)
-                        else:
-                            folder.write(where, content, path=path)
-            record = engine.run_record(given) | {"rows_per_pass": batch_size, "causalab_ref": results.package_digest(),
-                                                      "versions": results.versions()}
-            record["dtype"] = record.get("served_dtype") or record.get("model", {}).get("dtype")
-            record["wall_seconds"] = round(time.perf_counter() - started, 3)
-            folder.write("run.json", record, at=1)
-        finally:
+                files.append((_within(leaf.label, "document.json"), leaf.raw, ""))
+            where = f"point {n + 1}/{len(leaves)} {leaf.label}" if leaf.label else ""
             if bar is not None:
-                bar.close()
-        return folder.commit()
+                bar.set_postfix_str(where, refresh=False)
+            # Each sweep point has its own featurizers and its own published outputs (SPEC.md M13).
+            setting = Setting(live=kinds.build(leaf.featurizers), published={}, bar=bar)
+            for step in leaf.steps:
+                report = _fit_report(bar, where, step) if step.kind == "fit" else None
+                for file_path, content in _leaf_step(walk, leaf, step, setting, report):
+                    files.append((_within(leaf.label, file_path), content, f"steps.{step.name}.saves"))
+        record = engine.run_record(given) | {"rows_per_pass": batch_size, "causalab_ref": results.package_digest(),
+                                                  "versions": results.versions()}
+        record["dtype"] = record.get("served_dtype") or record.get("model", {}).get("dtype")
+        record["points"] = [p.as_json() for p in points]
+        record["wall_seconds"] = round(time.perf_counter() - started, 3)
+    finally:
+        if bar is not None:
+            bar.close()
+    return Computed(files=tuple(files), points=points, record=record)
+
+
+def _fit_report(bar, where: str, step):
+    """A fit's progress (issue 40): each update and eval a tick, the epoch and its last loss in the bar."""
+    if bar is None:
+        return None
+
+    last: list[float] = []
+
+    def report(epoch: int, loss: Optional[float]) -> None:
+        bar.update(1)
+        if loss is not None:
+            last[:] = [loss]
+        shown = f" loss {last[0]:.4g}" if last else ""
+        bar.set_postfix_str(f"{where} fit '{step.name}' epoch {epoch}/{step.epochs}{shown}".strip())
+    return report
+
+
+def confine_all(folder: results.Folder, plan: Plan) -> None:
+    """Every destination is checked before any forward runs (SPEC.md R12)."""
+    for leaf in plan.leaves():
+        if leaf.label:
+            folder.confine(leaf.label, f"sweep point '{leaf.label}'")
+        for step in leaf.steps:
+            for k, (_value, file_path) in enumerate(document_steps.all_saves(step)):
+                folder.confine(_within(leaf.label, file_path), f"steps.{step.name}.saves.{k}.file_path")
+
+
+def write_into(folder: results.Folder, computed: Computed) -> list[str]:
+    """Hand a computed run's files to the claimed folder (run.json second) and move it into place."""
+    for where, content, path in computed.files:
+        if isinstance(content, tuple):
+            folder.write_bytes(where, bundles.encode(*content), path=path)
+        else:
+            folder.write(where, content, path=path)
+    folder.write("run.json", computed.record, at=1)
+    return folder.commit()
+
+
+def write(computed: Computed, out: Path, replace: bool = False) -> list[str]:
+    """The folder `run` writes, from results in memory: claimed, staged, moved into place whole
+    (results.Folder; SPEC.md S1-S7). The written paths, in write order."""
+    with results.Folder(out, replace) as folder:
+        for point in computed.points:
+            if point.label:
+                folder.confine(point.label, f"sweep point '{point.label}'")
+        return write_into(folder, computed)
+
+
+def into_folder(out: Path, replace: bool, plan: Plan, make: Callable[[], Computed]) -> list[str]:
+    """Claim `out` (results.Folder), check every destination before any forward runs (SPEC.md R12), make the
+    results (`compute`) and write them into it; the written paths, in write order."""
+    with results.Folder(out, replace) as folder:
+        confine_all(folder, plan)
+        return write_into(folder, make())
+
+
+def execute(plan: Plan, engine, out: Path, batch_size: Optional[int] = None, replace: bool = False,
+            progress: bool = True) -> list[str]:
+    """Run every leaf of the plan into the results folder `out` (`into_folder`); `progress` False is --quiet."""
+    return into_folder(Path(out), replace, plan, lambda: compute(plan, engine, batch_size, progress))
 
 
 def _saved(step: ObservePlan, result: StepResult, value: str, digest: str):

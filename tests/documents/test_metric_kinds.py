@@ -115,7 +115,7 @@ def test_against_over_a_window_wider_than_one_is_refused():
                                      (True, "expected an integer, got a boolean"), (None, "expected an integer, got null")])
 def test_k_is_a_positive_integer_at_validation(k, said):
     """SPEC.md:121 [D27] k of 0, a float, a string, a boolean or null is one refusal at `<metric>.k`.
-    SPEC.md:1246 [S58] the surface: one line at the field's path."""
+    SPEC.md:1250 [S58] the surface: one line at the field's path."""
     refusal = _refused(doc(kind="top_k", of="logits", against="clean", k=k))
     assert (refusal.stage, refusal.path, refusal.message) == ("validation", f"{MP}.m.k", said)
 
@@ -386,7 +386,7 @@ def test_the_weekday_cases_hold_the_laws_stated_before_measuring():
 
 @pytest.mark.fast
 def test_the_fuzzer_knows_the_later_fields():
-    """SPEC.md:1246 [S58] the document fuzzer mutates the shipped divergence document with the new fields' names, kinds
+    """SPEC.md:1250 [S58] the document fuzzer mutates the shipped divergence document with the new fields' names, kinds
     and k's hostile numbers."""
     import sys
     sys.path.insert(0, str(REPO / "tests"))

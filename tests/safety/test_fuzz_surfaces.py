@@ -16,7 +16,8 @@ import pytest
 import fuzz_surfaces
 
 PER_SURFACE = {"bundle": 6, "case": 6, "impl": 6, "flags": 10, "cache": 3, "results": 6, "env": 4, "exported": 6,
-               "interrupt": 4}
+               "interrupt": 4,
+               "table": 6}
 
 
 @pytest.fixture(scope="module")
@@ -26,10 +27,10 @@ def session(tmp_path_factory) -> pathlib.Path:
 
 @pytest.mark.parametrize("surface", sorted(PER_SURFACE))
 def test_mutated_surfaces_keep_the_invariant(surface: str, session: pathlib.Path):
-    """SPEC.md:1021 [S9] SPEC.md:872 [C19] SPEC.md:1042 [S13] SPEC.md:1094 [S27] SPEC.md:1121 [S28] Whatever a bundle,
+    """SPEC.md:1025 [S9] SPEC.md:872 [C19] SPEC.md:1046 [S13] SPEC.md:1098 [S27] SPEC.md:1125 [S28] Whatever a bundle,
     a case file, an implementation, a flag, a cache folder, a results folder `plot` draws, an environment variable
-    or an exported folder holds, no call ends in an internal error, writes outside --out, or scores a non-finite
-    row."""
+    or an exported folder holds (or a results folder `table` reads, SPEC.md:1260 [S64]), no call ends in an internal
+    error, writes outside --out, or scores a non-finite row."""
     broken = []
     for k in range(PER_SURFACE[surface]):
         _, results = fuzz_surfaces.run_case(random.Random(1000 * k + 17), session, surface)
@@ -38,7 +39,7 @@ def test_mutated_surfaces_keep_the_invariant(surface: str, session: pathlib.Path
 
 
 def test_the_invariant_sees_an_internal_error_a_nan_row_and_a_changed_file(tmp_path):
-    """SPEC.md:1021 [S9] The checker can fail: an internal error, an eligible NaN row under --out and a changed
+    """SPEC.md:1025 [S9] The checker can fail: an internal error, an eligible NaN row under --out and a changed
     file outside it are each reported."""
     out = tmp_path / "out"
     out.mkdir()
@@ -51,7 +52,7 @@ def test_the_invariant_sees_an_internal_error_a_nan_row_and_a_changed_file(tmp_p
 
 
 def test_the_runs_own_out_and_staging_names_are_not_outside(tmp_path):
-    """SPEC.md:988 [S4] A change under --out or at `.<out>.partial-...` beside it is the run's own; a refused run's
+    """SPEC.md:992 [S4] A change under --out or at `.<out>.partial-...` beside it is the run's own; a refused run's
     --out itself is not (it is left as it was, S2)."""
     out = tmp_path / "out"
     before: dict = {}
@@ -64,7 +65,7 @@ def test_the_runs_own_out_and_staging_names_are_not_outside(tmp_path):
 
 
 def test_a_memory_budget_of_5000_nines_is_not_a_size():
-    """SPEC.md:1194 [S47] A budget whose number is past any float (fuzz case 37, flags: an internal
+    """SPEC.md:1198 [S47] A budget whose number is past any float (fuzz case 37, flags: an internal
     OverflowError once) is refused as not a size at validation, not converted."""
     from causalab_ref.runs import memory
     from causalab_ref.shapes import Refusal
