@@ -211,7 +211,7 @@ class Where:
     @property
     def ragged(self) -> bool:
         """Whether the tap gathers flat at its address: an uneven prompt-frame spec. A continuation-frame spec
-        never is, because a decode step processes one position; its cut happens over the steps (P47, A10)."""
+        never is, because a decode step processes one position; its cut happens over the steps (SPEC.md P47)."""
         return self.frame == "prompt" and self.uneven
 
     @property
@@ -370,7 +370,7 @@ class Observe:
 
 @dataclass(frozen=True)
 class Featurizer:
-    """A declared featurizer: its kind, rank, initial seed or the bundle it is loaded from (F§7)."""
+    """A declared featurizer: its kind, rank, initial seed or the bundle it is loaded from (SPEC.md FZ18)."""
 
     kind: str
     k: Optional[int] = None
@@ -381,7 +381,7 @@ class Featurizer:
 
 @dataclass(frozen=True)
 class Fit:
-    """A fit step (F§10.4): train `params` on `rows` through `interventions`, judged on `eval_rows`."""
+    """A fit step (SPEC.md FZ20): train `params` on `rows` through `interventions`, judged on `eval_rows`."""
 
     rows: tuple[tuple[str, str], ...]
     interventions: tuple[str, ...]
@@ -476,7 +476,7 @@ def features_label(groups: Optional[int], take: Optional[tuple[int, ...]]) -> st
 
 class Basis(Protocol):
     """A change of basis around a write: `featurize(x) -> (f, err)`, `inverse(f', err, x) -> x'`
-    (language-reference §1; featurizers plug in here, identity is the default)."""
+    (SPEC.md E3; featurizers plug in here, identity is the default)."""
 
     def featurize(self, x: torch.Tensor) -> tuple[torch.Tensor, Any]: ...
 

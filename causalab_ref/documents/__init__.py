@@ -11,7 +11,7 @@
     names.py          a declared name is one path segment; save paths that collide
     metrics.py        the metric kinds as a table (columns, units, formulas)
     schema.py         the document format as a JSON Schema
-    protocol.py       the protocol format (F§19) read into the same document
+    protocol.py       the protocol format (SPEC.md §10) read into the same document
 
     from causalab_ref.documents import reader, validate
     points = validate.points_of(reader.load_json(open("documents/patching.json").read()))

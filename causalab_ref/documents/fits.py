@@ -132,7 +132,7 @@ def _check_terms(terms: Terms, metrics: list, declared: dict, step: str, path: s
 
 
 def fit_step(raw: dict, path: str, interventions: dict, roles: tuple, declared: dict) -> Fit:
-    """A fit step (F§10.4; language-reference §6.1, §6.7)."""
+    """A fit step (SPEC.md FZ20)."""
     record(raw, path, FIT_KEYS, ("kind", "rows", "params", "objective", "epochs", "pairs", "optimizer",
                                  "early_stop", "eval"))
     step = path.split(".", 1)[1]
@@ -194,7 +194,7 @@ def uses(step, interventions: dict) -> set[str]:
 
 
 def check_order(steps, interventions: dict, declared: dict) -> None:
-    """No step uses a featurizer before the fit that trains it (language-reference §6.7)."""
+    """No step uses a featurizer before the fit that trains it (SPEC.md FZ21)."""
     for i, (name, step) in enumerate(steps):
         for used in sorted(uses(step, interventions)):
             later = next((n for n, s in steps[i + 1:] if s.kind == "fit" and used in s.params), None)

@@ -3,10 +3,10 @@
 `shape(raw)` tells the formats apart by their top level: a `method` (or a `data` block with no
 `steps`) is the protocol format, a `data` block beside `steps` is the later steps-first format
 (read by stepsfirst.py), anything else is plan-shaped. `lower(raw)` checks a protocol document
-against the subset of document-format.md §19 and rewrites it as the plan-shaped document it
+against the subset SPEC.md §10 states and rewrites it as the plan-shaped document it
 means (one intervention, `method`, and one observe step, `observe`), so it is validated,
 compiled and run by the one plan-shaped pipeline; it also returns the protocol's own digest
-(the raw document with its header reduced to `protocol_version`, F§12), which the plan's
+(the raw document with its header reduced to `protocol_version`, SPEC.md PR15), which the plan's
 `produced_by` takes. `protocol_path` maps a plan-shaped document path in a refusal back to
 the protocol document's own (`interventions.method.reads.v_cf` -> `method.reads.v_cf`).
 Everything outside the subset is refused by name. SPEC.md §10 (PR1-PR19).
@@ -87,7 +87,7 @@ def _named(raw: Any, path: str) -> dict:
 
 def digest(raw: dict) -> str:
     """The protocol's produced_by: sha256 of the raw document with its header reduced to
-    {"protocol_version": …}, keys sorted, compact separators (F§12, PR15)."""
+    {"protocol_version": …}, keys sorted, compact separators (SPEC.md PR15)."""
     body = dict(raw, header={"protocol_version": raw["header"]["protocol_version"]})
     return canonical_sha256(body)
 

@@ -92,7 +92,7 @@ def saves(raw: Any, path: str, who: str, produced: list, tensors: tuple = (), wh
 def produced_names(names: tuple, interventions: dict, outputs: tuple = ()) -> dict[str, str]:
     """What a step may save, each name to 'metric' or 'tensor': its intervention's metrics, its outputs, and
     `<model>.generated` for each model read from when the intervention decodes (SPEC.md M19). With several
-    interventions each is also `<intervention>/<name>`, the bare name only where it is unambiguous (F§10.1)."""
+    interventions each is also `<intervention>/<name>`, the bare name only where it is unambiguous (SPEC.md M12)."""
     per = {}
     for n in names:
         intervention = interventions[n]
@@ -126,7 +126,7 @@ def observe_step(raw: Any, path: str, interventions: dict, roles: tuple) -> Obse
 
 def hoisted(steps: Any, declared: Any) -> tuple[Any, Any]:
     """Interventions written in place on a step, hoisted under the step's name (`<step>[<k>]` inside a list);
-    returns (interventions, steps) with each object replaced by its name (F§0; SPEC.md M22)."""
+    returns (interventions, steps) with each object replaced by its name (SPEC.md M22)."""
     if not isinstance(steps, dict) or not isinstance(declared, dict):
         return declared, steps
     declared, steps = dict(declared), dict(steps)

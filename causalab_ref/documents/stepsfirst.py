@@ -1,6 +1,6 @@
 """Steps-first: the original's later authoring format, read into the plan-shaped document it means.
 
-A steps-first document (document-format.md §0, the third format) names its datasets under `data`, its
+A steps-first document (SPEC.md §15, the third format) names its datasets under `data`, its
 places under `sites`, and runs `steps` in the order written: a `forward` step runs the model on one
 dataset's column with its own reads and writes, a `metric` step scores a read (`"of": "patched.logits"`,
 `"expected": "pairs.cf_answer"`), a `reduce` step averages a read over the rows (or keeps its principal

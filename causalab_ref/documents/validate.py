@@ -58,7 +58,7 @@ def _roles(raw: Any) -> tuple[tuple[str, Role], ...]:
 
 
 def featurizer(raw: Any, path: str) -> Featurizer:
-    """One declared featurizer (F§7), with the validator's refusals in the reference's order."""
+    """One declared featurizer (SPEC.md FZ18), with the validator's refusals in the reference's order."""
     record(raw, path, ("kind", "k", "parametrization", "seed", "file_path"), ("kind",))
     kind = choice(raw["kind"], f"{path}.kind", tuple(featurizer_table.KINDS))
     k = raw.get("k")

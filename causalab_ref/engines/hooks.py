@@ -7,7 +7,7 @@ but its forward (and its decode, transformers' `generate`) is an ordinary
 forward.  SPEC.md L6: an address is a module, an io side and a rank, and that is all a
 hook needs; SPEC.md E6: in a decode a pre-hook on the root counts the steps.
 
-How an address becomes a hook (seed 004:100 "Both engines reach it"):
+How an address becomes a hook (SPEC.md E3, L24):
 
 * addresses are resolved exactly as the nnterp engine resolves them, by
   `address.locate` on a weightless nnterp `StandardizedTransformer` shell of the same
@@ -25,19 +25,19 @@ How an address becomes a hook (seed 004:100 "Both engines reach it"):
   a forward hook.  Which of those a tap takes is the component table's `reach`
   column, as the nnterp engine dispatches on it: a `boundary` row is the module's input or
   output; the `model_logits` row (`logits`) is the root module (empty path) and its
-  output's `.logits` field (seed 004:100, SPEC.md L9);
+  output's `.logits` field (SPEC.md L9);
 * taps at one boundary run in the order given (rank order, writes before reads,
   SPEC.md R4) through the one write seam (seam.py), and the boundary's value becomes
   the tensor the seam returns — so a later read at the same boundary, and everything
   downstream, sees the write; a read with `"view": "logits"` is put through the final
   norm, the head and Gemma-2's softcap by the contract's one logits view (SPEC.md L10).
 
-What a hook cannot see (seed-tables B6 "interiors are nnterp-engine only";
+What a hook cannot see (interiors are nnterp-engine only,
 SPEC.md L12): the four interiors are one argument of one call inside a module's
 forward, and are refused at compile (the table's `interior` column).  `attention_probs`
 (the `pattern` reach) is refused too: under eager the attention module does hand its
 pattern out as output element 1, but as a by-product the values were already mixed
-with, so a write there would change nothing downstream (SPEC.md L11; seed 004:123).
+with, so a write there would change nothing downstream (SPEC.md L11).
 """
 from __future__ import annotations
 
@@ -162,7 +162,7 @@ class HooksEngine(Engine):
     # -------------------------------------------------------------- compile-time questions
 
     def locate(self, component: str, layer: Optional[int], site: str = "target"):
-        """The nnterp engine's address, minus what a hook cannot reach (seed-tables B6)."""
+        """The nnterp engine's address, minus what a hook cannot reach (SPEC.md L12)."""
         if component in address.INTERIORS:
             raise Refusal(INTERIOR.format(name=component), path=f"sites.{site}", stage="compile")
         if address.reach(component) == "pattern":

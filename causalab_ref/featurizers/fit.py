@@ -1,5 +1,5 @@
 """Fit: the training loop of a `fit` step — minibatch order, anneal, AdamW, eval, early stopping
-(SPEC.md §9; language-reference §6).
+(SPEC.md §9, FZ12-FZ16).
 
 The loop is independent of how a pass is run: `train` is handed, per planned update, a
 callable that runs that minibatch's observe pass and returns its metric vectors (with

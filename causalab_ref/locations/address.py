@@ -225,7 +225,7 @@ def check_layering(component: str, layered: bool, layer: Optional[int], path: st
 
 
 def check_per_head(component: str, per_head: bool, heads: Optional[tuple], path: str, stage: str) -> None:
-    """`heads` slices a per-head tensor only (SPEC.md L14; seed-tables B11); `path` is the site's."""
+    """`heads` slices a per-head tensor only (SPEC.md L14); `path` is the site's."""
     if heads is not None and not per_head:
         raise Refusal(f"'{component}' is not a per-head tensor; `heads` applies at {list(PER_HEAD)}",
                       path=f"{path}.heads", stage=stage)

@@ -169,7 +169,7 @@ def window(step: ObservePlan, lo: int, hi: int) -> ObservePlan:
 
 def run_pass(p: Pass) -> tuple[dict[str, torch.Tensor], dict[str, Resolved]]:
     """The forwards of one window of rows: (values read, where each tap acted). The value table starts
-    with this window's part of each published value, so a ref is resolved like a read (LR§5.3);
+    with this window's part of each published value, so a ref is resolved like a read (SPEC.md M13);
     `p.leads` places a gaussian write's window in the whole pass's draw."""
     values: dict[str, torch.Tensor] = dict(p.refs)
     placed: dict[str, Resolved] = {}

@@ -200,7 +200,7 @@ def compute(plan: Plan, engine, batch_size: Optional[int] = None, progress=True,
 
 
 def _fit_report(bar, where: str, step):
-    """A fit's progress (issue 40): each update and eval a tick, the epoch and its last loss in the bar."""
+    """A fit's progress (SPEC.md PY11): each update and eval a tick, the epoch and its last loss in the bar."""
     if bar is None:
         return None
 

@@ -44,7 +44,7 @@ class Context:
 
     `f0()` is the tap's value as it arrived, before this tap's first write, gathered over
     the same selection and featurized by the write's own featurizer (renormalize's f0,
-    language-reference §2.7); it is computed only when asked. `step` is the decode step
+    SPEC.md M6); it is computed only when asked. `step` is the decode step
     (0 for the prompt's own forward). `lead` is (offset, total) of `f`'s leading axis within
     the whole pass over the step's rows (rows when rectangular, positions when flat), so a
     row's gaussian noise does not depend on --batch-size; None means `f` is the whole pass."""

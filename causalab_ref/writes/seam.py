@@ -2,7 +2,7 @@
 
 An engine reaches the tensor at an address (an nnsight envoy, a torch hook) and hands
 it here with the actions that fire there, in order; `apply` returns the tensor to put
-back and the reads taken. Each write is (language-reference §1):
+back and the reads taken. Each write is (SPEC.md E3):
 
     x  = gather(T, selection)
     f, err = featurizer.featurize(x)          (identity: x, None)
@@ -51,7 +51,7 @@ def operand_for(action: Action, f: torch.Tensor):
     features = getattr(tap, "features", None)
     if features is not None and operand.shape == f.shape[:-1] + (len(features),):
         return operand.to(f.device)
-    try:  # the operand's own shape, or one that broadcasts to it (a mean lands on every row, LR§1)
+    try:  # the operand's own shape, or one that broadcasts to it (a mean lands on every row, SPEC.md M11, M14)
         fits = operand.shape == f.shape or torch.broadcast_shapes(operand.shape, f.shape) == f.shape
     except RuntimeError:
         fits = False
