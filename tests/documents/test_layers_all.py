@@ -128,3 +128,43 @@ def test_a_read_only_all_document_runs_one_forward():
     assert len(forwards) == 2 and forwards[0].computation and {f.computation for f in forwards} == {
         forwards[0].computation}
     assert forwards[0].shared == ("layers=0/score", "layers=1/score")
+
+
+def _exported_with_layers(tmp_path: Path, field: str, count) -> str:
+    """A path-key document (documents/layer_sweep.json with layers "all") on an exported tiny-llama whose
+    config.json says `count` layers under `field`."""
+    import shutil
+    from tests import fuzz_surfaces
+    folder = tmp_path / "exp" / "tiny-llama"
+    shutil.copytree(fuzz_surfaces.fixtures_folder(tmp_path) / "tiny-llama", folder)
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    if field.startswith("text_config."):
+        config["text_config"] = {field.split(".", 1)[1]: count}
+    else:
+        config[field] = count
+    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    doc = _all()
+    doc["model"]["key"] = str(folder)
+    path = tmp_path / "doc.json"
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    return str(path)
+
+
+@pytest.mark.parametrize("field, count, shown", [
+    ("num_hidden_layers", 10 ** 9, "1000000000"), ("num_hidden_layers", 10_001, "10001"),
+    ("num_hidden_layers", 0, "0"), ("num_hidden_layers", -1, "-1"), ("num_hidden_layers", 2.0, "a number"),
+    ("num_hidden_layers", True, "a boolean"), ("num_hidden_layers", 10 ** 30, "an integer of 31 digits"),
+    ("text_config.num_hidden_layers", 10 ** 9, "1000000000"),
+])
+def test_a_config_layer_count_out_of_bounds_is_refused_before_anything_is_built(tmp_path, field, count, shown):
+    """SPEC.md:102 [D36] a path key whose config.json says 10^9 or 10,001 layers (validate ran past 120 s: the
+    meta load built every layer before any bound) or 0 or -1 (an internal IndexError inside nnterp's renaming
+    check) is one refusal at model.key naming the field and the count, at once (issue 38)."""
+    import time
+    started = time.perf_counter()
+    done = cli("validate", _exported_with_layers(tmp_path, field, count), "--data-root", str(DATA))
+    text = done.stderr.strip()
+    assert done.returncode == 2 and len(text.splitlines()) == 1 and "internal error" not in text, text
+    assert text.startswith("compile: model.key: model '") and text.endswith(
+        f"config.json's `{field}` is {shown}; a model has from 1 to 1,000 layers"), text
+    assert time.perf_counter() - started < 60

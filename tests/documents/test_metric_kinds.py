@@ -295,6 +295,27 @@ def test_a_bare_answer_of_two_tokens_is_refused_with_its_surface():
 
 
 @pytest.mark.fast
+@pytest.mark.parametrize("text", ["</s>", "<unk>", "<s>"])
+@pytest.mark.parametrize("form", ["bare", "space_prefixed"])
+def test_a_special_tokens_spelling_is_text_not_the_special_token(weekday_tok, text, form):
+    """SPEC.md:142 [D29] an answer is encoded with no special tokens, none parsed from its text either: a bare
+    `</s>` was scored as the end-of-sequence token (id 2), eligible, where the same answer space_prefixed was
+    refused (issue 38). Both forms now spell it in ordinary tokens, so it is D15's refusal of several ids; the
+    tokenizer's own special-token-free encoding is the ground (the backend with special tokens as text)."""
+    backend = weekday_tok.backend_tokenizer
+    backend.encode_special_tokens = True
+    try:
+        plain = backend.encode((" " if form == "space_prefixed" else "") + text, add_special_tokens=False).ids
+    finally:
+        backend.encode_special_tokens = False
+    assert len(plain) > 1 and not set(plain) & {0, 1, 2}
+    with pytest.raises(Refusal) as refusal:
+        data.answer_id(weekday_tok, text, "p", token_form=form)
+    assert refusal.value.message.startswith(f"answer '{text}' is {len(plain)} tokens as ")
+    assert weekday_tok.encode(text, add_special_tokens=False) == [{"</s>": 2, "<unk>": 0, "<s>": 1}[text]]
+
+
+@pytest.mark.fast
 def test_token_form_is_one_of_the_two_forms():
     """SPEC.md:142 [D29] token_form is space_prefixed or bare; anything else is refused naming both."""
     refusal = _refused(doc(kind="soft_accuracy", of="logits", expected="cf_answer", token_form="spaced"))
