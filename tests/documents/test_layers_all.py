@@ -111,7 +111,7 @@ def test_the_sweep_bound_counts_the_layers():
 
 @pytest.mark.fast
 def test_a_band_of_named_layers_stays_refused():
-    """SPEC.md:106 [D37] layers [0, 1] is one address over two layers: refused by name, as L2."""
+    """SPEC.md:113 [D37] layers [0, 1] is one address over two layers: refused by name, as L2."""
     doc = _all()
     doc["sites"]["resid"]["layers"] = [0, 1]
     with pytest.raises(Refusal, match="a band spanning several layers is one address and is not implemented"):
@@ -119,7 +119,7 @@ def test_a_band_of_named_layers_stays_refused():
 
 
 def test_a_read_only_all_document_runs_one_forward():
-    """SPEC.md:1655 [Q32] every point's forward is one computation, marked shared by all of them (Q5)."""
+    """SPEC.md:1664 [Q32] every point's forward is one computation, marked shared by all of them (Q5)."""
     doc = _all()
     points = validate.points_of(doc)
     _engine, plan = loading.compiled(points[0].document.model,
