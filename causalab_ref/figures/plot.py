@@ -98,7 +98,7 @@ def _tables(folder: Path) -> dict[str, list[dict]]:
             continue
         rows = read_json(file)  # None when not JSON, or nested past what the reader takes
         if isinstance(rows, list) and rows and all(isinstance(r, dict) and "metric" in r and "value" in r
-                                                   for r in rows):
+                                                   and not isinstance(r["value"], list) for r in rows):  # D28
             tables[file.relative_to(folder).as_posix()] = rows
     return tables
 
@@ -275,7 +275,8 @@ def panels(out: Path, plan: Optional[list[dict]] = None) -> list[Panel]:
             found.append(Panel("curve", f"{file}{' at ' + label if label else ''}: loss per update",
                                tuple(losses), xlabel="update", ylabel="loss"))
     if not found:
-        raise _fail(f"{out} holds no metric table and no loss curve; there is nothing to draw")
+        raise _fail(f"{out} holds no metric table of numbers and no loss curve (a table whose value per row is a "
+                    "list, top_k's, is not drawn); there is nothing to draw")
     return found
 
 

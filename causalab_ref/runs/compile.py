@@ -404,7 +404,7 @@ def _metrics(ctx: Context, intervention, base_rows: list, ipath: str) -> list[Me
         _check_vocabulary_wide(metric.of, reads[metric.of], sites, ctx.addresses, m, f"{mpath}.of")
         if metric.against is not None:
             _check_vocabulary_wide(metric.against, reads[metric.against], sites, ctx.addresses, m, f"{mpath}.against")
-        _check_k(metric, ctx.engine.vocab_size, m, mpath)
+        _check_k(metric, ctx.engine.vocab_size, m, mpath, len(base_rows))
         columns = tuple(c for _, c in metric.columns)
         eligible = data.answer_eligible(base_rows, columns, m, mpath)
         answers = []
@@ -412,17 +412,32 @@ def _metrics(ctx: Context, intervention, base_rows: list, ipath: str) -> list[Me
             answers.append((field_name, data.answer_ids(tok, base_rows, eligible, column, f"{mpath}.{field_name}",
                                                     metric.token_form)))
         kind = metrics.KINDS[metric.kind]
+        spell = functools.partial(_spell, tok.decode) if kind.listed else None
         plans.append(MetricPlan(name=m, kind=metric.kind, of=metric.of, answers=tuple(answers),
                                 eligible=eligible, unit=kind.unit, estimand_version=kind.estimand_version,
-                                against=metric.against, k=metric.k))
+                                against=metric.against, k=metric.k, spell=spell))
     return plans
 
 
-def _check_k(metric, vocabulary: int, name: str, path: str) -> None:
-    """top_k's k is at most the vocabulary: the top V of V tokens is every token (SPEC.md D27)."""
+def _spell(decode, token: int) -> str:
+    """One token id as a top_k row spells it (metrics.spelled: repr of its decoded text; SPEC.md D28)."""
+    return metrics.spelled(decode, [token])
+
+
+#: the most [token, probability] pairs one top_k table holds, rows x k (SPEC.md D27)
+MOST_PAIRS = 1_000_000
+
+
+def _check_k(metric, vocabulary: int, name: str, path: str, rows: int) -> None:
+    """top_k's k is at most the vocabulary: the top V of V tokens is every token; a listed kind's table holds at
+    most MOST_PAIRS pairs, so its rows are bounded before any is made (SPEC.md D27)."""
     if metric.k is not None and metric.k > vocabulary:
         raise Refusal(f"metric '{name}': k {metric.k} is more than the vocabulary's {vocabulary} tokens; k counts "
                       f"top-ranked tokens, so write a k from 1 to {vocabulary}", path=f"{path}.k", stage="compile")
+    if metric.k is not None and metrics.KINDS[metric.kind].listed and rows * metric.k > MOST_PAIRS:
+        raise Refusal(f"metric '{name}': k {metric.k} on {rows} rows is {rows * metric.k:,} [token, probability] "
+                      f"pairs, more than the {MOST_PAIRS:,} a table holds; write a smaller k or score fewer rows",
+                      path=f"{path}.k", stage="compile")
 
 
 def observe_plan(ctx: Context, name: str, i_name: str, rows: StepRows, saves: tuple,

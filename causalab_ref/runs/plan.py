@@ -103,6 +103,8 @@ class MetricPlan:
     estimand_version: str
     against: Optional[str] = None  # the reference read (kl, js, top_k), placed on the rows `of` is
     k: Optional[int] = None  # top_k's number of tokens
+    # a listed kind's (top_k's) speller of one token id, the run's tokenizer's (metrics.spelled; SPEC.md D28)
+    spell: Optional[Callable[[int], str]] = field(default=None, compare=False, repr=False)
 
     @property
     def reads(self) -> tuple[str, ...]:

@@ -329,11 +329,11 @@ def test_produced_by_is_the_document_as_given_without_its_header(tmp_path):
     assert stepsfirst.digest(dict(POS_SWEEP, header={"description": "other"})) == want
 
 
-SHIPPED_NAMES = ["hydra_effect", "logit_lens_all", "mean_ablation", "multi_position_patch", "pos_sweep"]
+SHIPPED_NAMES = ["hydra_effect", "logit_lens_all", "mean_ablation", "multi_position_patch", "pos_sweep", "readout"]
 
 
 def test_the_originals_adapted_steps_first_documents_validate(tmp_path):
-    """SPEC.md:2304 [SF16] the five shipped adaptations validate (the corpus runs them); top_k's band is refused."""
+    """SPEC.md:2304 [SF16] the six shipped adaptations validate (the corpus runs them); top_k's band is refused."""
     assert sorted(p.stem for p in SHIPPED.glob("*.json")) == SHIPPED_NAMES
     for name in SHIPPED_NAMES:
         done = cli("validate", str(SHIPPED / f"{name}.json"), "--data-root", DATA)

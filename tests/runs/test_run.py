@@ -250,11 +250,15 @@ def test_rows_scored_together_equal_each_row_scored_alone():
              "soft_accuracy": lambda v, r: v.softmax(-1)[ids[r]],
              "kl": lambda v, r: metrics.KINDS["kl"].score(v[None], {"against": against[r][None]})[0],
              "js": lambda v, r: metrics.KINDS["js"].score(v[None], {"against": against[r][None]})[0],
-             "top_k": lambda v, r: metrics.KINDS["top_k"].score(v[None], {"against": against[r][None], "k": 7})[0]}
+             "top_k_overlap": lambda v, r: metrics.KINDS["top_k_overlap"].score(
+                 v[None], {"against": against[r][None], "k": 7})[0],
+             "top_k": lambda v, r: torch.stack([part[0] for part in metrics.KINDS["top_k"].score(v[None], {"k": 7})])}
     assert set(alone) == set(metrics.KINDS)
     for name, formula in alone.items():
         kind = metrics.KINDS[name]
         columns = {**dict(zip(kind.columns, (ids, other))), "against": against, "k": 7}
         together = kind.score(logits, columns)
         want = torch.stack([formula(logits[r], r) for r in range(9)])
+        if kind.listed:  # (probabilities, ids), each (n, k): row r's pair is (want[r][0], want[r][1])
+            together = torch.stack([together[0], together[1].to(together[0].dtype)], 1)
         assert torch.equal(together, want), (name, (together - want).abs().max())
