@@ -119,7 +119,7 @@ def test_a_band_of_named_layers_stays_refused():
 
 
 def test_a_read_only_all_document_runs_one_forward():
-    """SPEC.md:1664 [Q32] every point's forward is one computation, marked shared by all of them (Q5)."""
+    """SPEC.md:1678 [Q32] every point's forward is one computation, marked shared by all of them (Q5)."""
     doc = _all()
     points = validate.points_of(doc)
     _engine, plan = loading.compiled(points[0].document.model,
