@@ -32,13 +32,18 @@ def _explain(tmp_path: Path, doc: dict):
     return cli("--json", "explain", str(path), "--data-root", str(DATA))
 
 
-def test_all_is_the_layer_sweep_point_for_point(tmp_path):
-    """SPEC.md:89 [D34] the plan of layers "all" on the 2-layer fixture is the explicit sweep's: labels
-    layers=0, layers=1 in layer order, each point's produced_by the same."""
+def test_all_is_one_plan_whose_steps_are_the_layer_sweeps_points(tmp_path):
+    """SPEC.md:89 [D34] the plan of layers "all" on the 2-layer fixture is one plan (no point folders): the
+    explicit sweep's steps, layer by layer, each carrying its layer, its produced_by the document's own."""
     swept, every = _explain(tmp_path, SWEEP), _explain(tmp_path, _all())
     assert swept.returncode == every.returncode == 0, every.stderr
-    assert json.loads(every.stdout)["steps"] == ["layers=0", "layers=1"]
-    assert json.loads(every.stdout)["plan"] == json.loads(swept.stdout)["plan"]
+    assert json.loads(swept.stdout)["steps"] == ["layers=0", "layers=1"]
+    leaves = json.loads(every.stdout)["plan"]
+    assert [leaf["label"] for leaf in leaves] == [""]
+    assert [(s["name"], s["layer"]) for s in leaves[0]["steps"]] == [("score", 0), ("score", 1)]
+    for layer, point in enumerate(json.loads(swept.stdout)["plan"]):
+        step = {k: v for k, v in leaves[0]["steps"][layer].items() if k != "layer"}
+        assert step == point["steps"][0]
 
 
 @pytest.mark.fast
@@ -69,7 +74,8 @@ def test_compile_lowers_all_with_the_engines_layer_count():
         num_layers = property(lambda self: 1)
     engine, plan = loading.compiled(points[0].document.model,
                                     lambda e: compiler.compile_document(doc, OneLayer(e), DATA, points))
-    assert [leaf.label for leaf in plan.leaves()] == ["layers=0"]
+    assert [leaf.label for leaf in plan.leaves()] == [""]
+    assert [(step.name, step.layer) for step in plan.leaves()[0].steps] == [("score", 0)]
 
 
 @pytest.mark.fast
@@ -127,7 +133,7 @@ def test_a_read_only_all_document_runs_one_forward():
     forwards = [f for leaf in plan.leaves() for step in leaf.steps for f in step.forwards]
     assert len(forwards) == 2 and forwards[0].computation and {f.computation for f in forwards} == {
         forwards[0].computation}
-    assert forwards[0].shared == ("layers=0/score", "layers=1/score")
+    assert forwards[0].shared == ("score@layer=0", "score@layer=1")
 
 
 def _exported_with_layers(tmp_path: Path, field: str, count) -> str:
@@ -168,3 +174,96 @@ def test_a_config_layer_count_out_of_bounds_is_refused_before_anything_is_built(
     assert text.startswith("compile: model.key: model '") and text.endswith(
         f"config.json's `{field}` is {shown}; a model has from 1 to 1,000 layers"), text
     assert time.perf_counter() - started < 60
+
+
+LENS_ALL = ROOT / "documents" / "steps_first" / "logit_lens_all.json"
+
+
+def _run(tmp_path: Path, doc, name: str) -> Path:
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    out = tmp_path / name
+    done = cli("run", str(path), "--data-root", str(DATA), "--out", str(out), "--quiet")
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def _rows(folder: Path, table: str) -> list:
+    return json.loads((folder / table).read_text(encoding="utf-8"))
+
+
+def test_the_originals_logit_lens_all_writes_one_table_per_metric_with_a_layer_on_every_row(tmp_path):
+    """SPEC.md:89 [D34] the original's logit_lens_all.json (adapted): one p_answer.json and one top1.json, 8 rows
+    each on the 2-layer fixture, ordered (layer, example) with `layer` right after `metric` (its test_lens.py:
+    `[(row["layer"], row["example_id"])] == [(layer, str(row)) for layer in (0, 1) for row in range(4)]`), no
+    folder per layer; each layer's rows are the explicit layer sweep's point, value for value (the original's
+    "the same lens, to the bit"); produced_by is the steps-first document's own digest (SF15)."""
+    from causalab_ref.documents import stepsfirst
+    raw = json.loads(LENS_ALL.read_text(encoding="utf-8"))
+    every = _run(tmp_path, raw, "every")
+    assert sorted(p.name for p in every.iterdir()) == ["document.json", "p_answer.json", "run.json", "top1.json"]
+    swept = _run(tmp_path, SWEEP, "swept")
+    for table in ("p_answer.json", "top1.json"):
+        rows = _rows(every, table)
+        assert [(r["layer"], r["example_id"]) for r in rows] == [(layer, str(e)) for layer in (0, 1) for e in range(4)]
+        assert all(list(r)[:3] == ["example_id", "metric", "layer"] for r in rows)
+        assert {r["produced_by"] for r in rows} == {stepsfirst.digest(raw)}
+        for layer in (0, 1):
+            point = _rows(swept / f"layers={layer}", table)
+            assert [r["value"] for r in rows[4 * layer:4 * layer + 4]] == [r["value"] for r in point]
+
+
+def test_a_metric_of_a_read_at_one_layer_in_an_all_document_is_one_table_of_its_rows(tmp_path):
+    """SPEC.md:89 [D34] only a metric of a read at an "all" site has a layer axis: a metric of the head in the
+    same document is written once, a row per example, with no `layer`."""
+    doc = _all()
+    iv = doc["interventions"]["lens"]
+    doc["sites"]["head"] = {"component": "lm_head"}
+    iv["reads"]["head"] = {"site": "head", "pos": -1, "input": "base"}
+    iv["metrics"]["p_head"] = {"kind": "token_prob", "of": "head", "token": "base_answer"}
+    doc["steps"]["score"]["saves"].append({"value": "p_head", "file_path": "p_head.json"})
+    out = _run(tmp_path, doc, "mixed")
+    head = _rows(out, "p_head.json")
+    assert [r["example_id"] for r in head] == ["0", "1", "2", "3"] and all("layer" not in r for r in head)
+    assert [r["layer"] for r in _rows(out, "p_answer.json")] == [0] * 4 + [1] * 4
+
+
+def test_all_beside_another_sweep_is_a_folder_per_point_of_that_sweep_each_table_by_layer(tmp_path):
+    """SPEC.md:89 [D34] a sweep over layers stays what {"sweep": ...} is for: with a pos sweep beside "all", a
+    folder per pos point, each holding one table of a row per (layer, example)."""
+    doc = _all()
+    doc["interventions"]["lens"]["reads"]["lens"]["pos"] = {"sweep": [-1, -2]}
+    out = _run(tmp_path, doc, "both")
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["pos=-1", "pos=-2"]
+    for point in ("pos=-1", "pos=-2"):
+        assert [r["layer"] for r in _rows(out / point, "top1.json")] == [0] * 4 + [1] * 4
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("edit, path, words", [
+    (lambda iv, doc: iv["writes"].update(zero={"site": "resid", "pos": -1, "mechanism": "swap", "operand": 0.0}),
+     "interventions.lens.writes.zero.site", "a write at every layer is as many experiments"),
+    (lambda iv, doc: iv["reads"].update(rot={"site": "resid", "pos": -1, "input": "base", "featurizer": "rot"})
+     or doc.update(featurizers={"rot": {"kind": "subspace", "k": 4}}), "featurizers.rot",
+     "a featurizer is one parameter set"),
+    (lambda iv, doc: doc["steps"]["score"].update(outputs={"kept": {"read": "lens"}}),
+     "steps.score.outputs.kept", "a read at every layer; score it with a metric"),
+    (lambda iv, doc: (doc["sites"].update(one={"component": "block_output", "layers": [0]}),
+                      iv["reads"].update(raw={"site": "resid", "pos": -1, "input": "base"}),
+                      iv["writes"].update(w={"site": "one", "pos": -1, "mechanism": "swap", "operand": "raw"})),
+     "interventions.lens.writes.w.operand", "an operand is one value at one layer"),
+], ids=["a write", "a featurizer", "an output", "an operand"])
+def test_what_a_read_at_every_layer_may_not_be(edit, path, words):
+    """SPEC.md:89 [D34] (the original's test_lens.py: a write at every layer is as many experiments, a read at
+    every layer takes no featurizer, a reduction or an operand of it is refused): each is one refusal at
+    validation at its path, naming the sweep that writes one experiment per layer."""
+    doc = _all()
+    iv = doc["interventions"]["lens"]
+    iv.setdefault("writes", {})
+    edit(iv, doc)
+    if not iv["writes"]:
+        del iv["writes"]
+    with pytest.raises(Refusal) as caught:
+        validate.points_of(doc)
+    assert (caught.value.stage, caught.value.path) == ("validation", path), caught.value.message
+    assert words in caught.value.message and '{"sweep": [[0], [1], ...]}' in caught.value.message
