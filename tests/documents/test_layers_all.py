@@ -49,7 +49,7 @@ def test_all_is_one_plan_whose_steps_are_the_layer_sweeps_points(tmp_path):
 @pytest.mark.fast
 @pytest.mark.parametrize("count", [1, 2, 48])
 def test_all_is_one_point_per_layer_of_the_model(count):
-    """SPEC.md:96 [D35] lowered with the model's count: 1 layer is one point, 48 layers 48, in order."""
+    """SPEC.md:108 [D35] lowered with the model's count: 1 layer is one point, 48 layers 48, in order."""
     points = validate.points_of(_all(), layers=count)
     assert [p.label for p in points] == [f"layers={k}" for k in range(count)]
     assert [p.document.sites[0][1].layers for p in points] == [(k,) for k in range(count)]
@@ -57,7 +57,7 @@ def test_all_is_one_point_per_layer_of_the_model(count):
 
 @pytest.mark.fast
 def test_before_compile_the_document_is_checked_as_one_layer():
-    """SPEC.md:96 [D35] with no layer count yet, one stand-in point, and a refusal elsewhere comes first."""
+    """SPEC.md:108 [D35] with no layer count yet, one stand-in point, and a refusal elsewhere comes first."""
     assert [p.label for p in validate.points_of(_all())] == ["layers=0"]
     bad = _all()
     bad["interventions"]["lens"]["reads"]["lens"]["pos"] = {"index": -1, "last": 2}
@@ -66,7 +66,7 @@ def test_before_compile_the_document_is_checked_as_one_layer():
 
 
 def test_compile_lowers_all_with_the_engines_layer_count():
-    """SPEC.md:96 [D35] compile asks the engine its num_layers: an engine that says 1 gives one point."""
+    """SPEC.md:108 [D35] compile asks the engine its num_layers: an engine that says 1 gives one point."""
     doc = _all()
     points = validate.points_of(doc)
 
@@ -89,7 +89,7 @@ def test_compile_lowers_all_with_the_engines_layer_count():
      "expected an integer"),
 ])
 def test_a_bad_all_is_refused_at_validation(doc, path, words):
-    """SPEC.md:102 [D36] a whole-model component, all as a sweep value, another spelling of all."""
+    """SPEC.md:114 [D36] a whole-model component, all as a sweep value, another spelling of all."""
     with pytest.raises(Refusal) as caught:
         validate.points_of(doc)
     assert caught.value.stage == "validation" and caught.value.path.startswith(path)
@@ -98,7 +98,7 @@ def test_a_bad_all_is_refused_at_validation(doc, path, words):
 
 @pytest.mark.fast
 def test_all_beside_another_sweep_on_the_layers_axis_is_refused():
-    """SPEC.md:102 [D36] the axis layers is all's; a second sweep on it is refused naming it."""
+    """SPEC.md:114 [D36] the axis layers is all's; a second sweep on it is refused naming it."""
     doc = _all()
     doc["sites"]["other"] = {"component": "block_output", "layers": {"sweep": [[0], [1]]}}
     with pytest.raises(Refusal, match="which sweeps the axis 'layers' itself") as caught:
@@ -108,7 +108,7 @@ def test_all_beside_another_sweep_on_the_layers_axis_is_refused():
 
 @pytest.mark.fast
 def test_the_sweep_bound_counts_the_layers():
-    """SPEC.md:102 [D36] 48 layers x a 300-point sweep is past the 10,000-point bound."""
+    """SPEC.md:114 [D36] 48 layers x a 300-point sweep is past the 10,000-point bound."""
     doc = _all()
     doc["interventions"]["lens"]["reads"]["lens"]["pos"] = {"sweep": {"range": [-300, 0]}}
     with pytest.raises(Refusal, match="points; a sweep has at most 10000 points"):
@@ -117,7 +117,7 @@ def test_the_sweep_bound_counts_the_layers():
 
 @pytest.mark.fast
 def test_a_band_of_named_layers_stays_refused():
-    """SPEC.md:113 [D37] layers [0, 1] is one address over two layers: refused by name, as L2."""
+    """SPEC.md:125 [D37] layers [0, 1] is one address over two layers: refused by name, as L2."""
     doc = _all()
     doc["sites"]["resid"]["layers"] = [0, 1]
     with pytest.raises(Refusal, match="a band spanning several layers is one address and is not implemented"):
@@ -125,7 +125,7 @@ def test_a_band_of_named_layers_stays_refused():
 
 
 def test_a_read_only_all_document_runs_one_forward():
-    """SPEC.md:1678 [Q32] every point's forward is one computation, marked shared by all of them (Q5)."""
+    """SPEC.md:1692 [Q32] every point's forward is one computation, marked shared by all of them (Q5)."""
     doc = _all()
     points = validate.points_of(doc)
     _engine, plan = loading.compiled(points[0].document.model,
@@ -163,7 +163,7 @@ def _exported_with_layers(tmp_path: Path, field: str, count) -> str:
     ("text_config.num_hidden_layers", 10 ** 9, "1000000000"),
 ])
 def test_a_config_layer_count_out_of_bounds_is_refused_before_anything_is_built(tmp_path, field, count, shown):
-    """SPEC.md:102 [D36] a path key whose config.json says 10^9 or 10,001 layers (validate ran past 120 s: the
+    """SPEC.md:114 [D36] a path key whose config.json says 10^9 or 10,001 layers (validate ran past 120 s: the
     meta load built every layer before any bound) or 0 or -1 (an internal IndexError inside nnterp's renaming
     check) is one refusal at model.key naming the field and the count, at once (issue 38)."""
     import time

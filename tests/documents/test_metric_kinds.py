@@ -55,7 +55,7 @@ def _refused(raw: dict) -> Refusal:
     {"kind": "top_k_overlap", "of": "logits", "against": "clean"},
 ])
 def test_the_four_later_kinds_validate_with_their_fields(metric):
-    """SPEC.md:116 [D24] each later kind is accepted with the fields the original's documents give it."""
+    """SPEC.md:128 [D24] each later kind is accepted with the fields the original's documents give it."""
     got = dict(dict(validate.document(doc(**metric)).interventions)["patching"].metrics)["m"]
     assert (got.kind, got.of, got.against) == (metric["kind"], "logits", metric.get("against"))
     assert got.k == (metric.get("k", 5) if metric["kind"].startswith("top_k") else None)
@@ -64,7 +64,7 @@ def test_the_four_later_kinds_validate_with_their_fields(metric):
 @pytest.mark.fast
 @pytest.mark.parametrize("kind", ["kl", "js", "top_k_overlap"])
 def test_a_comparing_kind_without_against_is_refused_naming_against(kind):
-    """SPEC.md:116 [D24] kl, js and top_k_overlap need `against`; its absence is refused at `<metric>.against`."""
+    """SPEC.md:128 [D24] kl, js and top_k_overlap need `against`; its absence is refused at `<metric>.against`."""
     refusal = _refused(doc(kind=kind, of="logits"))
     assert (refusal.stage, refusal.path) == ("validation", f"{MP}.m.against")
     assert refusal.message.startswith(f"a {kind} metric compares `of` with a reference: name it in `against`")
@@ -72,7 +72,7 @@ def test_a_comparing_kind_without_against_is_refused_naming_against(kind):
 
 @pytest.mark.fast
 def test_the_originals_top_k_readout_validates_and_takes_no_against():
-    """SPEC.md:116 [D24] the original's readout (`k` and no `against`, its readout.json) is top_k here, as
+    """SPEC.md:128 [D24] the original's readout (`k` and no `against`, its readout.json) is top_k here, as
     there; `against` on it is an unknown key (issue 38: it was refused saying a table holds one number)."""
     got = dict(dict(validate.document(doc(kind="top_k", of="logits", k=3)).interventions)["patching"].metrics)["m"]
     assert (got.kind, got.against, got.k) == ("top_k", None, 3)
@@ -87,14 +87,14 @@ def test_the_originals_top_k_readout_validates_and_takes_no_against():
     ({"kind": "soft_accuracy", "of": "logits", "token": "cf_answer"}, "token"),
 ])
 def test_a_field_its_kind_does_not_take_is_an_unknown_key(metric, key):
-    """SPEC.md:116 [D24] `against` on a match or `k` on a kl is an unknown key (D2)."""
+    """SPEC.md:128 [D24] `against` on a match or `k` on a kl is an unknown key (D2)."""
     refusal = _refused(doc(**metric))
     assert (refusal.path, refusal.message.split(";")[0]) == (f"{MP}.m.{key}", f"unknown key '{key}'")
 
 
 @pytest.mark.fast
 def test_against_must_name_a_read_of_the_intervention():
-    """SPEC.md:127 [D25] `against` names a read of the same intervention, with the nearest names."""
+    """SPEC.md:139 [D25] `against` names a read of the same intervention, with the nearest names."""
     refusal = _refused(doc(kind="kl", of="logits", against="cleen"))
     assert refusal.path == f"{MP}.m.against"
     assert refusal.message == ("interventions.patching: metric 'm': `against` must be a read name of this "
@@ -103,7 +103,7 @@ def test_against_must_name_a_read_of_the_intervention():
 
 @pytest.mark.fast
 def test_against_over_a_window_wider_than_one_is_refused():
-    """SPEC.md:127 [D25] `against` is of width 1 as `of` is (P49), refused at `<metric>.against`."""
+    """SPEC.md:139 [D25] `against` is of width 1 as `of` is (P49), refused at `<metric>.against`."""
     raw = doc(kind="js", of="logits", against="clean")
     raw["interventions"]["patching"]["reads"]["clean"]["pos"] = {"last": 3}
     refusal = _refused(raw)
@@ -117,15 +117,15 @@ def test_against_over_a_window_wider_than_one_is_refused():
                                      (1e9, "expected an integer, got a number"), ("3", "expected an integer, got a string"),
                                      (True, "expected an integer, got a boolean"), (None, "expected an integer, got null")])
 def test_k_is_a_positive_integer_at_validation(k, said):
-    """SPEC.md:133 [D27] k of 0, a float, a string, a boolean or null is one refusal at `<metric>.k`.
-    SPEC.md:1193 [S58] the surface: one line at the field's path."""
+    """SPEC.md:145 [D27] k of 0, a float, a string, a boolean or null is one refusal at `<metric>.k`.
+    SPEC.md:1207 [S58] the surface: one line at the field's path."""
     for metric in ({"kind": "top_k"}, {"kind": "top_k_overlap", "against": "clean"}):
         refusal = _refused(doc(of="logits", k=k, **metric))
         assert (refusal.stage, refusal.path, refusal.message) == ("validation", f"{MP}.m.k", said)
 
 
 def test_k_past_the_vocabulary_is_refused_at_compile(llama):
-    """SPEC.md:133 [D27] k is at most the vocabulary (32000 on the Llama fixture): 32001 and 1e9 are refused
+    """SPEC.md:145 [D27] k is at most the vocabulary (32000 on the Llama fixture): 32001 and 1e9 are refused
     at compile before any forward, 32000 compiles."""
     for k in (32001, 10**9):
         with pytest.raises(Refusal) as refusal:
@@ -137,7 +137,7 @@ def test_k_past_the_vocabulary_is_refused_at_compile(llama):
 
 
 def test_against_that_is_not_logits_is_refused_at_compile(llama):
-    """SPEC.md:131 [D26] `against` holds the vocabulary's logits (D20), refused at `<metric>.against`."""
+    """SPEC.md:143 [D26] `against` holds the vocabulary's logits (D20), refused at `<metric>.against`."""
     raw = doc(kind="kl", of="logits", against="clean")
     raw["interventions"]["patching"]["reads"]["clean"]["site"] = "target"
     with pytest.raises(Refusal) as refusal:
@@ -161,7 +161,7 @@ def _kl64(p_logits: torch.Tensor, q_logits: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.fast
 def test_kl_is_kl_of_of_against_against_in_nats():
-    """SPEC.md:141 [D28] kl = Σ P (log P − log Q), P of `of`, Q of `against`, natural log (float64 here)."""
+    """SPEC.md:153 [D28] kl = Σ P (log P − log Q), P of `of`, Q of `against`, natural log (float64 here)."""
     of, against = _rows()
     got = metrics.KINDS["kl"].score(of, {"against": against})
     assert torch.allclose(got.double(), _kl64(of, against), rtol=1e-5)
@@ -170,7 +170,7 @@ def test_kl_is_kl_of_of_against_against_in_nats():
 
 @pytest.mark.fast
 def test_js_is_the_mean_kl_to_the_mixture_and_at_most_log_2():
-    """SPEC.md:141 [D28] js = ½KL(P‖M) + ½KL(Q‖M), M = (P + Q)/2, in nats; symmetric; ≤ log 2, nearly
+    """SPEC.md:153 [D28] js = ½KL(P‖M) + ½KL(Q‖M), M = (P + Q)/2, in nats; symmetric; ≤ log 2, nearly
     log 2 for two distributions on different tokens."""
     of, against = _rows()
     p, q = of.double().softmax(-1), against.double().softmax(-1)
@@ -188,14 +188,14 @@ def test_js_is_the_mean_kl_to_the_mixture_and_at_most_log_2():
 @pytest.mark.fast
 @pytest.mark.parametrize("kind", ["kl", "js"])
 def test_a_divergence_of_a_read_against_itself_is_exactly_0(kind):
-    """SPEC.md:141 [D28] kl and js are 0 exactly (not to rounding) when the two reads are equal."""
+    """SPEC.md:153 [D28] kl and js are 0 exactly (not to rounding) when the two reads are equal."""
     of, _ = _rows(scale=9.0)
     assert torch.equal(metrics.KINDS[kind].score(of, {"against": of.clone()}), torch.zeros(of.shape[0]))
 
 
 @pytest.mark.fast
 def test_kl_stays_finite_where_a_softmax_underflows():
-    """SPEC.md:141 [D28] from log-softmax: logits 200 apart (softmax underflows to 0 in float32) give the
+    """SPEC.md:153 [D28] from log-softmax: logits 200 apart (softmax underflows to 0 in float32) give the
     closed form, where log(softmax) would give inf."""
     of = torch.tensor([[0.0, -200.0, 5.0]])
     against = torch.tensor([[-200.0, 0.0, 5.0]])
@@ -207,7 +207,7 @@ def test_kl_stays_finite_where_a_softmax_underflows():
 
 @pytest.mark.fast
 def test_soft_accuracy_is_the_probability_of_the_expected_token():
-    """SPEC.md:141 [D28] soft_accuracy = softmax(of)[expected], bit for bit token_prob of the same id."""
+    """SPEC.md:153 [D28] soft_accuracy = softmax(of)[expected], bit for bit token_prob of the same id."""
     of, _ = _rows()
     ids = torch.tensor([0, 5, 9, 499, 12, 3])
     got = metrics.KINDS["soft_accuracy"].score(of, {"expected": ids})
@@ -217,7 +217,7 @@ def test_soft_accuracy_is_the_probability_of_the_expected_token():
 
 @pytest.mark.fast
 def test_top_k_overlap_is_the_share_of_the_k_top_tokens_both_reads_hold():
-    """SPEC.md:141 [D28] top_k_overlap = |T_k(of) ∩ T_k(against)| / k: tops {4, 3, 2} and {4, 2, 0} share 2
+    """SPEC.md:153 [D28] top_k_overlap = |T_k(of) ∩ T_k(against)| / k: tops {4, 3, 2} and {4, 2, 0} share 2
     of 3."""
     of = torch.tensor([[0.0, 1.0, 2.0, 3.0, 4.0]])
     against = torch.tensor([[3.5, 0.0, 4.0, 1.0, 5.0]])
@@ -228,7 +228,7 @@ def test_top_k_overlap_is_the_share_of_the_k_top_tokens_both_reads_hold():
 
 @pytest.mark.fast
 def test_top_k_overlap_ranks_a_tie_to_the_lower_id():
-    """SPEC.md:141 [D28] equal logits rank by id: with every logit tied, T_2 is {0, 1}, so a read whose top
+    """SPEC.md:153 [D28] equal logits rank by id: with every logit tied, T_2 is {0, 1}, so a read whose top
     two are ids 0 and 1 shares both and one whose top two are 2 and 3 shares none."""
     tied = torch.zeros(1, 6)
     low = torch.tensor([[9.0, 8.0, 0.0, 0.0, 0.0, 0.0]])
@@ -239,7 +239,7 @@ def test_top_k_overlap_ranks_a_tie_to_the_lower_id():
 
 @pytest.mark.fast
 def test_top_k_ranks_by_float32_probability_ties_to_the_lower_id():
-    """SPEC.md:141 [D28] top_k is softmax(of) in float32, its k largest, most likely first, equal
+    """SPEC.md:153 [D28] top_k is softmax(of) in float32, its k largest, most likely first, equal
     probabilities by the lower id; checked against sorted() on (-p, id) over the same softmax."""
     of = torch.tensor([[0.0, 2.0, 2.0, 1.0, 2.0, -1.0], [5.0, 0.0, 0.0, 0.0, 0.0, 0.0]])
     probabilities, ids = metrics.KINDS["top_k"].score(of, {"k": 4})
@@ -252,7 +252,7 @@ def test_top_k_ranks_by_float32_probability_ties_to_the_lower_id():
 
 @pytest.mark.fast
 def test_a_top_k_row_is_spelled_by_the_runs_tokenizer_and_a_non_finite_row_is_null():
-    """SPEC.md:141 [D28] scoring writes each row as [[repr(decode([id])), p], ...]; a row whose vector holds a
+    """SPEC.md:153 [D28] scoring writes each row as [[repr(decode([id])), p], ...]; a row whose vector holds a
     NaN is S52's null (its table row ineligible), the others keep their lists."""
     of = torch.tensor([[0.0, 3.0, 1.0], [0.0, math.nan, 1.0], [2.0, 0.0, 0.0]])
     plan = _plan("top_k", k=2, spell=lambda i: repr(f"t{i}"))
@@ -269,7 +269,7 @@ def test_a_top_k_row_is_spelled_by_the_runs_tokenizer_and_a_non_finite_row_is_nu
      "early_stop watches 'top', a metric whose value is a list per row; a list cannot be watched"),
 ], ids=["objective", "early-stop"])
 def test_a_top_k_metric_is_no_objective_and_no_early_stop(where, said):
-    """SPEC.md:133 [D27] the original's words (its test_readout.py): a list per row cannot be minimized or
+    """SPEC.md:145 [D27] the original's words (its test_readout.py): a list per row cannot be minimized or
     watched; refused at the objective's term or the early stop's metric."""
     raw = json.loads((REPO / "documents" / "das.json").read_text(encoding="utf-8"))
     fit = next(s for s in raw["steps"].values() if s.get("kind") == "fit")
@@ -284,7 +284,7 @@ def test_a_top_k_metric_is_no_objective_and_no_early_stop(where, said):
 
 
 def test_a_top_k_table_past_a_million_pairs_is_refused_at_compile(llama):
-    """SPEC.md:133 [D27] rows x k is bounded before any row is made: 4 rows x 32000 fits no bound but 250,001
+    """SPEC.md:145 [D27] rows x k is bounded before any row is made: 4 rows x 32000 fits no bound but 250,001
     pairs per row would; k 32000 on the 4-row data is 128,000 pairs and compiles, and a 40-row table of k
     32000 (1,280,000 pairs) is refused at `<metric>.k`."""
     plan = compiler.compile_document(doc(kind="top_k", of="logits", k=32000), llama, DATA)
@@ -309,7 +309,7 @@ def _placed(reasons: tuple) -> Resolved:
 
 @pytest.mark.fast
 def test_a_row_against_did_not_place_is_not_scored():
-    """SPEC.md:127 [D25] a row is scored when both `of` and `against` placed it (P30 over both reads)."""
+    """SPEC.md:139 [D25] a row is scored when both `of` and `against` placed it (P30 over both reads)."""
     plan = _plan("kl", against="ref")
     placed = {"of": _placed(("", "", "")), "ref": _placed(("", "anchor_not_found", ""))}
     assert eligible_rows(plan, placed) == (True, False, True)
@@ -318,7 +318,7 @@ def test_a_row_against_did_not_place_is_not_scored():
 @pytest.mark.fast
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
 def test_a_non_finite_logit_in_against_gives_the_row_a_null(bad):
-    """SPEC.md:141 [D28] a non-finite entry in `against`'s vector (not only `of`'s) gives S52's null for that
+    """SPEC.md:153 [D28] a non-finite entry in `against`'s vector (not only `of`'s) gives S52's null for that
     row alone; the other rows keep their values."""
     of, against = _rows(n=3)
     against[1, 7] = bad
@@ -340,7 +340,7 @@ def weekday_tok():
 
 @pytest.mark.fast
 def test_bare_encodes_the_stripped_text_with_no_space(weekday_tok):
-    """SPEC.md:162 [D29] `bare` spells the answer as the first word of a text: on the weekday BPE ' Monday'
+    """SPEC.md:174 [D29] `bare` spells the answer as the first word of a text: on the weekday BPE ' Monday'
     is 519 bare and 315 space_prefixed (its own encodings of 'Monday' and ' Monday')."""
     assert data.answer_id(weekday_tok, " Monday", "p", token_form="bare") == 519
     assert data.answer_id(weekday_tok, "Monday", "p", token_form="bare") == 519
@@ -350,7 +350,7 @@ def test_bare_encodes_the_stripped_text_with_no_space(weekday_tok):
 
 @pytest.mark.fast
 def test_a_bare_answer_of_two_tokens_is_refused_with_its_surface():
-    """SPEC.md:162 [D29] a bare answer is exactly one id too, else D15's refusal quoting the bare surface."""
+    """SPEC.md:174 [D29] a bare answer is exactly one id too, else D15's refusal quoting the bare surface."""
     from causalab_ref.fixtures import builder
     tok = builder.tokenizer("fixture:tiny-gpt2")  # 'Monday' is 3 tokens there, ' Monday' one
     assert data.answer_id(tok, "Monday", "p") == 615
@@ -363,7 +363,7 @@ def test_a_bare_answer_of_two_tokens_is_refused_with_its_surface():
 @pytest.mark.parametrize("text", ["</s>", "<unk>", "<s>"])
 @pytest.mark.parametrize("form", ["bare", "space_prefixed"])
 def test_a_special_tokens_spelling_is_text_not_the_special_token(weekday_tok, text, form):
-    """SPEC.md:162 [D29] an answer is encoded with no special tokens, none parsed from its text either: a bare
+    """SPEC.md:174 [D29] an answer is encoded with no special tokens, none parsed from its text either: a bare
     `</s>` was scored as the end-of-sequence token (id 2), eligible, where the same answer space_prefixed was
     refused (issue 38). Both forms now spell it in ordinary tokens, so it is D15's refusal of several ids; the
     tokenizer's own special-token-free encoding is the ground (the backend with special tokens as text)."""
@@ -382,7 +382,7 @@ def test_a_special_tokens_spelling_is_text_not_the_special_token(weekday_tok, te
 
 @pytest.mark.fast
 def test_token_form_is_one_of_the_two_forms():
-    """SPEC.md:162 [D29] token_form is space_prefixed or bare; anything else is refused naming both."""
+    """SPEC.md:174 [D29] token_form is space_prefixed or bare; anything else is refused naming both."""
     refusal = _refused(doc(kind="soft_accuracy", of="logits", expected="cf_answer", token_form="spaced"))
     assert refusal.path == f"{MP}.m.token_form"
     assert refusal.message.startswith("'spaced' is not one of ['space_prefixed', 'bare']")
@@ -415,7 +415,7 @@ def tables(llama):
 
 
 def test_the_four_kinds_run_with_their_units_and_versions(tables):
-    """SPEC.md:141 [D28] each kind's table carries its unit and estimand version; soft_accuracy equals
+    """SPEC.md:153 [D28] each kind's table carries its unit and estimand version; soft_accuracy equals
     token_prob of the same column bit for bit; kl of a read against itself is 0 on every row."""
     step, whole, _ = tables
     units = {m.name: (m.unit, m.estimand_version) for m in step.metrics}
@@ -429,7 +429,7 @@ def test_the_four_kinds_run_with_their_units_and_versions(tables):
 
 
 def test_a_top_k_row_is_its_k_most_likely_tokens_spelled_with_their_probabilities(tables, llama):
-    """SPEC.md:141 [D28] the original's test_readout.py, on the Llama fixture: every row is k pairs, the
+    """SPEC.md:153 [D28] the original's test_readout.py, on the Llama fixture: every row is k pairs, the
     probabilities descending and summing to at most 1, the first the argmax of softmax(logits) in float32 with
     its probability, each token repr(decode([id])); a windowed pass (--batch-size 2) gives the same lists."""
     step, whole, windows = tables
@@ -448,7 +448,7 @@ def test_a_top_k_row_is_its_k_most_likely_tokens_spelled_with_their_probabilitie
 
 
 def test_a_comparing_metric_scored_in_windows_equals_the_whole_pass(tables):
-    """SPEC.md:127 [D25] `of` and `against` are scored in the same windows: --batch-size 2 gives the whole
+    """SPEC.md:139 [D25] `of` and `against` are scored in the same windows: --batch-size 2 gives the whole
     pass's values (R11, to float32 rounding)."""
     _, whole, windows = tables
     for name in ("kl", "js", "top"):
@@ -457,7 +457,7 @@ def test_a_comparing_metric_scored_in_windows_equals_the_whole_pass(tables):
 
 @pytest.mark.fast
 def test_vocab_and_the_schema_name_the_later_kinds_and_their_fields(capsys):
-    """SPEC.md:116 [D24] `vocab` lists each kind with its fields (`top_k(against, k=5)`) and the two token
+    """SPEC.md:128 [D24] `vocab` lists each kind with its fields (`top_k(against, k=5)`) and the two token
     forms; the JSON Schema's metric of each kind requires `against` where the kind does and takes `k` as an
     integer >= 1."""
     from causalab_ref import cli
@@ -476,7 +476,7 @@ def test_vocab_and_the_schema_name_the_later_kinds_and_their_fields(capsys):
 
 @pytest.mark.fast
 def test_the_weekday_cases_hold_the_laws_stated_before_measuring():
-    """SPEC.md:914 [C38] the entity swap's top_k_overlap (k = 1) is 0 and kl, js > 0 on every row, bare and spaced answers
+    """SPEC.md:928 [C38] the entity swap's top_k_overlap (k = 1) is 0 and kl, js > 0 on every row, bare and spaced answers
     differ; the shared-token swap's kl and js are 0 and top_k_overlap 1 exactly (the cases' recorded expectations)."""
     corpus = REPO / "causalab_ref" / "conformance" / "corpus"
 
@@ -495,7 +495,7 @@ def test_the_weekday_cases_hold_the_laws_stated_before_measuring():
 
 @pytest.mark.fast
 def test_the_fuzzer_knows_the_later_fields():
-    """SPEC.md:1193 [S58] the document fuzzer mutates the shipped divergence document with the new fields' names, kinds
+    """SPEC.md:1207 [S58] the document fuzzer mutates the shipped divergence document with the new fields' names, kinds
     and k's hostile numbers."""
     import sys
     sys.path.insert(0, str(REPO / "tests"))
@@ -508,7 +508,7 @@ def test_the_fuzzer_knows_the_later_fields():
 
 @pytest.mark.parametrize("seed", range(24))
 def test_the_fuzzers_readout_mutation_meets_no_internal_error(seed, tmp_path):
-    """SPEC.md:1193 [S58] fuzzing.readout (a metric made top_k or top_k_overlap, a hostile k, a stray against,
+    """SPEC.md:1207 [S58] fuzzing.readout (a metric made top_k or top_k_overlap, a hostile k, a stray against,
     a top_k as a fit's objective or early stop) on every shipped document: validate and explain end in ok or
     one refusal line, never an internal error."""
     import random
