@@ -267,3 +267,20 @@ def test_what_a_read_at_every_layer_may_not_be(edit, path, words):
         validate.points_of(doc)
     assert (caught.value.stage, caught.value.path) == ("validation", path), caught.value.message
     assert words in caught.value.message and '{"sweep": [[0], [1], ...]}' in caught.value.message
+
+
+@pytest.mark.fast
+def test_the_explain_case_of_all_is_the_layer_sweep_case_step_for_step():
+    """SPEC.md:89 [D34] the corpus's explain_layers_all rests on an identity: its one leaf's steps are
+    explain_layer_sweep_logits_view's points' steps in layer order, each with its `layer`, and its produced_by
+    is the document's own digest (D19)."""
+    from causalab_ref.documents import reader
+    corpus = ROOT / "causalab_ref" / "conformance" / "corpus"
+    every = json.loads((corpus / "explain_layers_all.json").read_text(encoding="utf-8"))
+    swept = json.loads((corpus / "explain_layer_sweep_logits_view.json").read_text(encoding="utf-8"))
+    (leaf,) = every["expect"]["plan"]
+    assert leaf["label"] == "" and leaf["produced_by"] == reader.digest(every["document"])
+    points = swept["expect"]["plan"]
+    assert [p["label"] for p in points] == [f"layers={k}" for k in range(len(leaf["steps"]))]
+    for layer, (step, point) in enumerate(zip(leaf["steps"], points)):
+        assert step.pop("layer") == layer and [step] == point["steps"]
