@@ -1298,6 +1298,41 @@ def compare(e, g, tol, path="", diffs=None, floor=0.01):
     return diffs
 
 
+def every_layer(point, every, fixtures, manifest):
+    """D34: a point whose sites read every layer is run once per layer of the model (its config.json's layer
+    count), each run the point with those sites at that one layer; a point without one is itself."""
+    if not every:
+        return [point]
+    ent = manifest["fixtures"].get(point["model"]["key"])
+    if ent is None:
+        raise Skip("model key is not in the manifest")
+    config = json.load(open(os.path.join(fixtures, ent["folder"], "config.json")))
+    count = config.get("num_hidden_layers", config.get("n_layer"))
+    out = []
+    for layer in range(count):
+        one = copy.deepcopy(point)
+        for name in every:
+            one["sites"][name]["layers"] = [layer]
+        out.append(one)
+    return out
+
+
+def merge_layer(tables, new, point, every, layer):
+    """D34's table: a metric of a read at an "all" site is one file of rows by (layer, example), `layer` right
+    after `metric`; any other table is the first layer's."""
+    layered = set()
+    for iv in point.get("interventions", {}).values():
+        for m, spec in iv.get("metrics", {}).items():
+            if any(iv["reads"].get(spec.get(f), {}).get("site") in every for f in ("of", "against")):
+                layered.add(m)
+    for name, table in new.items():
+        if isinstance(table, list) and every and table and table[0].get("metric") in layered:
+            rows = [dict(list(r.items())[:2] + [("layer", layer)] + list(r.items())[2:]) for r in table]
+            tables[name] = tables.get(name, []) + rows
+        elif layer == 0:
+            tables[name] = table
+
+
 def run_case(path, fixtures, manifest):
     case = json.load(open(path))
     case_dir = os.path.dirname(os.path.abspath(path))
@@ -1318,9 +1353,11 @@ def run_case(path, fixtures, manifest):
             pb = produced_by(point, raw if protocol else None)
             if steps_first and not label:  # SF15: the document as given, without its header
                 pb = sha({k: v for k, v in raw.items() if k != "header"})
-            ctx = Context(case, case_dir, fixtures, manifest, label, point, pb)
-            ctx.run_steps()
-            tables.update(ctx.tables)
+            every = [n for n, site in point.get("sites", {}).items() if site.get("layers") == "all"]
+            for layer, one in enumerate(every_layer(point, every, fixtures, manifest)):
+                ctx = Context(case, case_dir, fixtures, manifest, label, one, pb)
+                ctx.run_steps()
+                merge_layer(tables, ctx.tables, one, every, layer)
     except Refusal as r:
         if expect["status"] != 2:
             return [f"refused {r}"]
