@@ -227,8 +227,11 @@ def _bars(table: str, rows: list[dict]) -> Panel:
     eligible = [r for r in rows if r.get("eligible")]
     title = f"{table}: {first['metric']} ({first.get('unit', '')}): {len(eligible)} of {len(rows)} rows eligible"
     values = tuple(map(_number, rows))
-    return Panel("bars", title, values, xlabel="example_id", ylabel=first.get("unit", ""),
-                 xticks=tuple(str(r.get("example_id", k)) for k, r in enumerate(rows)))
+    layered = all("layer" in r for r in rows)  # a metric of a read at every layer: a bar per (layer, example), D34
+    return Panel("bars", title, values, xlabel="layer/example_id" if layered else "example_id",
+                 ylabel=first.get("unit", ""),
+                 xticks=tuple(f"{r['layer']}/{r.get('example_id', k)}" if layered else str(r.get("example_id", k))
+                              for k, r in enumerate(rows)))
 
 
 def _means(tables: dict[str, list[dict]]) -> list[Panel]:

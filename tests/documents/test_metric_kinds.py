@@ -524,3 +524,28 @@ def test_the_fuzzers_readout_mutation_meets_no_internal_error(seed, tmp_path):
         for verb in ("validate", "explain"):
             ok, status, text = fuzzing.check([verb, str(doc_path), "--data-root", str(DATA)])
             assert ok and status in (0, 2), (source.name, verb, status, text)
+
+
+def test_the_originals_readout_runs_and_plot_draws_no_list_table(tmp_path):
+    """SPEC.md:153 [D28] SPEC.md:2263 [FG4] documents/steps_first/readout.json runs: top3.json is 4 rows of 3
+    [token, probability] pairs (unit '[token, probability] list', top_k/v1), its summary line gives the first
+    row's pairs and no mean; plot draws p_answer alone, and a folder of top3 alone is one refusal naming why."""
+    import shutil
+    from causalab_ref.figures import plot
+    from tests.inprocess import cli
+    out = tmp_path / "out"
+    done = cli("run", str(REPO / "documents" / "steps_first" / "readout.json"), "--data-root", str(DATA),
+               "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = json.loads((out / "top3.json").read_text(encoding="utf-8"))
+    assert len(rows) == 4 and all(len(r["value"]) == 3 and r["unit"] == "[token, probability] list"
+                                  and r["estimand_version"] == "top_k/v1" for r in rows)
+    line = next(ln for ln in done.stdout.splitlines() if ln.startswith(f"{out / 'top3.json'}:"))
+    first = ", ".join(f"{t} {p:.6g}" for t, p in rows[0]["value"])
+    assert line.endswith(f"top3 4 of 4 rows scored ([token, probability] list); first [{first}]") and "mean" not in line
+    assert [p.title.split(":")[0] for p in plot.panels(out)] == ["p_answer.json"]
+    (out / "p_answer.json").unlink()
+    with pytest.raises(Refusal) as refusal:
+        plot.panels(out)
+    assert "a table whose value per row is a list, top_k's, is not drawn" in refusal.value.message
+    shutil.rmtree(out)
