@@ -132,7 +132,8 @@ class MetricKind:
     listed: bool = False
 
     def signature(self) -> str:
-        """`logit_diff(a, b)`, `top_k(against, k=5)`: the kind with the fields it takes, as `vocab` prints it."""
+        """`logit_diff(a, b)`, `top_k_overlap(against, k=5)`: the kind with the fields it takes, as `vocab` prints
+        it."""
         named = self.columns + self.reads + tuple(f"{p}={d}" for p, d in self.params)
         return f"{self.name}({', '.join(named)})"
 
@@ -159,10 +160,10 @@ KINDS: dict[str, MetricKind] = {k.name: k for k in (
 LISTED = tuple(name for name, kind in KINDS.items() if kind.listed)  # the kinds whose row value is a list
 
 
-def spelled(decode, ids) -> str:
-    """A token as a top_k row spells it: repr() of its decoded text, as a table's `tokens` spells a window
+def spelled(decode, token: int) -> str:
+    """One token id as a top_k row spells it: repr() of its decoded text, as a table's `tokens` spells a window
     (P34; the original's readout spells it so)."""
-    return repr(decode(list(ids)))
+    return repr(decode([token]))
 
 
 FIELDS = tuple(sorted({f for kind in KINDS.values() for f in kind.fields()}))  # every field any kind takes

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..featurizers import bundles, fit
-from . import data, memory, placement, share
+from . import data, layers, memory, placement, share
 from ..positions import locate
 from ..documents import metrics, reader, sweeps, validate
 from ..documents.steps import produced_names
@@ -412,16 +412,11 @@ def _metrics(ctx: Context, intervention, base_rows: list, ipath: str) -> list[Me
             answers.append((field_name, data.answer_ids(tok, base_rows, eligible, column, f"{mpath}.{field_name}",
                                                     metric.token_form)))
         kind = metrics.KINDS[metric.kind]
-        spell = functools.partial(_spell, tok.decode) if kind.listed else None
+        spell = functools.partial(metrics.spelled, tok.decode) if kind.listed else None
         plans.append(MetricPlan(name=m, kind=metric.kind, of=metric.of, answers=tuple(answers),
                                 eligible=eligible, unit=kind.unit, estimand_version=kind.estimand_version,
                                 against=metric.against, k=metric.k, spell=spell))
     return plans
-
-
-def _spell(decode, token: int) -> str:
-    """One token id as a top_k row spells it (metrics.spelled: repr of its decoded text; SPEC.md D28)."""
-    return metrics.spelled(decode, [token])
 
 
 #: the most [token, probability] pairs one top_k table holds, rows x k (SPEC.md D27)
@@ -592,40 +587,13 @@ def compile_document(raw: Any, engine, data_root: Path, points: Optional[list] =
     that several steps compute identically are marked shared (share.py)."""
     if points is None or sweeps.every_layer(raw):  # layers "all" is lowered once the layer count is known (D35)
         points = validate.points_of(raw, layers=engine.num_layers)
-    if points[0].group is not None:
-        return share.mark(_every_layer(raw, points, engine, data_root, budget))
+    if points[0].group is not None:  # layers "all": each layer a point of one shared forward, folded (D34)
+        layer_cache: dict = {}
+        return share.mark(layers.fold(raw, [(point, compile_point(point, engine, data_root, layer_cache, budget))
+                                            for point in points]))
     if len(points) == 1 and points[0].label == "":
         return share.mark(compile_point(points[0], engine, data_root, budget=budget))
     cache: dict = {}
     leaves = tuple(compile_point(point, engine, data_root, cache, budget) for point in points)
     window = min((leaf.window for leaf in leaves if leaf.window), default=0)
     return share.mark(Plan(label="", digest=reader.digest(raw), raw=raw, points=leaves, window=window))
-
-
-def _every_layer(raw: Any, points: list, engine, data_root: Path, budget: int) -> Plan:
-    """A document with layers "all" (D34): each point of its other sweeps is one leaf, the steps of its layers
-    one after another, layer by layer; a metric of a read at an "all" site carries its layer, so its table is
-    one file of a row per (layer, example), and a metric of any other read is saved once, from layer 0. Its
-    forwards are one computation (Q32), and its produced_by is the point's with "all" as written (D19)."""
-    names, cache = set(sweeps.every_layer(raw)), {}  # type: set[str], dict
-    groups: dict[str, list] = {}
-    for point in points:
-        groups.setdefault(point.group, []).append((point, compile_point(point, engine, data_root, cache, budget)))
-    leaves = []
-    for label, members in groups.items():
-        steps: list = []
-        for point, leaf in members:
-            for step in leaf.steps:
-                reads = dict(dict(point.document.interventions)[step.intervention].reads)
-                layered = {m.name for m in step.metrics if any(reads[r].site in names for r in m.reads)}
-                parts = tuple(replace(m, layer=point.layer) if m.name in layered else m for m in step.metrics)
-                steps.append(replace(step, layer=point.layer, metrics=parts,
-                                     saves=tuple((v, f) for v, f in step.saves if point.layer == 0 or v in layered)))
-        first = members[0][1]
-        leaves.append(Plan(label=label, digest=reader.digest(members[0][0].group_raw), raw=members[0][0].group_raw,
-                           steps=tuple(steps), window=min((m.window for _, m in members if m.window), default=0),
-                           frames=first.frames))
-    if len(leaves) == 1 and leaves[0].label == "":
-        return leaves[0]
-    window = min((leaf.window for leaf in leaves if leaf.window), default=0)
-    return Plan(label="", digest=reader.digest(raw), raw=raw, points=tuple(leaves), window=window)

@@ -287,7 +287,7 @@ def test_the_explain_case_of_all_is_the_layer_sweep_case_step_for_step():
 
 
 def test_plot_ticks_a_table_by_layer_with_each_rows_layer(tmp_path):
-    """SPEC.md:2263 [FG4] a table of rows by layer is drawn a bar per row ticked `<layer>/<example_id>`."""
+    """SPEC.md:2264 [FG4] a table of rows by layer is drawn a bar per row ticked `<layer>/<example_id>`."""
     from causalab_ref.figures import plot
     out = _run(tmp_path, _all(), "every")
     bars = [p for p in plot.panels(out) if p.title.startswith("top1.json")]
