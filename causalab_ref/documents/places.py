@@ -120,8 +120,8 @@ def site(raw: Any, path: str) -> Site:
     if raw.get("layers") is not None:
         value = raw["layers"]
         if value == "all":  # every "all" a site declares was lowered before validation (sweeps.with_layers)
-            _fail(f"{path}.layers", 'layers "all" is not a sweep value: it is itself a sweep over every layer '
-                                     "of the model; write it as the site's layers, unswept")
+            _fail(f"{path}.layers", 'layers "all" is not a sweep value: it reads every layer of the model in one '
+                                     "value; write it as the site's layers, unswept")
         if not isinstance(value, list) or not value:
             got = json.dumps(value)[:40] if isinstance(value, (int, float, str)) or value == [] else type_name(value)
             _fail(f"{path}.layers", f"layers is a one-element list, [i], got {got}; a sweep of layers sweeps such "
