@@ -95,9 +95,12 @@ def summary_line(path: Path) -> str:
     unscored = _unscored(rows)
     if not scored:
         return f"{path}: no row scored{f' ({unscored})' if unscored else ''}"
+    why = f"; not scored: {unscored}" if unscored else ""
+    if any(isinstance(v, list) for v in scored):  # a listed kind (top_k): its first row, no mean (SPEC.md D28)
+        return (f"{path}: {rows[0]['metric']} {len(scored)} of {len(rows)} rows scored ({rows[0]['unit']}){why}; "
+                "first [" + ", ".join(f"{t} {p:.6g}" for t, p in scored[0][:SHOWN]) + "]")
     shown = ", ".join("null" if v is None else f"{v:.6g}" for v in values[:SHOWN])
     more = f", ... {len(values) - SHOWN} more" if len(values) > SHOWN else ""
-    why = f"; not scored: {unscored}" if unscored else ""
     return (f"{path}: {rows[0]['metric']} mean {sum(scored) / len(scored):.6g} over {len(scored)} of "
             f"{len(rows)} rows ({rows[0]['unit']}){why}; rows [{shown}{more}]")
 

@@ -17,6 +17,7 @@ Each case is (argvs, environment {name: value or None for unset}, folders to wat
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 import pathlib
@@ -269,6 +270,29 @@ def _export_target(rng: random.Random, victim: pathlib.Path, fixtures: pathlib.P
     return target
 
 
+LAYER_COUNTS = [10 ** 9, 10_001, 1_001, 1_000, 0, -1, 2.0, "2", True, None, 10 ** 30, [2]]
+
+
+def hostile_layers(rng: random.Random, folder: pathlib.Path, raw: dict) -> None:
+    """A config.json whose layer count is hostile (SPEC.md D36: 10^9 layers once ran validate past 120 s, 0 and -1
+    failed inside nnterp), under a document whose first site reads every layer (`layers: "all"`, D34)."""
+    config = folder / "config.json"
+    if config.is_file() and not config.is_symlink():
+        try:
+            values = json.loads(config.read_text(encoding="utf-8"))
+        except (ValueError, RecursionError, UnicodeDecodeError):
+            values = None
+        if isinstance(values, dict):
+            field = rng.choice(["num_hidden_layers", "num_hidden_layers", "n_layer", "num_layers"])
+            values[field] = copy.deepcopy(rng.choice(LAYER_COUNTS))
+            config.write_text(json.dumps(values), encoding="utf-8")
+    sites = raw.get("sites")
+    if isinstance(sites, dict) and sites and rng.random() < 0.8:
+        site = sites[sorted(sites)[0]]
+        if isinstance(site, dict) and site.get("component") not in ("lm_head", "logits", "embed_tokens"):
+            site["layers"] = "all"
+
+
 def exported_case(rng: random.Random, tmp: pathlib.Path, sentinel: pathlib.Path, fixtures: pathlib.Path) -> Case:
     """A damaged exported folder named as a path key, or `fixtures export` onto a hostile target."""
     if rng.random() < 0.25:
@@ -283,6 +307,8 @@ def exported_case(rng: random.Random, tmp: pathlib.Path, sentinel: pathlib.Path,
                       str(folder.parent / "." / name)])
     raw = json.loads(document.read_text(encoding="utf-8"))
     raw["model"]["key"] = key
+    if rng.random() < 0.2:  # a hostile layer count, read by a document with layers "all" (SPEC.md D34, D36)
+        hostile_layers(rng, folder, raw)
     if rng.random() < 0.3:
         raw["model"]["revision"] = rng.choice(["main", "", "x" * 300, "seeded"])
     doc = tmp / "doc.json"

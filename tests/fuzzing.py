@@ -38,7 +38,8 @@ WEIRD_STRINGS = ["", " ", "..", "../x", "/abs", "a/../../b", "\u00e9t\u00e9", "\
                  "\u202e\u0301", "x" * 5000, "weekdays/../weekdays/train", "weekdays/train#nope", "#",
                  "weekdays//train", "\ud800", "a.b[0]", "c[999]", "[", "block_output", "eager", "fixture:nope",
                  "fixture:tiny-gpt2", "-1", "null", "\n\t", "Monday", "\u3042\u3044",
-                 "kl", "js", "top_k", "soft_accuracy", "against", "bare", "clean_logits", "k"]  # D24-D29's fields
+                 "kl", "js", "top_k", "soft_accuracy", "against", "bare", "clean_logits", "k",  # D24-D29's fields
+                 "top_k_overlap", "</s>", "<unk>", "<s>"]  # D28's two top_k kinds; D29's special spellings
 PATH_NAMES = ["a/b", "a.b", "..", ".", "", "x/../y", "a\\b", "/abs", "iia.json/x", "n\nl", "a" * 300]
 WEIRD_NUMBERS = [0, 1, -1, 2, 3, 7, -7, 10 ** 6, -(10 ** 6), 2 ** 31, 2 ** 63, 10 ** 100, -(10 ** 100), 0.5, -0.0,
                  1e308, float("inf"), float("nan"), True, False, 1e9, 32000, 32001]
@@ -304,6 +305,44 @@ def language(rng: random.Random, raw: Any) -> Any:
     return raw
 
 
+READOUT_K = [1, 3, 5, 0, -1, 32000, 32001, 250_001, 10 ** 9, 2.0, "3", True, None, [3]]
+
+
+def readout(rng: random.Random, raw: Any) -> Any:
+    """The original's top_k readout (D27, D28): a metric made a list-valued top_k (with or without a stray
+    `against`, a hostile `k`), a top_k_overlap without its `against`, or a top_k named as a fit's objective or
+    early stop."""
+    raw = copy.deepcopy(raw)
+    if not isinstance(raw, dict):
+        return raw
+    if "data" in raw and isinstance(raw.get("steps"), dict):  # steps-first: its metric steps
+        metrics = {n: m for n, m in raw["steps"].items() if isinstance(m, dict) and m.get("kind") == "metric"}
+        kind_key = "metric"
+    else:
+        ivs = raw.get("interventions") if isinstance(raw.get("interventions"), dict) else {}
+        metrics = {n: m for iv in ivs.values() if isinstance(iv, dict) and isinstance(iv.get("metrics"), dict)
+                   for n, m in iv["metrics"].items() if isinstance(m, dict)}
+        kind_key = "kind"
+    if not metrics:
+        return raw
+    name = rng.choice(sorted(metrics))
+    metric = metrics[name]
+    for column in ("expected", "a", "b", "target", "token", "token_form", "against"):
+        metric.pop(column, None)
+    metric[kind_key] = rng.choice(["top_k", "top_k", "top_k_overlap"])
+    if rng.random() < 0.7:
+        metric["k"] = copy.deepcopy(rng.choice(READOUT_K))
+    if rng.random() < 0.2:
+        metric["against"] = metric.get("of")
+    for step in (raw.get("steps") or {}).values():
+        if isinstance(step, dict) and step.get("kind") == "fit" and rng.random() < 0.5:
+            if rng.random() < 0.5:
+                step["objective"] = [[1.0, name]]
+            elif isinstance(step.get("early_stop"), dict):
+                step["early_stop"]["metric"] = name
+    return raw
+
+
 def case(rng: random.Random, tmp: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path, str]:
     """A mutated document (and maybe a mutated data root) in `tmp`; returns (doc, data root, source name)."""
     source = rng.choice(DOCUMENTS)
@@ -314,6 +353,8 @@ def case(rng: random.Random, tmp: pathlib.Path) -> tuple[pathlib.Path, pathlib.P
         raw = language(rng, raw)
     if isinstance(raw, dict) and "data" in raw and rng.random() < 0.5:  # names built to collide (SF20)
         raw = steps_first(rng, raw)
+    if rng.random() < 0.1:  # the original's top_k readout and its k (SPEC.md D27, D28)
+        raw = readout(rng, raw)
     if which < 0.7:
         raw = mutate_tree(rng, raw, _keys(raw))
     if which >= 0.55:  # mutate a data table too (or only)

@@ -46,8 +46,10 @@ def snapshot(folder: pathlib.Path, skip: Callable[[pathlib.Path], bool] = lambda
 
 
 def _non_finite(value) -> bool:
-    values = value if isinstance(value, list) else [value]
-    return any(v is None or (isinstance(v, float) and not math.isfinite(v)) for v in values)
+    """None or a non-finite float, anywhere in a value (a top_k row's value is a list of [token, probability])."""
+    if isinstance(value, list):
+        return any(_non_finite(v) for v in value)
+    return value is None or (isinstance(value, float) and not math.isfinite(value))
 
 
 def bad_rows(out: pathlib.Path) -> list[str]:

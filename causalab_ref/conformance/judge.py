@@ -18,7 +18,7 @@ from . import catalogue
 
 
 #: the least magnitude a float's tolerance is relative to, by the unit of its metric table (SPEC.md C6)
-FLOORS = {"probability": 2.0 ** -126}
+FLOORS = {"probability": 2.0 ** -126, "[token, probability] list": 2.0 ** -126}  # top_k's pairs too (D28)
 FLOOR = 0.01
 
 
@@ -67,7 +67,7 @@ class _Rule:
         if isinstance(want, list) and isinstance(got, list):
             if len(want) != len(got):
                 return [f"{where}: expected {len(want)} items {_short(want)}, got {len(got)} {_short(got)}"]
-            return [d for k, (w, g) in enumerate(zip(want, got)) for d in self.diffs(w, g, segs + (k,))]
+            return [d for k, (w, g) in enumerate(zip(want, got)) for d in self.diffs(w, g, segs + (k,), floor)]
         if type(want) is not type(got) and not (isinstance(want, int) and isinstance(got, float)
                                                 and not isinstance(want, bool)):
             return [f"{where}: expected {_short(want)}, got {_short(got)}"]

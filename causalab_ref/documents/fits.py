@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..featurizers import kinds as featurizer_table
+from . import metrics as metric_kinds
 from . import steps as step_parts
 from .fields import FLOAT32_MAX, FLOAT32_TINY, choice, mapping, number, positive, record, seed, string
 from ..shapes import Fit, Refusal, Weights, nearest
@@ -128,6 +129,19 @@ def _check_terms(terms: Terms, metrics: list, declared: dict, step: str, path: s
                                            f"{nearest(term, allowed)}")
 
 
+def _check_listed(terms: Terms, declared_metrics: tuple, step: str, path: str) -> None:
+    """A metric whose value is a list per row (top_k) is no loss and nothing to watch (SPEC.md D27)."""
+    listed = {m for m, metric in declared_metrics if metric.kind in metric_kinds.LISTED}
+    if terms.early_stop[0] in listed:
+        _fail(f"{path}.early_stop.metric", f"step '{step}': early_stop watches '{terms.early_stop[0]}', a metric "
+                                           "whose value is a list per row; a list cannot be watched: watch a metric "
+                                           "of one number per row")
+    for k, (_w, term) in enumerate(terms.objective):
+        if term in listed:
+            _fail(f"{path}.objective.{k}", f"step '{step}': objective names '{term}', a metric whose value is a list "
+                                           "per row; a list cannot be minimized: name a metric of one number per row")
+
+
 # ---------------------------------------------------------------- fit and weights steps
 
 
@@ -148,6 +162,7 @@ def fit_step(raw: dict, path: str, interventions: dict, roles: tuple, declared: 
                   early_stop=_early_stop(raw["early_stop"], f"{path}.early_stop"))
     metrics = sorted(m for m, _ in interventions[names[0]].metrics)
     _check_terms(terms, metrics, declared, step, path)
+    _check_listed(terms, interventions[names[0]].metrics, step, path)
     ev = record(raw["eval"], f"{path}.eval", ("rows", "saves"), ("rows",))
     eval_rows = step_parts.rows(ev["rows"], f"{path}.eval.rows", f"step '{step}'.eval", roles)
     eval_saves = step_parts.saves(ev.get("saves", []), f"{path}.eval.saves", f"step '{step}'.eval", metrics,

@@ -96,9 +96,8 @@ def _metric(raw: Any, path: str) -> Metric:
     record(raw, path, ("kind", "of", "token_form") + metrics.FIELDS, ("kind",))
     kind = metrics.KINDS[choice(raw["kind"], f"{path}.kind", tuple(metrics.KINDS))]
     if "against" in kind.reads and "against" not in raw:
-        readout = _READOUT.get(kind.name, "")
         _fail(f"{path}.against", f"a {kind.name} metric compares `of` with a reference: name it in `against`, a read "
-                                 f"of the vocabulary's logits in this intervention{readout}")
+                                 "of the vocabulary's logits in this intervention")
     record(raw, path, ("kind", "of", "token_form") + kind.fields(), ("kind", "of") + kind.columns + kind.reads)
     token_form = choice(raw.get("token_form", "space_prefixed"), f"{path}.token_form", metrics.TOKEN_FORMS)
     params = {p: positive(raw.get(p, default), f"{path}.{p}", p) for p, default in kind.params}
@@ -106,11 +105,6 @@ def _metric(raw: Any, path: str) -> Metric:
                   columns=tuple((c, string(raw[c], f"{path}.{c}")) for c in kind.columns), token_form=token_form,
                   against=string(raw["against"], f"{path}.against") if "against" in kind.reads else None,
                   k=params.get("k"))
-
-
-_READOUT = {"top_k": " (a metric table holds one number per row, so the original's top_k readout, a list of "
-                     "tokens per row, is not a metric here: top_k is the share of the k top tokens two reads have "
-                     "in common)"}
 
 
 # ---------------------------------------------------------------- how they name each other

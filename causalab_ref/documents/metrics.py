@@ -7,7 +7,8 @@ token id of each column and the reference rows (run). SPEC.md §1 Documents (D14
 
     kind = KINDS["kl"]
     kind.score(patched, {"against": clean})      # (n, V), (n, V) -> (n,): KL(patched || clean) in nats
-    KINDS["top_k"].score(patched, {"against": clean, "k": 3})   # the fraction of the top 3 both share
+    KINDS["top_k"].score(patched, {"k": 3})   # (probabilities, ids), each (n, 3): a list per row (listed)
+    KINDS["top_k_overlap"].score(patched, {"against": clean, "k": 3})   # the fraction of the top 3 both share
 """
 from __future__ import annotations
 
@@ -90,6 +91,14 @@ def _top(logits, k: int):
 
 
 def _top_k(logits, given: dict):
+    """The original's readout: each row's k most likely tokens, most likely first, as (probabilities, ids), each
+    (n, k): P = softmax(`of`) in float32, ranked by P, equal probabilities by the lower id (D28)."""
+    probabilities = logits.float().softmax(-1)
+    order = probabilities.sort(dim=-1, descending=True, stable=True)  # stable: equal probabilities by id
+    return order.values[:, :given["k"]], order.indices[:, :given["k"]]
+
+
+def _top_k_overlap(logits, given: dict):
     """The fraction of `against`'s k top-ranked tokens that are among `of`'s k top-ranked tokens."""
     k = given["k"]
     return (_top(logits, k) & _top(given["against"], k)).sum(-1).float() / k
@@ -108,9 +117,11 @@ class MetricKind:
     what the kind takes beside them: each column's token id per row (`{"a": tensor([12, 7]),
     "b": tensor([40, 40])}`, int64 (n,)), each further read's rows of logits (`"against"`: (n, V))
     and each number (`"k": 3`); it returns the rows' values (n,), differentiable but for `match`
-    and `top_k` (a fit's objective keeps the graph). Each row's value depends on that row alone:
+    and `top_k_overlap` (a fit's objective keeps the graph). Each row's value depends on that row alone:
     scoring rows together gives, bit for bit, what scoring each alone gives (SPEC.md R8).
-    `reads` names the fields that are further reads of logits; `params` the numbers, with defaults."""
+    `reads` names the fields that are further reads of logits; `params` the numbers, with defaults.
+    `listed`: a row's value is a list, `[[token, probability], ...]` (top_k): `score` returns
+    (probabilities, ids), each (n, k), which the run spells; it is no objective and no early stop (D27)."""
     name: str
     columns: tuple[str, ...]
     unit: str
@@ -118,9 +129,11 @@ class MetricKind:
     score: Callable[..., Any]
     reads: tuple[str, ...] = ()
     params: tuple[tuple[str, int], ...] = ()
+    listed: bool = False
 
     def signature(self) -> str:
-        """`logit_diff(a, b)`, `top_k(against, k=5)`: the kind with the fields it takes, as `vocab` prints it."""
+        """`logit_diff(a, b)`, `top_k_overlap(against, k=5)`: the kind with the fields it takes, as `vocab` prints
+        it."""
         named = self.columns + self.reads + tuple(f"{p}={d}" for p, d in self.params)
         return f"{self.name}({', '.join(named)})"
 
@@ -138,7 +151,19 @@ KINDS: dict[str, MetricKind] = {k.name: k for k in (
     MetricKind("soft_accuracy", ("expected",), "probability", "soft_accuracy/v1", _soft_accuracy),
     MetricKind("kl", (), "nat", "kl/v1", _kl, reads=("against",)),
     MetricKind("js", (), "nat", "js/v1", _js, reads=("against",)),
-    MetricKind("top_k", (), "fraction", "top_k_overlap/v1", _top_k, reads=("against",), params=(("k", TOP_K_DEFAULT),)),
+    MetricKind("top_k", (), "[token, probability] list", "top_k/v1", _top_k, params=(("k", TOP_K_DEFAULT),),
+               listed=True),
+    MetricKind("top_k_overlap", (), "fraction", "top_k_overlap/v1", _top_k_overlap, reads=("against",),
+               params=(("k", TOP_K_DEFAULT),)),
 )}
+
+LISTED = tuple(name for name, kind in KINDS.items() if kind.listed)  # the kinds whose row value is a list
+
+
+def spelled(decode, token: int) -> str:
+    """One token id as a top_k row spells it: repr() of its decoded text, as a table's `tokens` spells a window
+    (P34; the original's readout spells it so)."""
+    return repr(decode([token]))
+
 
 FIELDS = tuple(sorted({f for kind in KINDS.values() for f in kind.fields()}))  # every field any kind takes

@@ -91,12 +91,12 @@ def _anchor(raw: Any, path: str, frame: str) -> Anchor:
 
 
 def check_generated(pos: Where, kind: str, name: str, decode: int, path: str, prefix: str):
-    """Seed-tables A9: what a read or a write may say in the continuation frame."""
+    """What a read or a write may say in the continuation frame (SPEC.md P40-P42)."""
     if pos.frame != "generated":
         return
     if decode <= 0:
         _fail(path, f"{prefix}{kind} '{name}': a generated position needs `decode` > 0")
-    if kind == "write":  # the cut is judged before the scope, in A9's order
+    if kind == "write":  # the cut is judged before the scope, in P42's order
         if not (pos.all or (pos.index is not None and pos.index >= 0)):
             _fail(path, f"{prefix}write '{name}': a write in the continuation frame is at a step the decode "
                         "has reached — {'index': k} with k >= 0, or {'all': true}. "
@@ -120,8 +120,8 @@ def site(raw: Any, path: str) -> Site:
     if raw.get("layers") is not None:
         value = raw["layers"]
         if value == "all":  # every "all" a site declares was lowered before validation (sweeps.with_layers)
-            _fail(f"{path}.layers", 'layers "all" is not a sweep value: it is itself a sweep over every layer '
-                                     "of the model; write it as the site's layers, unswept")
+            _fail(f"{path}.layers", 'layers "all" is not a sweep value: it reads every layer of the model in one '
+                                     "value; write it as the site's layers, unswept")
         if not isinstance(value, list) or not value:
             got = json.dumps(value)[:40] if isinstance(value, (int, float, str)) or value == [] else type_name(value)
             _fail(f"{path}.layers", f"layers is a one-element list, [i], got {got}; a sweep of layers sweeps such "

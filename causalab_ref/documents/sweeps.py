@@ -179,3 +179,47 @@ def with_layers(raw: Any, count: int) -> Any:
     wrapper = {"sweep": [[layer] for layer in range(count)], "as": AXIS}
     return dict(raw, sites={name: dict(site, layers=wrapper) if name in names else site
                             for name, site in raw["sites"].items()})
+
+
+def bound_layers(raw: Any, groups: int, count: int) -> None:
+    """The points a document with layers "all" compiles, each point of its other sweeps at every layer, are at
+    most MAX_POINTS (D17, D36), counted before any is made."""
+    if groups * count > MAX_POINTS:
+        _fail(f"sites.{every_layer(raw)[0]}.layers", f"the sweeps make {groups * count} points; a sweep has at most "
+                                                     f"{MAX_POINTS} points")
+
+
+def every_layer_allows(doc: Any, names: list[str]) -> None:
+    """What a read at every layer may not be (D34): it is read and scored, one value with a layer axis. A write
+    at an "all" site, a featurized read of one, an operand or a step output of one, and a featurizer or a fit in
+    the document are each refused at their path, naming the sweep that writes one experiment per layer."""
+    every = set(names)
+    sweep = 'sweep the layers instead ({"sweep": [[0], [1], ...]}), one experiment per layer'
+    for f_name, _f in doc.featurizers:
+        _fail(f"featurizers.{f_name}", f'featurizer \'{f_name}\' in a document with layers "all": a featurizer is '
+                                       f"one parameter set at one site, and a read at every layer is many; {sweep}")
+    for i_name, iv in doc.interventions:
+        at_every = {r for r, read in iv.reads if read.site in every}
+        for r, read in iv.reads:
+            if read.site in every and read.featurizer != "identity":
+                _fail(f"interventions.{i_name}.reads.{r}.featurizer",
+                      f"read '{r}' is at every layer of site '{read.site}' and takes no featurizer; {sweep}")
+        for w, write in iv.writes:
+            if write.site in every:
+                _fail(f"interventions.{i_name}.writes.{w}.site",
+                      f"write '{w}' is at site '{write.site}', whose layers are \"all\": a write at every layer is "
+                      f"as many experiments; {sweep}")
+            if isinstance(write.operand, str) and write.operand in at_every:
+                _fail(f"interventions.{i_name}.writes.{w}.operand",
+                      f"write '{w}' takes '{write.operand}', a read at every layer, as its operand; an operand is "
+                      f"one value at one layer; {sweep}")
+    for s_name, step in doc.steps:
+        if step.kind != "observe":
+            _fail(f"steps.{s_name}", f"step '{s_name}' is a {step.kind} step in a document with layers \"all\"; "
+                                     f"a read at every layer is scored, not trained on; {sweep}")
+        reads = {r: read for i_name in step.interventions for r, read in dict(doc.interventions)[i_name].reads}
+        for o_name, output in step.outputs:
+            if output.read in reads and reads[output.read].site in every:
+                _fail(f"steps.{s_name}.outputs.{o_name}",
+                      f"output '{o_name}' keeps '{output.read}', a read at every layer; score it with a metric "
+                      f"(its table has a row per layer and example), or {sweep}")

@@ -151,11 +151,31 @@ class Point:
     label: str
     raw: Any
     document: Document
+    # a document with layers "all" (D34): the point of its other sweeps it belongs to (its folder, "" when none;
+    # None without "all"), that point's document with "all" kept, and the layer this point reads at
+    group: Optional[str] = None
+    group_raw: Any = None
+    layer: Optional[int] = None
 
 
 def points_of(raw: Any, layers: Optional[int] = None) -> list[Point]:
     """The one pass a document takes before compile: lower its sweeps once, validate each point once.
-    A `layers: "all"` is lowered with the model's `layers` count; before compile knows it (None) the
-    document is checked as if the model had one layer, so its other refusals need no model (D35)."""
-    raw = sweeps.with_layers(raw, 1 if layers is None else layers)
-    return [Point(label=label, raw=point, document=document(point)) for label, point in sweeps.points(raw)]
+    A `layers: "all"` is lowered with the model's `layers` count, one point per layer of each point of the
+    other sweeps, which compile folds into one table per metric (D34); before compile knows the count (None)
+    the document is checked as if the model had one layer, so its other refusals need no model (D35)."""
+    names = sweeps.every_layer(raw)
+    if not names:
+        return [Point(label=label, raw=point, document=document(point)) for label, point in sweeps.points(raw)]
+    count = 1 if layers is None else layers
+    sweeps.with_layers(raw, count)  # its refusals: another sweep on the axis `layers`, a model of no layers
+    groups = sweeps.points(raw)  # the other sweeps: "all" is no wrapper, so it stays in each point
+    sweeps.bound_layers(raw, len(groups), count)
+    out: list[Point] = []
+    for glabel, graw in groups:
+        for layer, (label, point) in enumerate(sweeps.points(sweeps.with_layers(graw, count))):
+            doc = document(point)
+            if not out:
+                sweeps.every_layer_allows(doc, names)
+            out.append(Point(label=",".join(p for p in (glabel, label) if p), raw=point, document=doc, group=glabel,
+                             group_raw=graw, layer=layer))
+    return out

@@ -141,6 +141,7 @@ def own_code(directory: str, spec: Model) -> None:
         except (ValueError, RecursionError):
             value, named = None, '"auto_map"' in text
         _class_names(file.name, value, spec)
+        _layer_count(file.name, value, spec)
         if named:
             raise Refusal(f"model '{spec.key}': {file.name} has an `auto_map`, which names code shipped with the "
                           "checkpoint; causalab_ref never runs a checkpoint's own code. Use a checkpoint of an "
@@ -210,6 +211,30 @@ def _class_names(name: str, value, spec: Model) -> None:
         if given is not _MISSING and not fits(given):
             raise Refusal(f"model '{spec.key}': {name}'s `{field}` is {_json_kind(given)}, not {want}",
                           path="model.key", stage="compile")
+
+
+#: the most layers a checkpoint's config may say: a meta load builds every layer's modules (SPEC.md D36)
+MAX_LAYERS = 1_000
+#: the config fields transformers reads a decoder's layer count from, at the top or in `text_config`
+LAYER_FIELDS = ("num_hidden_layers", "n_layer", "num_layers")
+
+
+def _layer_count(name: str, value, spec: Model) -> None:
+    """Refuse a config.json whose layer count is not an integer from 1 to MAX_LAYERS, before any library builds
+    a module of it (a meta load of 10^9 layers does not end; 0 layers fail inside nnterp): SPEC.md D36."""
+    if name != "config.json" or not isinstance(value, dict):
+        return
+    nested = value.get("text_config")
+    for where, config in (("", value), ("text_config.", nested if isinstance(nested, dict) else {})):
+        for field in LAYER_FIELDS:
+            count = config.get(field, _MISSING)
+            if count is _MISSING or count is None:
+                continue
+            if type(count) is not int or not 1 <= count <= MAX_LAYERS:
+                digits = len(str(count)) if type(count) is int else 0
+                shown = count if 0 < digits <= 20 else f"an integer of {digits} digits" if digits else _json_kind(count)
+                raise Refusal(f"model '{spec.key}': config.json's `{where}{field}` is {shown}; a model has from 1 to "
+                              f"{MAX_LAYERS:,} layers", path="model.key", stage="compile")
 
 
 def _json_kind(value) -> str:

@@ -255,8 +255,11 @@ def _bars(table: str, rows: list[dict]) -> Panel:
     if len(rows) > MOST_BARS:
         title += f"; the first {MOST_BARS} drawn"
     values = tuple(map(_number, drawn))
-    return Panel("bars", title, values, xlabel="example_id", ylabel=str(first.get("unit", "")),
-                 xticks=tuple(str(r.get("example_id", k)) for k, r in enumerate(drawn)))
+    layered = all("layer" in r for r in rows)  # a metric of a read at every layer: a bar per (layer, example), D34
+    return Panel("bars", title, values, xlabel="layer/example_id" if layered else "example_id",
+                 ylabel=str(first.get("unit", "")),
+                 xticks=tuple(f"{r['layer']}/{r.get('example_id', k)}" if layered else str(r.get("example_id", k))
+                              for k, r in enumerate(drawn)))
 
 
 def _means(tables: dict[str, list[dict]]) -> list[Panel]:
@@ -303,7 +306,8 @@ def panels(out: Path, plan: Optional[list[dict]] = None) -> list[Panel]:
             found.append(Panel("curve", f"{file}{' at ' + label if label else ''}: loss per update",
                                tuple(losses), xlabel="update", ylabel="loss"))
     if not found:
-        raise _fail(f"{out} holds no metric table and no loss curve; there is nothing to draw")
+        raise _fail(f"{out} holds no metric table of numbers and no loss curve (a table whose value per row is a "
+                    "list, top_k's, is not drawn); there is nothing to draw")
     return found
 
 

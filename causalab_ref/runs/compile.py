@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..featurizers import bundles, fit
-from . import data, memory, placement, share
+from . import data, layers, memory, placement, share
 from ..positions import locate
 from ..documents import metrics, reader, sweeps, validate
 from ..documents.steps import produced_names
@@ -60,7 +60,7 @@ def _forward_order(intervention, needed: list[tuple[str, str]], path: str) -> li
     ready = [pair for pair, n in waiting.items() if n == 0]
     heapq.heapify(ready)
     order: list[tuple[str, str]] = []
-    while ready:  # topological, ties sorted by (model, input): the original's explain order (LR§9.3, R23)
+    while ready:  # topological, ties sorted by (model, input): the original's explain order (SPEC.md R23)
         pair = heapq.heappop(ready)
         order.append(pair)
         for user in users[pair]:
@@ -259,7 +259,7 @@ def _check_refs(step_name: str, forwards: list, sources: dict, rows: int, path: 
 
 def _stamps(doc: Document, kept: tuple, forwards: list, digest: str) -> tuple:
     """Each output's `.safetensors` metadata: the bundle stamp of the read's site, `kind` output/none,
-    output/mean or pca, `k`, `d` the read's width, no parametrization (LR§8; SPEC.md M20)."""
+    output/mean or pca, `k`, `d` the read's width, no parametrization (SPEC.md M20)."""
     taps = {t.name: t for f in forwards for t in f.taps if t.kind == "read"}
     sites = dict(doc.sites)
     out = []
@@ -419,7 +419,7 @@ def _metrics(ctx: Context, intervention, base_rows: list, ipath: str) -> list[Me
         _check_vocabulary_wide(metric.of, reads[metric.of], sites, ctx.addresses, m, f"{mpath}.of")
         if metric.against is not None:
             _check_vocabulary_wide(metric.against, reads[metric.against], sites, ctx.addresses, m, f"{mpath}.against")
-        _check_k(metric, ctx.engine.vocab_size, m, mpath)
+        _check_k(metric, ctx.engine.vocab_size, m, mpath, len(base_rows))
         columns = tuple(c for _, c in metric.columns)
         eligible = data.answer_eligible(base_rows, columns, m, mpath)
         answers = []
@@ -427,17 +427,27 @@ def _metrics(ctx: Context, intervention, base_rows: list, ipath: str) -> list[Me
             answers.append((field_name, data.answer_ids(tok, base_rows, eligible, column, f"{mpath}.{field_name}",
                                                     metric.token_form)))
         kind = metrics.KINDS[metric.kind]
+        spell = functools.partial(metrics.spelled, tok.decode) if kind.listed else None
         plans.append(MetricPlan(name=m, kind=metric.kind, of=metric.of, answers=tuple(answers),
                                 eligible=eligible, unit=kind.unit, estimand_version=kind.estimand_version,
-                                against=metric.against, k=metric.k))
+                                against=metric.against, k=metric.k, spell=spell))
     return plans
 
 
-def _check_k(metric, vocabulary: int, name: str, path: str) -> None:
-    """top_k's k is at most the vocabulary: the top V of V tokens is every token (SPEC.md D27)."""
+#: the most [token, probability] pairs one top_k table holds, rows x k (SPEC.md D27)
+MOST_PAIRS = 1_000_000
+
+
+def _check_k(metric, vocabulary: int, name: str, path: str, rows: int) -> None:
+    """top_k's k is at most the vocabulary: the top V of V tokens is every token; a listed kind's table holds at
+    most MOST_PAIRS pairs, so its rows are bounded before any is made (SPEC.md D27)."""
     if metric.k is not None and metric.k > vocabulary:
         raise Refusal(f"metric '{name}': k {metric.k} is more than the vocabulary's {vocabulary} tokens; k counts "
                       f"top-ranked tokens, so write a k from 1 to {vocabulary}", path=f"{path}.k", stage="compile")
+    if metric.k is not None and metrics.KINDS[metric.kind].listed and rows * metric.k > MOST_PAIRS:
+        raise Refusal(f"metric '{name}': k {metric.k} on {rows} rows is {rows * metric.k:,} [token, probability] "
+                      f"pairs, more than the {MOST_PAIRS:,} a table holds; write a smaller k or score fewer rows",
+                      path=f"{path}.k", stage="compile")
 
 
 def observe_plan(ctx: Context, name: str, i_name: str, rows: StepRows, saves: tuple,
@@ -488,7 +498,7 @@ def _tap(ctx: Context, entry: tuple[str, str, Any], rows: list, field: str, ipat
 
 
 def _check_features(features, space: Optional[int], name: str, path: str) -> None:
-    """`features` are distinct coordinates below the feature space's width (language-reference §3)."""
+    """`features` are distinct coordinates below the feature space's width (SPEC.md FZ24)."""
     if features is None:
         return
     if space is None or not features or len(set(features)) != len(features) or any(
@@ -592,6 +602,10 @@ def compile_document(raw: Any, engine, data_root: Path, points: Optional[list] =
     that several steps compute identically are marked shared (share.py)."""
     if points is None or sweeps.every_layer(raw):  # layers "all" is lowered once the layer count is known (D35)
         points = validate.points_of(raw, layers=engine.num_layers)
+    if points[0].group is not None:  # layers "all": each layer a point of one shared forward, folded (D34)
+        layer_cache: dict = {}
+        return share.mark(layers.fold(raw, [(point, compile_point(point, engine, data_root, layer_cache, budget))
+                                            for point in points]))
     if len(points) == 1 and points[0].label == "":
         return share.mark(compile_point(points[0], engine, data_root, budget=budget))
     cache: dict = {}

@@ -258,11 +258,25 @@ def answer_id(tok, text: str, path: str, where: str = "", token_form: str = "spa
 
     `where` names the row and column for the refusal (`row 1, column 'cf_answer'`)."""
     surface = (" " if token_form == "space_prefixed" else "") + text.lstrip()
-    ids = tok.encode(surface, add_special_tokens=False)
+    ids = plain_ids(tok, surface)
     if len(ids) != 1:
         raise Refusal(f"answer '{text}' is {len(ids)} tokens as '{surface}'; a metric column must resolve to "
                       f"exactly one token{f' ({where})' if where else ''}", path=path, stage="compile")
     return ids[0]
+
+
+def plain_ids(tok, text: str) -> list[int]:
+    """`text`'s ids with no special tokens: none added, and none parsed from the text, so an answer `</s>` is its
+    characters' tokens, never the end-of-sequence token (SPEC.md D29)."""
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is None or not hasattr(backend, "encode_special_tokens"):
+        return list(tok.encode(text, add_special_tokens=False, split_special_tokens=True))
+    before = backend.encode_special_tokens
+    backend.encode_special_tokens = True  # the text's special-token spellings are text
+    try:
+        return list(backend.encode(text, add_special_tokens=False).ids)
+    finally:
+        backend.encode_special_tokens = before
 
 
 def answer_ids(tok, rows: list, eligible: tuple, column: str, path: str, token_form: str = "space_prefixed") -> tuple:

@@ -103,6 +103,9 @@ class MetricPlan:
     estimand_version: str
     against: Optional[str] = None  # the reference read (kl, js, top_k), placed on the rows `of` is
     k: Optional[int] = None  # top_k's number of tokens
+    # a listed kind's (top_k's) speller of one token id, the run's tokenizer's (metrics.spelled; SPEC.md D28)
+    spell: Optional[Callable[[int], str]] = field(default=None, compare=False, repr=False)
+    layer: Optional[int] = None  # a metric of a read at every layer: this part's layer, on each row (D34)
 
     @property
     def reads(self) -> tuple[str, ...]:
@@ -129,6 +132,12 @@ class ObservePlan:
     publishes: bool = True  # False for the child of a step running several interventions (M13)
     stamps: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()  # each output's .safetensors metadata
     sources: tuple = ()  # (output name, outputs.Source): what compile knows of each output for later steps
+    layer: Optional[int] = None  # in a document with layers "all", the layer this step reads at (SPEC.md D34)
+
+    @property
+    def shown(self) -> str:
+        """The step's name, and in a document with layers "all" its layer: `score@layer=1`."""
+        return self.name if self.layer is None else f"{self.name}@layer={self.layer}"
 
     def lines(self, indent: str) -> list[str]:
         metrics = [f"{m.name}/{m.kind}" for m in self.metrics]
@@ -137,7 +146,7 @@ class ObservePlan:
                  else f"{n}=pca(k={o.k}, {o.read})" for n, o in self.outputs]
         outs = f"  outputs={shown}" if shown else ""  # metrics, then outputs, then saves; none empty (R23)
         kept = f"  saves={saves}" if saves else ""
-        out = [f"{indent}{self.name}: Observe  metrics={metrics}{outs}{kept}"]
+        out = [f"{indent}{self.shown}: Observe  metrics={metrics}{outs}{kept}"]
         for forward in self.forwards:
             out.append(f"{indent}    {forward.line()}")
             out += [f"{indent}      {tap.line()}" for tap in forward.taps]
@@ -313,7 +322,8 @@ def plan_json(plan, engine) -> list[dict]:
 def _step_json(step, tok) -> dict:
     if not isinstance(step, ObservePlan):
         return {"name": step.name, "kind": step.kind, "saves": [list(s) for s in step.saves]}
-    return {"name": step.name, "intervention": step.intervention, "dynamic": step.dynamic,
+    return {"name": step.name, **({} if step.layer is None else {"layer": step.layer}),
+            "intervention": step.intervention, "dynamic": step.dynamic,
             "example_ids": list(step.example_ids),
             "metrics": [{"name": m.name, "kind": m.kind, "of": m.of, "unit": m.unit,
                          "estimand_version": m.estimand_version, "eligible": list(m.eligible)} for m in step.metrics],

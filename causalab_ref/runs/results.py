@@ -50,7 +50,7 @@ _ROWS = json.JSONEncoder(separators=(",\n  ", ": "))
 
 
 def dumps(obj: Any) -> str:
-    """Exactly `json.dumps(obj, indent=1)`, the bytes F§14.1 fixes (SPEC.md Q16). A table of flat rows (a list
+    """Exactly `json.dumps(obj, indent=1)`, the bytes SPEC.md R7 and Q16 fix. A table of flat rows (a list
     of non-empty dicts of string keys and plain scalars) is encoded by json's C encoder, which Python uses
     only without `indent`: given the row separators, only the lines between rows and around the table differ,
     and a raw newline, which the encoder writes only between items, marks them. Everything else is
@@ -309,6 +309,7 @@ class Folder:
         out = Path(out)
         self.out, self.claim = out, None
         self.written: list[str] = []
+        self.layered: dict[str, list] = {}  # a table of rows by layer, written layer by layer (SPEC.md D34)
         check_out(out, replace)
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
@@ -342,13 +343,18 @@ class Folder:
         return confined(self.staging, relative, path, self.staging, resolved=self.resolved)
 
     def write(self, relative: str, obj: Any, path: str = "", at: Optional[int] = None) -> None:
-        """Write one JSON file; `at` puts it at that place in the list of written files."""
+        """Write one JSON file; `at` puts it at that place in the list of written files. A metric table whose
+        rows carry a `layer` (a read at every layer) is one file, its layers' rows in the order written."""
+        more = relative in self.layered
+        if type(obj) is list and obj and isinstance(obj[0], dict) and "layer" in obj[0]:
+            obj = self.layered[relative] = self.layered.get(relative, []) + obj
         target = self.confine(relative, path)
         try:
             dump(target, obj, made=self.staging)
         except OSError as error:
             raise fault(error, f"write {self.out / relative}") from None
-        self.written.insert(len(self.written) if at is None else at, relative)
+        if not more:
+            self.written.insert(len(self.written) if at is None else at, relative)
 
     def write_bytes(self, relative: str, data: bytes, path: str = "") -> None:
         """Write one binary file (a .safetensors bundle or tensor) into the folder."""

@@ -112,6 +112,7 @@ def metric_table(step: ObservePlan, result: StepResult, name: str, digest: str) 
         rows.append({
             "example_id": example_id,
             "metric": name,
+            **({} if metric.layer is None else {"layer": metric.layer}),  # a read at every layer (SPEC.md D34)
             "value": value,
             "eligible": result.eligible[name][r] and not lost,
             "positions": list(where["rows"][r]) if step.dynamic else None,

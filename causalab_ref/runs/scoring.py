@@ -64,7 +64,7 @@ def _rows_of(matrix: torch.Tensor, at: list[int]) -> torch.Tensor:
 
 
 def score(metric: MetricPlan, values: dict, placed: dict, both: tuple[bool, ...],
-          lo: int = 0, finite: Optional[dict] = None) -> list[Optional[float]]:
+          lo: int = 0, finite: Optional[dict] = None) -> list:
     """Per-row metric values (None where the row is not scored, or its value or any entry of a vector it
     scored, `of`'s or `against`'s, is not finite: a match on NaN logits is no measurement); `values` and
     `placed` hold each read's rows lo.. of the step (a window's), by read name, and `both` those rows'
@@ -78,9 +78,20 @@ def score(metric: MetricPlan, values: dict, placed: dict, both: tuple[bool, ...]
         if name not in memo:
             memo[name] = finite_rows(matrix)  # (matrix rows,)
         whole &= _rows_of(memo[name], where)
-    for r, v, ok in zip(rows, scored.tolist(), whole.tolist()):
-        out[r] = v if ok and math.isfinite(v) else None
+    for r, v, ok in zip(rows, _values(metric, scored), whole.tolist()):
+        out[r] = v if ok and (isinstance(v, list) or math.isfinite(v)) else None
     return out
+
+
+def _values(metric: MetricPlan, scored) -> list:
+    """Each scored row's value: a number, or for a listed kind (top_k) its `[[token, probability], ...]`, most
+    likely first, each token spelled by the run's tokenizer (metrics.spelled; SPEC.md D28)."""
+    if not metrics.KINDS[metric.kind].listed:
+        return scored.tolist()
+    probabilities, ids = scored
+    spell = metric.spell if metric.spell is not None else str
+    return [[[spell(int(i)), p] for i, p in zip(row_ids, row_p)]
+            for row_ids, row_p in zip(ids.tolist(), probabilities.tolist())]
 
 
 def finite_rows(matrix: torch.Tensor) -> torch.Tensor:

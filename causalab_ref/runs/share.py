@@ -76,7 +76,7 @@ def _users(plan: Plan) -> dict[str, list[str]]:
                 computation = _computation(forward, sources)
                 sources.update({t.name: (computation, read_identity(t)) for t in forward.taps if t.kind == "read"})
                 if computation:
-                    users.setdefault(computation, []).append(f"{leaf.label}/{step.name}" if leaf.label else step.name)
+                    users.setdefault(computation, []).append(f"{leaf.label}/{step.shown}" if leaf.label else step.shown)
     return users
 
 

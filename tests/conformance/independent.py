@@ -41,11 +41,12 @@ class Refusal(Exception):
 
 
 UNITS = {"match": "fraction", "logit_diff": "logit", "cross_entropy": "nat", "token_logit": "logit",
-         "token_prob": "probability", "soft_accuracy": "probability", "kl": "nat", "js": "nat", "top_k": "fraction"}
-VERSIONS = {"top_k": "top_k_overlap/v1"}  # D28; every other kind's is "<kind>/v1"
+         "token_prob": "probability", "soft_accuracy": "probability", "kl": "nat", "js": "nat",
+         "top_k_overlap": "fraction", "top_k": "[token, probability] list"}
+VERSIONS = {}  # D28; every kind's is "<kind>/v1"
 COLUMNS = {"match": ["expected"], "logit_diff": ["a", "b"], "cross_entropy": ["target"],
            "token_logit": ["token"], "token_prob": ["token"], "soft_accuracy": ["expected"], "kl": [], "js": [],
-           "top_k": []}
+           "top_k_overlap": [], "top_k": []}
 # Refusal templates, verbatim from SPEC.md section 13 (the placement ones the corpus's run cases reach).
 T_FIXED = ("<kind> '<name>' at <spelling> has no position on row(s) <rows>. A position of a fixed width names the "
            "same number of tokens on every row, so a row it does not fit is refused rather than skipped; a position "
@@ -838,7 +839,8 @@ def dynamic(iv):
 def answer_id(tok, text, form="space_prefixed"):
     """D15: space_prefixed: leading whitespace stripped, one space prepended, no special tokens, one id; D29:
     bare, the stripped text with no space."""
-    ids = tok((" " if form == "space_prefixed" else "") + text.lstrip(), add_special_tokens=False).input_ids
+    ids = tok((" " if form == "space_prefixed" else "") + text.lstrip(), add_special_tokens=False,
+              split_special_tokens=True).input_ids  # D29: no special token parsed from the text either
     if len(ids) != 1:
         raise Skip(f"answer {text!r} is {len(ids)} tokens (a compile refusal)")
     return ids[0]
@@ -846,7 +848,7 @@ def answer_id(tok, text, form="space_prefixed"):
 
 def divergence(kind, v, ref, k):
     """D28 on one row: P from `of` (v), Q from `against` (ref); KL in nats, JS to the mixture, top-k overlap."""
-    if kind == "top_k":
+    if kind == "top_k_overlap":
         def top(x):  # ties to the lower id: sort by (-logit, id)
             xs = x.float().tolist()
             return set(sorted(range(len(xs)), key=lambda j: (-xs[j], j))[:k])
@@ -857,6 +859,14 @@ def divergence(kind, v, ref, k):
         return torch.where(p > 0, p * (logp - logq), torch.zeros_like(p)).sum()
     logm = torch.log((p + q) / 2)
     return 0.5 * (torch.where(p > 0, p * (logp - logm), 0.0).sum() + torch.where(q > 0, q * (logq - logm), 0.0).sum())
+
+
+def readout(tok, v, k):
+    """D28's top_k on one row: P = softmax in float32, the k largest, ties to the lower id, each
+    [repr(decode([id])), P] (the original's readout.json: the k most likely tokens, decoded, with probabilities)."""
+    p = torch.softmax(v.float(), -1).tolist()
+    best = sorted(range(len(p)), key=lambda j: (-p[j], j))[:k]
+    return [[repr(tok.decode([j])), p[j]] for j in best]
 
 
 def metric_value(kind, v, ids):
@@ -1009,6 +1019,22 @@ class Pass:
                 vals.append(None if win is None else (stack[i, win] if t.stacked else t.values[i]))
             t.values = vals
 
+    def row(self, name, kind, row, i, tap, placed, value, col_ok):
+        """One table row (R7): its value, eligibility and, on a dynamic pass, where it was read (P34)."""
+        if self.dynamic:
+            fr = tap.frames[i]
+            if placed:
+                w = [p - fr.start for p in tap.windows[i]]
+                positions, reason, text = tap.windows[i], "", repr(fr.window_text(w[0], w[-1] + 1))
+            else:
+                positions, reason, text = [], tap.reasons[i], ""
+        else:
+            positions, reason, text = None, "", ""
+        return {"example_id": str(row.get("example_id", i)), "metric": name, "value": value,
+                "eligible": bool(col_ok and placed), "positions": positions, "reason": reason,
+                "tokens": text, "unit": UNITS[kind], "estimand_version": VERSIONS.get(kind, f"{kind}/v1"),
+                "produced_by": self.ctx.produced_by}
+
     def score(self, name, spec):
         kind = spec["kind"]
         tap = self.reads[spec["of"]]
@@ -1021,6 +1047,12 @@ class Pass:
             ref = self.reads[spec["against"]] if "against" in spec else None  # D25: placed by both reads
             placed = tap.windows[i] is not None and (ref is None or ref.windows[i] is not None)
             value = None
+            if col_ok and placed and kind == "top_k":
+                listed = readout(tok, tap.values[i][0], spec.get("k", 5))
+                finite = torch.isfinite(tap.values[i][0].float()).all()
+                out.append(self.row(name, kind, row, i, tap, placed, listed if finite else None, col_ok))
+                vec.append(torch.tensor(0.0))  # S52: a list is no objective term; it counts as scored
+                continue
             if col_ok and placed and ref is not None:
                 v = divergence(kind, tap.values[i][0], ref.values[i][0], spec.get("k", 5))
             elif col_ok and placed:
@@ -1030,19 +1062,7 @@ class Pass:
                 vec.append(v)
                 value = float(v)
                 value = value if math.isfinite(value) else None
-            if self.dynamic:
-                fr = tap.frames[i]
-                if placed:
-                    w = [p - fr.start for p in tap.windows[i]]
-                    positions, reason, text = tap.windows[i], "", repr(fr.window_text(w[0], w[-1] + 1))
-                else:
-                    positions, reason, text = [], tap.reasons[i], ""
-            else:
-                positions, reason, text = None, "", ""
-            out.append({"example_id": str(row.get("example_id", i)), "metric": name, "value": value,
-                        "eligible": bool(col_ok and placed), "positions": positions, "reason": reason,
-                        "tokens": text, "unit": UNITS[kind], "estimand_version": VERSIONS.get(kind, f"{kind}/v1"),
-                        "produced_by": self.ctx.produced_by})
+            out.append(self.row(name, kind, row, i, tap, placed, value, col_ok))
         if not vec:
             raise Refusal("run" if tap.generated else "compile", f"{self.where}.metrics.{name}", T_EMPTY_METRIC)  # P31, P58
         return {"table": out, "vector": torch.stack(vec)}
@@ -1247,7 +1267,11 @@ class Context:
 
 
 # ----------------------------------------------------------------------------------------------- comparison
-def compare(e, g, tol, path="", diffs=None):
+#: C6: a probability's value (and every probability of a top_k row's pairs, D28) is relative to 2^-126
+FINE = ("probability", "[token, probability] list")
+
+
+def compare(e, g, tol, path="", diffs=None, floor=0.01):
     diffs = [] if diffs is None else diffs
     if isinstance(e, dict):
         if not isinstance(g, dict):
@@ -1258,19 +1282,55 @@ def compare(e, g, tol, path="", diffs=None):
             for k in e:
                 if path.endswith("metadata") and k == "engine":
                     continue
-                compare(e[k], g[k], tol, f"{path}.{k}" if path else k, diffs)
+                fine = k == "value" and e.get("unit") in FINE
+                compare(e[k], g[k], tol, f"{path}.{k}" if path else k, diffs, 2.0 ** -126 if fine else 0.01)
     elif isinstance(e, list):
         if not isinstance(g, list) or len(e) != len(g):
             diffs.append(f"{path}: expected {len(e)} items, got {len(g) if isinstance(g, list) else g!r}")
         else:
             for i, (a, b) in enumerate(zip(e, g)):
-                compare(a, b, tol, f"{path}[{i}]", diffs)
+                compare(a, b, tol, f"{path}[{i}]", diffs, floor)
     elif isinstance(e, float) and isinstance(g, (int, float)) and not isinstance(g, bool):
-        if not abs(e - g) <= tol * max(abs(e), 0.01):
+        if not abs(e - g) <= tol * max(abs(e), floor):
             diffs.append(f"{path}: expected {e!r}, got {g!r}")
     elif type(e) is not type(g) or e != g:
         diffs.append(f"{path}: expected {e!r}, got {g!r}")
     return diffs
+
+
+def every_layer(point, every, fixtures, manifest):
+    """D34: a point whose sites read every layer is run once per layer of the model (its config.json's layer
+    count), each run the point with those sites at that one layer; a point without one is itself."""
+    if not every:
+        return [point]
+    ent = manifest["fixtures"].get(point["model"]["key"])
+    if ent is None:
+        raise Skip("model key is not in the manifest")
+    config = json.load(open(os.path.join(fixtures, ent["folder"], "config.json")))
+    count = config.get("num_hidden_layers", config.get("n_layer"))
+    out = []
+    for layer in range(count):
+        one = copy.deepcopy(point)
+        for name in every:
+            one["sites"][name]["layers"] = [layer]
+        out.append(one)
+    return out
+
+
+def merge_layer(tables, new, point, every, layer):
+    """D34's table: a metric of a read at an "all" site is one file of rows by (layer, example), `layer` right
+    after `metric`; any other table is the first layer's."""
+    layered = set()
+    for iv in point.get("interventions", {}).values():
+        for m, spec in iv.get("metrics", {}).items():
+            if any(iv["reads"].get(spec.get(f), {}).get("site") in every for f in ("of", "against")):
+                layered.add(m)
+    for name, table in new.items():
+        if isinstance(table, list) and every and table and table[0].get("metric") in layered:
+            rows = [dict(list(r.items())[:2] + [("layer", layer)] + list(r.items())[2:]) for r in table]
+            tables[name] = tables.get(name, []) + rows
+        elif layer == 0:
+            tables[name] = table
 
 
 def run_case(path, fixtures, manifest):
@@ -1293,9 +1353,11 @@ def run_case(path, fixtures, manifest):
             pb = produced_by(point, raw if protocol else None)
             if steps_first and not label:  # SF15: the document as given, without its header
                 pb = sha({k: v for k, v in raw.items() if k != "header"})
-            ctx = Context(case, case_dir, fixtures, manifest, label, point, pb)
-            ctx.run_steps()
-            tables.update(ctx.tables)
+            every = [n for n, site in point.get("sites", {}).items() if site.get("layers") == "all"]
+            for layer, one in enumerate(every_layer(point, every, fixtures, manifest)):
+                ctx = Context(case, case_dir, fixtures, manifest, label, one, pb)
+                ctx.run_steps()
+                merge_layer(tables, ctx.tables, one, every, layer)
     except Refusal as r:
         if expect["status"] != 2:
             return [f"refused {r}"]

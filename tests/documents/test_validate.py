@@ -152,7 +152,7 @@ def test_boolean_is_not_an_integer():
 
 
 def test_boolean_position_is_refused():
-    """SPEC.md:159 [P3] The sugar is a bare integer; a boolean `pos` is not one (F§9.1)."""
+    """SPEC.md:193 [P3] The sugar is a bare integer; a boolean `pos` is not one (F§9.1)."""
     r = refused_where(True, f"{IV}.reads.v_cf.pos")
     assert r.path == f"{IV}.reads.v_cf.pos"
     assert r.message == "a position is an integer or an object, got a boolean"
@@ -337,7 +337,7 @@ def test_unknown_mechanism_is_refused():
 
 
 def test_bare_integer_is_index():
-    """SPEC.md:159 [P3] The one sugar: a bare integer i is {"index": i}; seed 000:56."""
+    """SPEC.md:193 [P3] The one sugar: a bare integer i is {"index": i}; seed 000:56."""
     assert places.where(-1, "p") == Where(index=-1) == places.where({"index": -1}, "p")
     assert places.where(3, "p") == Where(index=3)
     read = dict(validate.document(doc()).interventions[0][1].reads)["v_cf"]
@@ -345,46 +345,46 @@ def test_bare_integer_is_index():
 
 
 def test_two_cuts_refused_with_seed_text():
-    """SPEC.md:160 [P4] Two cuts are refused with A11's text; seed 000:3."""
+    """SPEC.md:194 [P4] Two cuts are refused with A11's text; seed 000:3."""
     r = refused_where({"index": -1, "last": 2}, f"{IV}.reads.v_cf.pos")
     assert r.path == f"{IV}.reads.v_cf.pos"
     assert r.message == "a position names exactly one of index/span/last/all, got ['index', 'last']"
 
 
 def test_no_cut_is_refused_with_seed_text():
-    """SPEC.md:160 [P4] No cut is refused with A11's text (the list is empty); seed 000:3."""
+    """SPEC.md:194 [P4] No cut is refused with A11's text (the list is empty); seed 000:3."""
     r = refused_where({"scope": {"variable": "entity"}}, "p")
     assert (r.path, r.message) == ("p", "a position names exactly one of index/span/last/all, got []")
 
 
 def test_two_cuts_in_a_document_are_refused_at_the_pos_path():
-    """SPEC.md:160 [P4] The refusal carries the document path of the `pos`; seed 000:3."""
+    """SPEC.md:194 [P4] The refusal carries the document path of the `pos`; seed 000:3."""
     assert said(patched("writes.patch.pos", {"span": [0, 2], "all": True})) == (f"{IV}.writes.patch.pos", "a position names exactly one of index/span/last/all, got ['span', 'all']")
 
 
 def test_last_zero_is_refused():
-    """SPEC.md:167 [P6] `{"last": 0}` is refused: `last 0 is not a positive number of tokens` (A11)."""
+    """SPEC.md:201 [P6] `{"last": 0}` is refused: `last 0 is not a positive number of tokens` (A11)."""
     r = refused_where({"last": 0}, "p")
     assert (r.path, r.message) == ("p.last", "last 0 is not a positive number of tokens")
     assert refused_where({"last": -2}, "p").message == "last -2 is not a positive number of tokens"
 
 
 def test_backwards_span_is_refused():
-    """SPEC.md:169 [P7] Same-signed ends with b <= a are refused: `span [a, b] is not a forward window` (A11)."""
+    """SPEC.md:203 [P7] Same-signed ends with b <= a are refused: `span [a, b] is not a forward window` (A11)."""
     for a, b in ((3, 1), (2, 2), (-1, -3)):
         r = refused_where({"span": [a, b]}, "p")
         assert (r.path, r.message) == ("p.span", f"span [{a}, {b}] is not a forward window")
 
 
 def test_mixed_sign_span_is_accepted_with_no_width():
-    """SPEC.md:169 [P7] A span may mix signs; its width waits for a row (A10); seed 000:58."""
+    """SPEC.md:203 [P7] A span may mix signs; its width waits for a row (A10); seed 000:58."""
     pos = places.where({"span": [2, -1]}, "p")
     assert pos.span == (2, -1)
     assert pos.width is None and pos.ragged
 
 
 def test_width_of_each_cut():
-    """SPEC.md:325 [P46] width: 1 for index, n for last n, b-a for a same-signed span, none for all (A10)."""
+    """SPEC.md:359 [P46] width: 1 for index, n for last n, b-a for a same-signed span, none for all (A10)."""
     assert places.where(-1, "p").width == 1
     assert places.where({"last": 3}, "p").width == 3
     assert places.where({"span": [1, 4]}, "p").width == 3
@@ -393,21 +393,21 @@ def test_width_of_each_cut():
 
 
 def test_scope_makes_a_width_one_cut_ragged():
-    """SPEC.md:327 [P47] Ragged when the width is none or there is a scope; seed 000:328."""
+    """SPEC.md:361 [P47] Ragged when the width is none or there is a scope; seed 000:328."""
     pos = places.where({"index": -1, "scope": {"variable": "entity"}}, "p")
     assert pos.width == 1 and pos.ragged
     assert not places.where(-1, "p").ragged
 
 
 def test_eos_in_the_prompt_frame_is_refused():
-    """SPEC.md:187 [P14] `eos` in the prompt frame is refused with A11's text; seed 000:94."""
+    """SPEC.md:221 [P14] `eos` in the prompt frame is refused with A11's text; seed 000:94."""
     r = refused_where({"index": -1, "scope": {"segment": "eos"}}, "p")
     assert (r.path, r.message) == ("p.scope.segment",
                                    "segment 'eos' is a run of the generated frame, not the prompt")
 
 
 def test_chat_segment_in_the_generated_frame_is_refused():
-    """SPEC.md:187 [P14] Each frame refuses the other's segments: `user` in the generated frame; seed 000:94."""
+    """SPEC.md:221 [P14] Each frame refuses the other's segments: `user` in the generated frame; seed 000:94."""
     r = refused_where({"frame": "generated", "index": -1, "scope": {"segment": "user"}}, "p")
     assert r.path == "p.scope.segment"
     assert r.message.startswith("segment 'user' is a run of the prompt frame")
@@ -416,21 +416,21 @@ def test_chat_segment_in_the_generated_frame_is_refused():
 
 
 def test_anchor_with_neither_is_refused():
-    """SPEC.md:190 [P15] An anchor naming neither a variable nor a segment is refused with A11's text."""
+    """SPEC.md:224 [P15] An anchor naming neither a variable nor a segment is refused with A11's text."""
     for scope in ({}, {"variable": None, "segment": None}):
         r = refused_where({"index": -1, "scope": scope}, "p")
         assert (r.path, r.message) == ("p.scope", "an anchor names a variable, a segment, or both")
 
 
 def test_segment_and_variable_compose():
-    """SPEC.md:186 [P13] `{"segment": …, "variable": …}` is one anchor; seed 000:94."""
+    """SPEC.md:220 [P13] `{"segment": …, "variable": …}` is one anchor; seed 000:94."""
     pos = places.where({"index": -1, "scope": {"segment": "user[1]", "variable": "entity"}}, "p")
     assert (pos.scope.segment, pos.scope.variable) == ("user[1]", "entity")
     assert pos.spelling() == "{index:-1 scope:{segment:user[1] variable:entity}}"
 
 
 def test_frame_must_be_prompt_or_generated():
-    """SPEC.md:152 [P1] `frame` is prompt (default) or generated; anything else is refused at p.frame."""
+    """SPEC.md:186 [P1] `frame` is prompt (default) or generated; anything else is refused at p.frame."""
     assert places.where({"index": 0}, "p").frame == "prompt"
     assert refused_where({"index": 0, "frame": "continuation"}, "p").path == "p.frame"
 
@@ -441,14 +441,14 @@ def test_frame_must_be_prompt_or_generated():
 @pytest.mark.parametrize("pos, window", [({"last": 3}, "a window of 3 positions"),
                                          ({"all": True}, "a window of varying positions")], ids=["last3", "all"])
 def test_metric_over_a_window_wider_than_one_is_refused(pos, window):
-    """SPEC.md:334 [P49] A metric reads width 1: `last: 3`, and `{"all": true}` (`a window of varying
+    """SPEC.md:368 [P49] A metric reads width 1: `last: 3`, and `{"all": true}` (`a window of varying
     positions`), are refused with A11's text; seed 000:330."""
     assert said(patched("reads.logits.pos", pos)) == (f"{IV}.metrics.iia.of", (
         f"interventions.patching: metric 'iia' reads 'logits', {window}; a metric scores one position per row"))
 
 
 def test_metric_over_a_ragged_width_one_read_is_accepted():
-    """SPEC.md:334 [P49] Ragged is fine under a metric when the width is 1; seed 000:330."""
+    """SPEC.md:368 [P49] Ragged is fine under a metric when the width is 1; seed 000:330."""
     raw = doc()
     iv(raw)["reads"]["logits"]["pos"] = {"index": -1, "scope": {"variable": "entity"}}
     patching = _patching(validate.document(raw))
@@ -459,14 +459,14 @@ def test_metric_over_a_ragged_width_one_read_is_accepted():
 
 
 def test_write_operand_width_mismatch_is_refused():
-    """SPEC.md:336 [P50] A write and its operand with different fixed widths are refused with A11's text."""
+    """SPEC.md:370 [P50] A write and its operand with different fixed widths are refused with A11's text."""
     assert said(patched("writes.patch.pos", {"last": 2})) == (f"{IV}.writes.patch.pos", (
         "interventions.patching: write 'patch' covers 2 position(s) but its operand 'v_cf' "
         "was read over 1; the windows must match"))
 
 
 def test_ragged_write_width_is_left_to_the_run():
-    """SPEC.md:338 [P51] With no fixed width on one side, validation cannot compare; the run does."""
+    """SPEC.md:372 [P51] With no fixed width on one side, validation cannot compare; the run does."""
     raw = doc()
     iv(raw)["writes"]["patch"]["pos"] = {"all": True, "scope": {"variable": "entity"}}
     iv(raw)["reads"]["v_cf"]["pos"] = {"all": True, "scope": {"variable": "entity"}}
@@ -503,7 +503,7 @@ UNREACHED = {
 
 @pytest.mark.parametrize("case", list(UNREACHED))
 def test_a_generated_step_the_decode_does_not_reach_is_refused(case):
-    """SPEC.md:301 [P42] A generated position with `decode: 0`, and a step past the decode bound, are refused,
+    """SPEC.md:335 [P42] A generated position with `decode: 0`, and a step past the decode bound, are refused,
     for a read and a write (A9); seed 000:275."""
     decode, side, step, path, message = UNREACHED[case]
     pos = {"frame": "generated", "index": step}
@@ -512,7 +512,7 @@ def test_a_generated_step_the_decode_does_not_reach_is_refused(case):
 
 
 def test_generated_write_at_index_minus_one_is_refused():
-    """SPEC.md:301 [P42] A write names a reached step; `{generated index:-1}` is a cut to read (A9); seed 000:275."""
+    """SPEC.md:335 [P42] A write names a reached step; `{generated index:-1}` is a cut to read (A9); seed 000:275."""
     assert said(_generated(3, write_pos={"frame": "generated", "index": -1})) == (f"{IV}.writes.patch.pos", (
         "interventions.patching: write 'patch': a write in the continuation frame is at a step the decode has "
         "reached — {'index': k} with k >= 0, or {'all': true}. {generated index:-1} names a cut of the finished "
@@ -520,14 +520,14 @@ def test_generated_write_at_index_minus_one_is_refused():
 
 
 def test_generated_write_of_last_n_is_refused():
-    """SPEC.md:301 [P42] `{"last": n}` in the continuation is also a cut to read, not a write (A9)."""
+    """SPEC.md:335 [P42] `{"last": n}` in the continuation is also a cut to read, not a write (A9)."""
     r = refused(_generated(3, write_pos={"frame": "generated", "last": 1}))
     assert r.path == f"{IV}.writes.patch.pos"
     assert "{generated last:1} names a cut of the finished continuation" in r.message
 
 
 def test_generated_write_with_scope_is_refused():
-    """SPEC.md:301 [P42] A write in the continuation frame takes no scope (A9); seed 000:275."""
+    """SPEC.md:335 [P42] A write in the continuation frame takes no scope (A9); seed 000:275."""
     scoped = {"frame": "generated", "index": 0, "scope": {"segment": "eos"}}
     assert said(_generated(3, write_pos=scoped)) == (f"{IV}.writes.patch.pos", (
         "interventions.patching: write 'patch': a write in the continuation frame takes no scope; "
@@ -535,7 +535,7 @@ def test_generated_write_with_scope_is_refused():
 
 
 def test_generated_write_at_a_step_or_all_is_accepted():
-    """SPEC.md:301 [P42] `{"index": k}` with 0 <= k < decode, or `{"all": true}`, are what a write there may say."""
+    """SPEC.md:335 [P42] `{"index": k}` with 0 <= k < decode, or `{"all": true}`, are what a write there may say."""
     at_step = _patching(validate.document(_generated(3, write_pos={"frame": "generated", "index": 2})))
     assert at_step.decode == 3
     assert dict(at_step.writes)["patch"].pos == Where(index=2, frame="generated")
@@ -547,7 +547,7 @@ def test_generated_write_at_a_step_or_all_is_accepted():
 
 
 def test_negative_decode_is_refused():
-    """SPEC.md:281 [P36] `decode: n` is a number of tokens to generate; a negative one is refused."""
+    """SPEC.md:315 [P36] `decode: n` is a number of tokens to generate; a negative one is refused."""
     raw = doc()
     iv(raw)["decode"] = -1
     assert refused(raw).path == f"{IV}.decode"
@@ -557,7 +557,7 @@ def test_negative_decode_is_refused():
 
 
 def test_layers_with_two_entries_is_refused():
-    """SPEC.md:348 [L2] A multi-layer band is refused with B11's text; seed 004:33."""
+    """SPEC.md:382 [L2] A multi-layer band is refused with B11's text; seed 004:33."""
     raw = doc()
     raw["sites"]["target"]["layers"] = [0, 1]
     assert said(raw) == ("sites.target.layers", (
@@ -566,35 +566,35 @@ def test_layers_with_two_entries_is_refused():
 
 
 def test_per_layer_component_without_layers_is_refused():
-    """SPEC.md:352 [L4] A per-layer component with no layer is refused (reference's reading of B4); seed 004:90."""
+    """SPEC.md:386 [L4] A per-layer component with no layer is refused (reference's reading of B4); seed 004:90."""
     raw = doc()
     del raw["sites"]["target"]["layers"]
     assert said(raw) == ("sites.target", "'block_output' is addressed at one layer: say which with \"layers\": [i]")
 
 
 def test_whole_model_component_with_layers_is_refused():
-    """SPEC.md:352 [L4] A whole-model component with a layer is refused; seed 004:90."""
+    """SPEC.md:386 [L4] A whole-model component with a layer is refused; seed 004:90."""
     raw = doc()
     raw["sites"]["head"]["layers"] = [0]
     assert said(raw) == ("sites.head.layers", "'lm_head' is one per model and takes no layers")
 
 
 def test_unknown_component_is_left_to_compile():
-    """SPEC.md:397 [L17] A component the table does not know is refused at compile, not at validation."""
+    """SPEC.md:431 [L17] A component the table does not know is refused at compile, not at validation."""
     raw = doc()
     raw["sites"]["target"]["component"] = "block_ouput"
     assert dict(validate.document(raw).sites)["target"].component == "block_ouput"
 
 
 def test_heads_and_units_together_are_refused():
-    """SPEC.md:390 [L14] `heads` and `units` together are refused with B11's text; seed 004:159."""
+    """SPEC.md:424 [L14] `heads` and `units` together are refused with B11's text; seed 004:159."""
     raw = doc()
     raw["sites"]["target"] = {"component": "attention_z", "layers": [0], "heads": [0], "units": [1]}
     assert said(raw) == ("sites.target", "a site names heads or units, not both: they slice the same axis")
 
 
 def test_heads_at_block_output_is_refused():
-    """SPEC.md:390 [L14] `heads` only at a per-head tensor, B11's text with the sorted per-head names."""
+    """SPEC.md:424 [L14] `heads` only at a per-head tensor, B11's text with the sorted per-head names."""
     raw = doc()
     raw["sites"]["target"]["heads"] = [0]
     assert said(raw) == ("sites.target.heads", (
@@ -604,14 +604,14 @@ def test_heads_at_block_output_is_refused():
 
 
 def test_heads_at_a_per_head_tensor_is_accepted():
-    """SPEC.md:346 [L1] A site is component, one layer, and optionally heads; seed 004:3."""
+    """SPEC.md:380 [L1] A site is component, one layer, and optionally heads; seed 004:3."""
     raw = doc()
     raw["sites"]["target"] = {"component": "attention_premix", "layers": [0], "heads": [1, 3]}
     assert dict(validate.document(raw).sites)["target"].heads == (1, 3)
 
 
 def test_empty_repeated_or_negative_heads_are_refused():
-    """SPEC.md:390 [L14] An empty, repeated or negative `heads` list is refused with B11's text."""
+    """SPEC.md:424 [L14] An empty, repeated or negative `heads` list is refused with B11's text."""
     for heads, path in (([], "sites.target.heads"), ([1, 1], "sites.target.heads"),
                         ([0, -1], "sites.target.heads.1")):
         raw = doc()
@@ -621,7 +621,7 @@ def test_empty_repeated_or_negative_heads_are_refused():
 
 
 def test_empty_or_repeated_units_are_refused():
-    """SPEC.md:390 [L14] An empty or repeated `units` list is refused with B11's units text."""
+    """SPEC.md:424 [L14] An empty or repeated `units` list is refused with B11's units text."""
     for units in ([], [2, 2]):
         raw = doc()
         raw["sites"]["target"]["units"] = units
@@ -630,7 +630,7 @@ def test_empty_or_repeated_units_are_refused():
 
 
 def test_write_at_input_ids_is_refused():
-    """SPEC.md:367 [L8] `input_ids` is read-only; B11's full validate text; seed 004:92."""
+    """SPEC.md:401 [L8] `input_ids` is read-only; B11's full validate text; seed 004:92."""
     raw = doc()
     raw["sites"]["target"] = {"component": "input_ids"}
     path, message = said(raw)
@@ -639,7 +639,7 @@ def test_write_at_input_ids_is_refused():
 
 
 def test_read_at_input_ids_is_accepted():
-    """SPEC.md:367 [L8] Only a write at `input_ids` is refused; reading the model's input is fine."""
+    """SPEC.md:401 [L8] Only a write at `input_ids` is refused; reading the model's input is fine."""
     raw = doc()
     raw["sites"]["ids"] = {"component": "input_ids"}
     iv(raw)["reads"]["ids"] = {"site": "ids", "pos": -1, "input": "base"}
@@ -649,7 +649,7 @@ def test_read_at_input_ids_is_accepted():
 
 
 def test_view_logits_off_the_residual_stream_is_refused():
-    """SPEC.md:372 [L10] `view: logits` only on the residual stream; F§20/B11 full text; seed 004:41."""
+    """SPEC.md:406 [L10] `view: logits` only on the residual stream; F§20/B11 full text; seed 004:41."""
     assert said(patched("reads.logits.view", "logits")) == (f"{IV}.reads.logits.view", (
         "interventions.patching: read 'logits': view 'logits' projects the residual stream "
         "through the head, and 'lm_head' is not the residual stream (one of ['block_input', "
@@ -657,7 +657,7 @@ def test_view_logits_off_the_residual_stream_is_refused():
 
 
 def test_view_logits_on_the_residual_stream_is_accepted():
-    """SPEC.md:372 [L10] `view: logits` on block_output validates; seed 004:41."""
+    """SPEC.md:406 [L10] `view: logits` on block_output validates; seed 004:41."""
     raw = doc()
     iv(raw)["reads"]["logits"]["site"] = "target"
     iv(raw)["reads"]["logits"]["view"] = "logits"
@@ -668,7 +668,7 @@ def test_view_logits_on_the_residual_stream_is_accepted():
 
 
 def test_logits_view_is_not_an_operand():
-    """SPEC.md:372 [L10] A logits view is vocabulary-wide and cannot be written back (F§8.2 text)."""
+    """SPEC.md:406 [L10] A logits view is vocabulary-wide and cannot be written back (F§8.2 text)."""
     assert said(patched("reads.v_cf.view", "logits")) == (f"{IV}.writes.patch.operand", (
         "interventions.patching: write 'patch': operand 'v_cf' is a logits view, which is "
         "vocabulary-wide and cannot be written back at a site"))

@@ -87,10 +87,10 @@ def _both(nn, hk, ids, mask, items):
 
 @pytest.mark.parametrize("family", FAMILIES + ("olmo2", "qwen3next"))
 def test_every_boundary_read_equals_the_nnterp_engines(engines, family):
-    """SPEC.md:360 [L6] / SPEC.md:365 [L7] / SPEC.md:505 [R4] / seed 004:100 / SPEC.md:454 [L24] — every boundary
+    """SPEC.md:394 [L6] / SPEC.md:399 [L7] / SPEC.md:539 [R4] / seed 004:100 / SPEC.md:488 [L24] — every boundary
     component that resolves (layer 0 and the last layer) reads the same values through a hook as
     through nnterp: at {"index": -1}, over every content position, over a rectangular window, and
-    one head of attention_premix (SPEC.md:387 [L13]); the post-norm and hybrid fixtures' placements too (their
+    one head of attention_premix (SPEC.md:421 [L13]); the post-norm and hybrid fixtures' placements too (their
     attention places at the hybrid's softmax layer 1)."""
     nn, hk = engines(family)
     ids, mask, frame = _batch(nn.tokenizer)
@@ -139,7 +139,7 @@ def test_every_boundary_read_equals_the_nnterp_engines(engines, family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_swap_at_block_output_then_a_head_read_agree(engines, family):
-    """SPEC.md:505 [R4] / SPEC.md:387 [L13] — a swap (a tensor operand, and a number) at block_output[0]
+    """SPEC.md:539 [R4] / SPEC.md:421 [L13] — a swap (a tensor operand, and a number) at block_output[0]
     on the last token, then reads downstream and at the written address itself, equal on both engines;
     the write changed the head's output."""
     nn, hk = engines(family)
@@ -162,7 +162,7 @@ def test_a_swap_at_block_output_then_a_head_read_agree(engines, family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_an_input_side_write_of_one_head_agrees(engines, family):
-    """SPEC.md:387 [L13] — a write at an input boundary (attention_premix, a forward pre-hook) of one head
+    """SPEC.md:421 [L13] — a write at an input boundary (attention_premix, a forward pre-hook) of one head
     over every content position lands the same as nnterp's, read back at block_output and logits."""
     nn, hk = engines(family)
     ids, mask, frame = _batch(nn.tokenizer)
@@ -181,7 +181,7 @@ def test_an_input_side_write_of_one_head_agrees(engines, family):
 
 
 def test_gemma2_lm_head_and_logits_differ_by_the_softcap_on_both_engines(engines):
-    """SPEC.md:369 [L9] / seed 004:98 — a swap of 100.0 into the head reads 100.0 at lm_head and
+    """SPEC.md:403 [L9] / seed 004:98 — a swap of 100.0 into the head reads 100.0 at lm_head and
     tanh(100/30)*30 at logits; the hooks engine reaches logits as the root's output field."""
     nn, hk = engines("gemma2")
     ids, mask, frame = _batch(nn.tokenizer)
@@ -201,7 +201,7 @@ def test_gemma2_lm_head_and_logits_differ_by_the_softcap_on_both_engines(engines
 
 @pytest.mark.parametrize("family", ("llama", "gemma2"))
 def test_a_logits_view_read_agrees(engines, family):
-    """SPEC.md:372 [L10] / SPEC.md:369 [L9] — a residual read with "view": "logits" goes through the final
+    """SPEC.md:406 [L10] / SPEC.md:403 [L9] — a residual read with "view": "logits" goes through the final
     norm, the head and (Gemma-2) the softcap on both engines; at the last layer's output it is the logits."""
     nn, hk = engines(family)
     ids, mask, frame = _batch(nn.tokenizer)
@@ -233,7 +233,7 @@ def _patched_reads(eng, texts):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_row_reads_the_same_alone_and_left_padded_on_both_engines(engines, family):
-    """SPEC.md:569 [R20] — the short row alone and the same row left-padded beside a longer prompt read the
+    """SPEC.md:605 [R20] — the short row alone and the same row left-padded beside a longer prompt read the
     same (a write, then the last layer and the logits at -1) to 1e-5, on both engines."""
     for eng in engines(family):
         _mask, alone = _patched_reads(eng, [SHORT])
@@ -259,7 +259,7 @@ def _observe_document(family: str) -> dict:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_rows_metric_is_the_same_alone_padded_and_under_batch_size_one(engines, family, tmp_path):
-    """SPEC.md:569 [R20] / SPEC.md:543 [R11] — a document's metric for the short row is the same when the row
+    """SPEC.md:605 [R20] / SPEC.md:579 [R11] — a document's metric for the short row is the same when the row
     is alone, beside a longer row (left-padded), and beside it under --batch-size 1, to 1e-5."""
     from causalab_ref.runs import compile as compiler
     from causalab_ref.runs import run
@@ -296,7 +296,7 @@ def _decode_actions(eng, ids, decode):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_both_engines_decode_the_same_tokens_and_per_step_values(engines, family):
-    """SPEC.md:1860 [E6] / SPEC.md:311 [P53] — the hooks engine decodes: on a padded batch, with a write at
+    """SPEC.md:1897 [E6] / SPEC.md:345 [P53] — the hooks engine decodes: on a padded batch, with a write at
     step 2, both engines generate the same greedy ids and read the same prompt, per-step and stacked values
     (allclose 1e-6); both hold off the same stop ids, the tokenizer's EOS among them."""
     nn, hk = engines(family)
@@ -315,9 +315,9 @@ def test_both_engines_decode_the_same_tokens_and_per_step_values(engines, family
 
 
 def test_interiors_are_refused_by_name_at_compile():
-    """SPEC.md:454 [L24] / SPEC.md:381 [L12] / seed-tables B6 "interiors are nnterp-engine only" — the four interiors are
+    """SPEC.md:488 [L24] / SPEC.md:415 [L12] / seed-tables B6 "interiors are nnterp-engine only" — the four interiors are
     refused on the hooks engine with the seed's text; attention_probs too, saying why, even under eager
-    where the nnterp engine resolves it (SPEC.md:374 [L11])."""
+    where the nnterp engine resolves it (SPEC.md:408 [L11])."""
     hk = loading.load(_spec("llama", "eager"), "hooks", weights=False)
     assert isinstance(hk, HooksEngine)
     for name in address.INTERIORS:
@@ -340,7 +340,7 @@ def test_interiors_are_refused_by_name_at_compile():
 
 
 def test_the_hooks_module_names_are_the_transformers_names(engines):
-    """SPEC.md:356 [L5] / SPEC.md:360 [L6] — nnterp's standardized spelling maps to the transformers module
+    """SPEC.md:390 [L5] / SPEC.md:394 [L6] — nnterp's standardized spelling maps to the transformers module
     by identity in the shell's module tree, never by a rename table."""
     hk = engines("gpt2")[1]
     name = lambda component, layer=None: hk.module_name(hk.locate(component, layer))  # noqa: E731
@@ -361,7 +361,7 @@ def _values(out: Path) -> dict:
 
 
 def test_patching_document_gives_the_same_numbers_on_both_engines(tmp_path):
-    """SPEC.md:535 [R9] / SPEC.md:505 [R4] — `run documents/patching.json --engine hooks` writes the same
+    """SPEC.md:571 [R9] / SPEC.md:539 [R4] — `run documents/patching.json --engine hooks` writes the same
     iia and logit_diff values as the nnterp engine, and run.json records which engine ran."""
     hooks_out, nnterp_out = tmp_path / "hooks", tmp_path / "nnterp"
     done = inprocess.cli("run", "documents/patching.json", "--engine", "hooks", "--out", str(hooks_out))

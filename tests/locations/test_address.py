@@ -108,7 +108,7 @@ def _read_every_layer(model):
 
 
 def test_describe_lists_the_21_components_as_plain_data():
-    """seed 004:5 / SPEC.md:356 [L5] — 21 names; per layer, per head, eager, read-only, width."""
+    """seed 004:5 / SPEC.md:390 [L5] — 21 names; per layer, per head, eager, read-only, width."""
     d = address.describe()
     assert len(d) == 21
     assert d["input_ids"]["read_only"] and not d["input_ids"]["layered"]
@@ -128,7 +128,7 @@ def test_describe_lists_the_21_components_as_plain_data():
 
 
 def test_unknown_component_is_refused_listing_the_names(llama_meta):
-    """seed-tables B11 / SPEC.md:397 [L17] — a name neither the table nor an extension has."""
+    """seed-tables B11 / SPEC.md:431 [L17] — a name neither the table nor an extension has."""
     with pytest.raises(Refusal) as e:
         address.locate(llama_meta, "block_ouput", 0)
     assert e.value.message.startswith(
@@ -139,7 +139,7 @@ def test_unknown_component_is_refused_listing_the_names(llama_meta):
 
 
 def test_layer_outside_the_stack_is_refused_by_number(llama_meta):
-    """seed 004:35 / SPEC.md:350 [L3] — `site 'target': layer 24 is outside the model's N layers`."""
+    """seed 004:35 / SPEC.md:384 [L3] — `site 'target': layer 24 is outside the model's N layers`."""
     with pytest.raises(Refusal) as e:
         address.locate(llama_meta, "block_output", 24, site="target")
     assert e.value.message == "site 'target': layer 24 is outside the model's 2 layers"
@@ -147,7 +147,7 @@ def test_layer_outside_the_stack_is_refused_by_number(llama_meta):
 
 
 def test_a_negative_layer_is_refused_at_compile_by_number(llama_engine_meta):
-    """SPEC.md:350 [L3] a negative layer is outside the stack: refused when compiled, by number."""
+    """SPEC.md:384 [L3] a negative layer is outside the stack: refused when compiled, by number."""
     doc = copy.deepcopy(PATCHING)
     doc["sites"]["target"]["layers"] = [-1]
     validate.document(doc)
@@ -158,14 +158,14 @@ def test_a_negative_layer_is_refused_at_compile_by_number(llama_engine_meta):
 
 
 def test_per_layer_component_without_a_layer_is_refused(llama_meta):
-    """seed 004:90 / SPEC.md:352 [L4] / SPEC.md:365 [L7] — block_output is addressed at one layer."""
+    """seed 004:90 / SPEC.md:386 [L4] / SPEC.md:399 [L7] — block_output is addressed at one layer."""
     with pytest.raises(Refusal) as e:
         address.locate(llama_meta, "block_output", None)
     assert e.value.message == "'block_output' is addressed at one layer: say which with \"layers\": [i]"
 
 
 def test_whole_model_component_with_a_layer_is_refused(llama_meta):
-    """seed 004:90 / SPEC.md:352 [L4] / SPEC.md:365 [L7] — lm_head takes no layers."""
+    """seed 004:90 / SPEC.md:386 [L4] / SPEC.md:399 [L7] — lm_head takes no layers."""
     with pytest.raises(Refusal) as e:
         address.locate(llama_meta, "lm_head", 0)
     assert e.value.message == "'lm_head' is one per model and takes no layers"
@@ -173,7 +173,7 @@ def test_whole_model_component_with_a_layer_is_refused(llama_meta):
 
 @pytest.mark.parametrize("name", ["attention_probs", "attention_scores"])
 def test_pattern_under_sdpa_is_refused_saying_eager(llama_meta, name):
-    """seed 004:127 / SPEC.md:374 [L11] — scores and probs exist only under eager attention."""
+    """seed 004:127 / SPEC.md:408 [L11] — scores and probs exist only under eager attention."""
     with pytest.raises(Refusal) as e:
         address.locate(llama_meta, name, 0)
     assert e.value.message == (
@@ -182,7 +182,7 @@ def test_pattern_under_sdpa_is_refused_saying_eager(llama_meta, name):
 
 
 def test_probs_refused_when_eager_but_not_enabled(gemma2_meta):
-    """seed 004:216 / SPEC.md:374 [L11] — Gemma-2 runs eager by default; the pattern row stays disabled."""
+    """seed 004:216 / SPEC.md:408 [L11] — Gemma-2 runs eager by default; the pattern row stays disabled."""
     assert address.locate(gemma2_meta, "attention_scores", 0).op == "attention_interface_0"
     with pytest.raises(Refusal) as e:
         address.locate(gemma2_meta, "attention_probs", 0)
@@ -194,7 +194,7 @@ def test_probs_refused_when_eager_but_not_enabled(gemma2_meta):
 @pytest.mark.parametrize("name,accessor", [("mlp_activation", "mlps_activation"),
                                            ("mlp_neuron_output", "mlps_neurons")])
 def test_moe_layer_refuses_activation_and_neurons(eager, name, accessor):
-    """seed 004:209 / SPEC.md:422 [L20] — a mixture of experts has no single activation; per layer."""
+    """seed 004:209 / SPEC.md:456 [L20] — a mixture of experts has no single activation; per layer."""
     m = eager("gptoss")
     for layer in range(2):
         with pytest.raises(Refusal) as e:
@@ -235,7 +235,7 @@ SEED_PRINTOUT = {  # seed 004:62 — rank, io, llama module, gpt2 module
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_where_each_one_lands_matches_the_seed_printout(eager, family):
-    """seed 004:62 / SPEC.md:402 [L18] / SPEC.md:360 [L6] — module, io and rank per component on Llama and GPT-2."""
+    """seed 004:62 / SPEC.md:436 [L18] / SPEC.md:394 [L6] — module, io and rank per component on Llama and GPT-2."""
     m = eager(family)
     n = m.num_layers
     for name, a in address.where_each_lands(m):
@@ -246,7 +246,7 @@ def test_where_each_one_lands_matches_the_seed_printout(eager, family):
 
 
 def test_gemma2_sandwich_reads_contributions_after_the_post_norms(eager):
-    """seed 004:84 / SPEC.md:416 [L19] — block_mid/mlp_input_norm at pre_feedforward_layernorm;
+    """seed 004:84 / SPEC.md:450 [L19] — block_mid/mlp_input_norm at pre_feedforward_layernorm;
     attention_output/mlp_output are the post-norms' outputs."""
     m = eager("gemma2")
     got = {n: (address.locate(m, n, 0).module, address.locate(m, n, 0).io) for n in
@@ -258,7 +258,7 @@ def test_gemma2_sandwich_reads_contributions_after_the_post_norms(eager):
 
 
 def test_interiors_carry_the_operation_found_by_the_needle(llama_meta):
-    """seed 004:139 / SPEC.md:381 [L12] — one op matches "attention_interface(" (here attention_interface_0)."""
+    """seed 004:139 / SPEC.md:415 [L12] — one op matches "attention_interface(" (here attention_interface_0)."""
     for name in ("attention_query", "attention_key", "attention_z"):
         a = address.locate(llama_meta, name, 1)
         assert (a.op, a.module, a.io) == ("attention_interface_0", None, None)
@@ -267,7 +267,7 @@ def test_interiors_carry_the_operation_found_by_the_needle(llama_meta):
 
 
 def test_find_op_refuses_unless_exactly_one_operation_matches(llama_meta):
-    """seed 004:139 / SPEC.md:381 [L12] — refused unless exactly one matches, listing the operations."""
+    """seed 004:139 / SPEC.md:415 [L12] — refused unless exactly one matches, listing the operations."""
     with pytest.raises(Refusal) as e:
         address.find_op(llama_meta.layers[0].self_attn, needle="no_such_call(")
     assert "attention_interface_0" in e.value.message
@@ -275,7 +275,7 @@ def test_find_op_refuses_unless_exactly_one_operation_matches(llama_meta):
 
 
 def test_per_head_width_uses_the_right_head_count(eager):
-    """seed 004:165 / SPEC.md:395 [L16] — GptOss: query 64 (4 heads), key 32 (2 kv heads)."""
+    """seed 004:165 / SPEC.md:429 [L16] — GptOss: query 64 (4 heads), key 32 (2 kv heads)."""
     m = eager("gptoss")
     q, k = address.locate(m, "attention_query", 0), address.locate(m, "attention_key", 0)
     assert (q.width, q.heads, k.width, k.heads) == (64, 4, 32, 2)
@@ -283,7 +283,7 @@ def test_per_head_width_uses_the_right_head_count(eager):
 
 
 def test_extra_name_is_a_boundary_without_width(llama_meta):
-    """seed 004:259 / SPEC.md:446 [L23] — an added name: module output, per layer, no width."""
+    """seed 004:259 / SPEC.md:480 [L23] — an added name: module output, per layer, no width."""
     a = address.locate(llama_meta, "mlp_gate_output", 0, extra={"mlp_gate_output": ("mlp.gate_proj", 42)})
     assert (a.module, a.io, a.rank, a.width) == ("mlp.gate_proj", "output", (0, 42), None)
     with pytest.raises(Refusal) as e:
@@ -298,7 +298,7 @@ def test_extra_name_is_a_boundary_without_width(llama_meta):
 
 @pytest.mark.parametrize("family", ALL_FIXTURES)
 def test_every_component_reads_in_one_trace_in_rank_order(eager, family):
-    """seed 004:62 / SPEC.md:360 [L6] / SPEC.md:402 [L18] — all resolving components, one trace, forward order; shapes.
+    """seed 004:62 / SPEC.md:394 [L6] / SPEC.md:436 [L18] — all resolving components, one trace, forward order; shapes.
     (Qwen3-Next at its softmax layer 1; GptOss and Qwen3-Next's layer 1 lack the two MoE places, OLMo-2 the two
     input norms.)"""
     m = eager(family)
@@ -322,7 +322,7 @@ def test_every_component_reads_in_one_trace_in_rank_order(eager, family):
 
 @pytest.mark.parametrize("family", ALL_FIXTURES)
 def test_block_identities_hold(eager, family):
-    """seed 004 B2 callout / SPEC.md:428 [L21] — at every layer, read in one trace: block_mid = input +
+    """seed 004 B2 callout / SPEC.md:462 [L21] — at every layer, read in one trace: block_mid = input +
     attention_output, block_output = block_mid + mlp_output, mlp_input_norm == mlp_input, flat attention_z ==
     attention_premix bit for bit; where a structure has no such place (OLMo-2's norms, Qwen3-Next's
     linear layer 0) the identity has nothing to say, and the gated attention of Qwen3-Next is L32's."""
@@ -344,7 +344,7 @@ def test_block_identities_hold(eager, family):
 
 
 def test_gemma2_lm_head_swap_reads_back_softcapped_at_logits(eager):
-    """seed 004:98 / SPEC.md:369 [L9] — 100.0 into lm_head reads 100.0 there, tanh(100/30)*30 at logits."""
+    """seed 004:98 / SPEC.md:403 [L9] — 100.0 into lm_head reads 100.0 there, tanh(100/30)*30 at logits."""
     m = eager("gemma2")
     head, logits = address.locate(m, "lm_head"), address.locate(m, "logits")
     with m.trace(INPUTS):
@@ -357,7 +357,7 @@ def test_gemma2_lm_head_swap_reads_back_softcapped_at_logits(eager):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_query_write_replaces_the_call_inputs(eager, family):
-    """stack-facts Tracing rules / SPEC.md:381 [L12] — a query write (zeros) reaches the scores; GPT-2 too."""
+    """stack-facts Tracing rules / SPEC.md:415 [L12] — a query write (zeros) reaches the scores; GPT-2 too."""
     m = eager(family)
     q, s = address.locate(m, "attention_query", 0), address.locate(m, "attention_scores", 0)
     with m.trace(INPUTS):
@@ -385,20 +385,20 @@ def _written_then_read(m, write_at: tuple, read_at: tuple, make):
 
 
 def test_z_write_reaches_premix(eager):
-    """SPEC.md:381 [L12] — writing attention_z (replacing the call's output) is what o_proj reads."""
+    """SPEC.md:415 [L12] — writing attention_z (replacing the call's output) is what o_proj reads."""
     got = _written_then_read(eager("llama"), ("attention_z", 1), ("attention_premix", 1), torch.ones_like)
     assert torch.all(got == 1)
 
 
 def test_scores_write_changes_the_pattern(eager):
-    """seed 004:122 / SPEC.md:381 [L12] — a write at the softmax's argument is what the pattern comes from."""
+    """seed 004:122 / SPEC.md:415 [L12] — a write at the softmax's argument is what the pattern comes from."""
     probs = _written_then_read(eager("llama"), ("attention_scores", 0), ("attention_probs", 0), torch.zeros_like)
     t = IDS.shape[1]
     assert torch.allclose(probs[0, 0, -1], torch.full((t,), 1.0 / t))
 
 
 def test_probs_write_reads_back(eager):
-    """seed 004:123 / SPEC.md:374 [L11] — a write at attention_probs is the pattern mixed with."""
+    """seed 004:123 / SPEC.md:408 [L11] — a write at attention_probs is the pattern mixed with."""
     m = eager("gpt2")
     p, z = address.locate(m, "attention_probs", 0), address.locate(m, "attention_z", 0)
     with m.trace(INPUTS):
@@ -413,7 +413,7 @@ def test_probs_write_reads_back(eager):
 
 
 def test_input_ids_write_is_refused(eager):
-    """seed 004:92 / SPEC.md:367 [L8] — input_ids is the only read-only place."""
+    """seed 004:92 / SPEC.md:401 [L8] — input_ids is the only read-only place."""
     m = eager("llama")
     with pytest.raises(Refusal):
         nnterp.assign(m, address.locate(m, "input_ids"), torch.zeros(1))
@@ -423,7 +423,7 @@ def test_input_ids_write_is_refused(eager):
 
 
 def test_a_head_or_unit_past_the_end_is_refused_at_compile_against_the_real_count(llama_engine_meta):
-    """seed 004:167 / SPEC.md:393 [L15] — `site 't': head 4 of a 4-head tensor`, `site 't': unit 20 of a
+    """seed 004:167 / SPEC.md:427 [L15] — `site 't': head 4 of a 4-head tensor`, `site 't': unit 20 of a
     16-wide tensor`; the last head and the last unit are accepted."""
     premix = {"component": "attention_premix", "layers": [0]}
     _compile_at(llama_engine_meta, "t", {**premix, "heads": [3]})
@@ -439,7 +439,7 @@ def test_a_head_or_unit_past_the_end_is_refused_at_compile_against_the_real_coun
 
 
 def test_a_write_and_operand_of_different_widths_are_refused_at_compile(llama_engine_meta):
-    """SPEC.md:466 [L26] 64 mlp_activation features cannot land in a 16-wide block_output: refused when
+    """SPEC.md:500 [L26] 64 mlp_activation features cannot land in a 16-wide block_output: refused when
     compiled, naming both places."""
     doc = copy.deepcopy(PATCHING)
     doc["sites"]["act"] = {"component": "mlp_activation", "layers": [0]}
@@ -456,7 +456,7 @@ def test_a_write_and_operand_of_different_widths_are_refused_at_compile(llama_en
 
 
 def test_units_at_an_extra_name_are_refused_for_want_of_a_width(llama_meta, llama_engine_meta, eager):
-    """seed 004:259 / SPEC.md:446 [L23] — an added name has no width, so `units` there (what a featurizer
+    """seed 004:259 / SPEC.md:480 [L23] — an added name has no width, so `units` there (what a featurizer
     would need) is refused with the seed's text at compile; its order puts it in forward order: the gate
     projection (42) reads in one trace between mlp_input (40) and mlp_activation (44), act_fn of it."""
     extra = GATE
@@ -484,7 +484,7 @@ def test_units_at_an_extra_name_are_refused_for_want_of_a_width(llama_meta, llam
 
 
 def test_heads_at_an_added_place_with_no_head_count_is_refused(llama_engine_meta):
-    """SPEC.md:390 [L14] heads at a place added with `extra` (no head count) is refused, not a TypeError."""
+    """SPEC.md:424 [L14] heads at a place added with `extra` (no head count) is refused, not a TypeError."""
     with pytest.raises(Refusal) as refusal:
         _compile_at(llama_engine_meta, "target", {"component": "mlp_gate_output", "layers": [0], "heads": [0]})
     assert refusal.value.message.startswith("'mlp_gate_output' is not a per-head tensor; `heads` applies at [")
@@ -525,7 +525,7 @@ def _refusals_at_every_layer(m, names) -> dict:
 
 
 def test_a_parallel_block_has_no_block_mid_and_no_mlp_input_norm(tmp_path):
-    """seed 004:230 / SPEC.md:433 [L22] — GPT-NeoX with use_parallel_residual loads in nnterp 1.3.0; its
+    """seed 004:230 / SPEC.md:467 [L22] — GPT-NeoX with use_parallel_residual loads in nnterp 1.3.0; its
     layers keep a post_attention_layernorm, but it norms the block input, so the config flag decides:
     block_mid and mlp_input_norm are refused with a sentence at every layer, the rest resolves. Without
     the flag the same module tree resolves both, and block_mid == block_input + attention_output."""
@@ -547,7 +547,7 @@ def test_a_parallel_block_has_no_block_mid_and_no_mlp_input_norm(tmp_path):
 
 
 def test_a_document_names_an_extra_component_given_at_load():
-    """SPEC.md:446 [L23] — loading.load(extra=...) makes the name addressable from a document: a read there
+    """SPEC.md:480 [L23] — loading.load(extra=...) makes the name addressable from a document: a read there
     compiles to the module's output at (layer, order); `units` there is refused for want of a width."""
     raw = copy.deepcopy(PATCHING)
     raw["sites"]["target"] = {"component": "mlp_gate_output", "layers": [1]}
@@ -567,7 +567,7 @@ def test_a_document_names_an_extra_component_given_at_load():
 
 
 def test_a_post_norm_block_refuses_the_two_input_norms_and_places_the_rest(eager):
-    """seed 004:230 / SPEC.md:433 [L22] — OLMo-2 (norms only after each sublayer): attention_input_norm and
+    """seed 004:230 / SPEC.md:467 [L22] — OLMo-2 (norms only after each sublayer): attention_input_norm and
     mlp_input_norm are refused with a sentence at every layer; block_mid is the MLP's input, attention_output
     and mlp_output the post-norms' outputs, so block_output == block_input + attention_output + mlp_output."""
     m = eager("olmo2")
@@ -591,7 +591,7 @@ LINEAR = ("component '{name}': layer 0 is a linear-attention layer (Qwen3NextGat
 
 
 def test_a_hybrids_linear_attention_layer_has_no_attention_place(eager):
-    """seed 004:228 / SPEC.md:469 [L30] — Qwen3-Next, layer 0 linear (Gated DeltaNet), layer 1 softmax: every
+    """seed 004:228 / SPEC.md:503 [L30] — Qwen3-Next, layer 0 linear (Gated DeltaNet), layer 1 softmax: every
     attention_* place at layer 0 is refused with the seed's sentence naming the layer; the block boundaries
     and the MLP's places resolve there, and every place of layer 1 resolves (but the MoE pair); all of them
     read in one trace, the pattern of layer 1 included."""
@@ -609,7 +609,7 @@ def test_a_hybrids_linear_attention_layer_has_no_attention_place(eager):
 
 
 def test_nnterp_alone_cannot_load_the_hybrid_and_the_loader_can():
-    """SPEC.md:480 [L31] — nnterp 1.3.0's StandardizedTransformer refuses the hybrid (it checks self_attn on
+    """SPEC.md:514 [L31] — nnterp 1.3.0's StandardizedTransformer refuses the hybrid (it checks self_attn on
     layer 0); the loader gives it ignore_attn and checks the pattern at the first softmax layer."""
     from nnterp import StandardizedTransformer
     from nnterp.rename_utils import RenamingError
@@ -622,7 +622,7 @@ def test_nnterp_alone_cannot_load_the_hybrid_and_the_loader_can():
 
 
 def test_gated_attention_premix_is_z_scaled_by_a_gate(eager):
-    """SPEC.md:486 [L32] — on Qwen3-Next's softmax layer o_proj reads flat(attention_z) * sigmoid(gate):
+    """SPEC.md:520 [L32] — on Qwen3-Next's softmax layer o_proj reads flat(attention_z) * sigmoid(gate):
     not z's numbers, each ratio strictly between 0 and 1."""
     _, g = _read_all(eager("qwen3next"), 1)
     z, premix = g["attention_z"].flatten(2), g["attention_premix"]
@@ -633,7 +633,7 @@ def test_gated_attention_premix_is_z_scaled_by_a_gate(eager):
 
 
 def test_mlp_widths_are_read_off_the_down_projection(eager):
-    """SPEC.md:491 [L33] — GPT-2's config says intermediate_size 37 (a stray key); the module tree builds 128,
+    """SPEC.md:525 [L33] — GPT-2's config says intermediate_size 37 (a stray key); the module tree builds 128,
     and both MLP-inner places are 128 wide; on Llama they are its down_proj's in_features, 64."""
     gpt2 = eager("gpt2")
     assert gpt2.config.intermediate_size == 37
@@ -644,7 +644,7 @@ def test_mlp_widths_are_read_off_the_down_projection(eager):
 
 @pytest.mark.parametrize("family,runs", [("llama", "sdpa"), ("gpt2", "sdpa"), ("gemma2", "eager"), ("gptoss", "eager")])
 def test_with_no_attn_implementation_a_model_runs_its_familys_default(family, runs):
-    """SPEC.md:376 [L34] stack-facts 11 — with no `attn_implementation` the attention is the loaded model's own:
+    """SPEC.md:410 [L34] stack-facts 11 — with no `attn_implementation` the attention is the loaded model's own:
     sdpa on Llama and GPT-2 (attention_scores refused), eager on Gemma-2 and GptOss (attention_scores resolves)."""
     model = checkpoint.standardized(_dir(family), weights=False)
     assert address.runs_attention(model) == runs

@@ -25,7 +25,7 @@ def _from_config(key: str) -> dict[str, dict]:
 @pytest.mark.parametrize("key", ["fixture:weekday-llama", "fixture:tiny-gpt2", "fixture:tiny-gemma2",
                                  "fixture:tiny-gptoss", "fixture:tiny-qwen3next"])
 def test_model_states_each_layers_heads_kv_heads_and_head_width(key, engine):
-    """SPEC.md:409 [L35] `--json model` gives each attention layer's heads, key/value heads and head width as the
+    """SPEC.md:443 [L35] `--json model` gives each attention layer's heads, key/value heads and head width as the
     config states them (Gemma-2's 256-wide heads on an 8-wide stream, GptOss's 2 key/value heads); a
     linear-attention layer is one refused line; the text prints a run of equal layers once."""
     done = cli("--json", "model", key, "--engine", engine)

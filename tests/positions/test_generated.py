@@ -57,7 +57,7 @@ def _run(llama, doc, root=DATA):
 
 
 def test_said_rows_report_the_step_and_token_others_alignment_missing(llama, tmp_path):
-    """SPEC.md:308 [P45] a row that said its text reports the step and the token; a row that did not is
+    """SPEC.md:342 [P45] a row that said its text reports the step and the token; a row that did not is
     alignment_missing, value null, eligible false, and stays in the table (seed 000:286-291)."""
     generated, _ = _greedy(llama, 6)
     tok = llama.tokenizer
@@ -77,7 +77,7 @@ def test_said_rows_report_the_step_and_token_others_alignment_missing(llama, tmp
 
 
 def test_no_row_stops_so_eos_is_alignment_missing_everywhere(llama):
-    """SPEC.md:285 [P37] EOS is held off, so no row stops and the eos segment is missing on every row
+    """SPEC.md:319 [P37] EOS is held off, so no row stops and the eos segment is missing on every row
     (seed 000:322)."""
     _step, results, _plan = _run(llama, GENERATED)
     assert results.positions["at_stop"]["reason"] == ("alignment_missing",) * 4
@@ -85,7 +85,7 @@ def test_no_row_stops_so_eos_is_alignment_missing_everywhere(llama):
 
 
 def test_decode_runs_to_its_bound_greedily(llama):
-    """SPEC.md:281 [P36] every forward decodes exactly `decode` tokens, greedily: the ids equal
+    """SPEC.md:315 [P36] every forward decodes exactly `decode` tokens, greedily: the ids equal
     transformers' own greedy generate with min == max new tokens."""
     _step, results, _plan = _run(llama, GENERATED)
     want, _ = _greedy(llama, 6)
@@ -93,7 +93,7 @@ def test_decode_runs_to_its_bound_greedily(llama):
 
 
 def test_a_decode_past_the_models_positions_is_refused_at_compile(llama):
-    """SPEC.md:281 [P36] prompt length + decode beyond max_position_embeddings is refused before any forward."""
+    """SPEC.md:315 [P36] prompt length + decode beyond max_position_embeddings is refused before any forward."""
     doc = copy.deepcopy(GENERATED)
     doc["interventions"]["generation"]["decode"] = 5000
     doc["interventions"]["generation"]["reads"] = {"step0": {"site": "head", "input": "base",
@@ -108,7 +108,7 @@ def test_a_decode_past_the_models_positions_is_refused_at_compile(llama):
 
 
 def test_a_continuation_write_with_a_cut_and_a_scope_gets_the_cut_refusal():
-    """SPEC.md:301 [P42] the finished-continuation cut is refused before the scope, in A9's order."""
+    """SPEC.md:335 [P42] the finished-continuation cut is refused before the scope, in A9's order."""
     doc = copy.deepcopy(GENERATED)
     iv = doc["interventions"]["generation"]
     iv["writes"] = {"w": {"site": "head", "mechanism": "swap", "operand": 0.0,
@@ -119,7 +119,7 @@ def test_a_continuation_write_with_a_cut_and_a_scope_gets_the_cut_refusal():
 
 
 def test_a_step_read_is_the_logits_that_produced_that_token(llama, tmp_path):
-    """SPEC.md:290 [P39] step k is the forward that produces generated token k: token_prob at the step of
+    """SPEC.md:324 [P39] step k is the forward that produces generated token k: token_prob at the step of
     the said token equals softmax of transformers' score for that step."""
     generated, scores = _greedy(llama, 6)
     tok = llama.tokenizer
@@ -135,7 +135,7 @@ def test_a_step_read_is_the_logits_that_produced_that_token(llama, tmp_path):
 
 
 def test_a_fixed_step_read_fires_at_that_step(llama):
-    """SPEC.md:290 [P39] {"frame": "generated", "index": k} reads step k and reports position k and the
+    """SPEC.md:324 [P39] {"frame": "generated", "index": k} reads step k and reports position k and the
     token produced there."""
     doc = copy.deepcopy(GENERATED)
     doc["interventions"]["generation"]["reads"]["step2"] = {"site": "head", "pos": {"frame": "generated",
@@ -149,7 +149,7 @@ def test_a_fixed_step_read_fires_at_that_step(llama):
 
 
 def test_a_write_at_step_k_changes_the_continuation_from_k_on(llama):
-    """SPEC.md:305 [P43] a write at decode step k leaves tokens before k as they were and changes the
+    """SPEC.md:339 [P43] a write at decode step k leaves tokens before k as they were and changes the
     continuation from step k."""
     doc = copy.deepcopy(GENERATED)
     intervention = doc["interventions"]["generation"]
@@ -167,7 +167,7 @@ def test_a_write_at_step_k_changes_the_continuation_from_k_on(llama):
 
 
 def test_a_stacked_read_over_256_mib_is_refused_at_compile_without_allocating(llama):
-    """SPEC.md:299 [P41] rows x decode x width x 4 bytes above 256 MiB is refused when compiled, giving the
+    """SPEC.md:333 [P41] rows x decode x width x 4 bytes above 256 MiB is refused when compiled, giving the
     number and what to change."""
     doc = copy.deepcopy(GENERATED)
     doc["interventions"]["generation"]["decode"] = 600
@@ -180,7 +180,7 @@ def test_a_stacked_read_over_256_mib_is_refused_at_compile_without_allocating(ll
 
 
 def test_continuation_map_is_built_from_the_decoded_ids(llama):
-    """SPEC.md:288 [P38] the continuation's offsets come from decoding prefixes of the generated ids."""
+    """SPEC.md:322 [P38] the continuation's offsets come from decoding prefixes of the generated ids."""
     generated, _ = _greedy(llama, 6)
     tok = llama.tokenizer
     frame = locate.frame_of_continuation(tok, generated, tok.eos_token_id)
@@ -191,7 +191,7 @@ def test_continuation_map_is_built_from_the_decoded_ids(llama):
 
 
 def test_eos_resolves_over_hand_made_ids(llama):
-    """SPEC.md:285 [P37] the positive eos case over hand-made ids: the frame is cut at the first stop token
+    """SPEC.md:319 [P37] the positive eos case over hand-made ids: the frame is cut at the first stop token
     and eos is that token; a row that never stopped has no eos (seed 000:322)."""
     tok = llama.tokenizer
     eos = tok.eos_token_id
@@ -205,7 +205,7 @@ def test_eos_resolves_over_hand_made_ids(llama):
 
 
 def test_prompt_taps_in_a_decode_act_at_step_zero(llama):
-    """SPEC.md:306 [P44] a prompt read in a decoding forward is the prompt's own forward: it equals the
+    """SPEC.md:340 [P44] a prompt read in a decoding forward is the prompt's own forward: it equals the
     same read without decode."""
     doc = copy.deepcopy(GENERATED)
     doc["interventions"]["generation"]["reads"]["prompt_last"] = {"site": "head", "pos": -1, "input": "base"}
@@ -215,7 +215,7 @@ def test_prompt_taps_in_a_decode_act_at_step_zero(llama):
 
 
 def test_an_earlier_prompt_position_of_the_head_during_a_decode_is_refused(llama):
-    """SPEC.md:306 [P44] the head is computed at the last prompt position only during a decode; asking for
+    """SPEC.md:340 [P44] the head is computed at the last prompt position only during a decode; asking for
     an earlier one is refused rather than read from a neighbour."""
     doc = copy.deepcopy(GENERATED)
     doc["interventions"]["generation"]["reads"]["early"] = {"site": "head", "pos": -2, "input": "base"}
@@ -225,7 +225,7 @@ def test_an_earlier_prompt_position_of_the_head_during_a_decode_is_refused(llama
 
 
 def test_other_continuation_cuts_stack_every_step_and_cut_per_row(llama):
-    """SPEC.md:294 [P40] a negative index, `last`, and `all` in the generated frame are one read per decode
+    """SPEC.md:328 [P40] a negative index, `last`, and `all` in the generated frame are one read per decode
     step, stacked and cut per row against the continuation afterwards: the plan says so, and the values
     are transformers' scores at the steps each cut names (no row stops, so -1 is step 5)."""
     doc = copy.deepcopy(GENERATED)
@@ -272,7 +272,7 @@ def _forced_stop_document() -> dict:
 
 
 def test_every_stop_id_is_held_off_so_a_forced_stop_token_is_never_generated(llama):
-    """SPEC.md:311 [P53] a decode holds off every id its continuation can be cut at — the tokenizer's EOS (2 on
+    """SPEC.md:345 [P53] a decode holds off every id its continuation can be cut at — the tokenizer's EOS (2 on
     the Llama fixture) and the generation config's (1) — so the issue's forced stop runs to the end: no
     generated id is a stop id, the eos read is alignment_missing on every row, and -1 is the last step."""
     assert llama.stop_ids() == (1, 2)
@@ -297,7 +297,7 @@ class _StopsAtStepOne(Delegate):
 
 
 def test_a_row_that_stops_is_cut_there_and_a_later_write_says_past_stop(llama):
-    """SPEC.md:319 [P54] / SPEC.md:285 [P37] a row whose continuation stops at step 1 is cut there: its eos read
+    """SPEC.md:353 [P54] / SPEC.md:319 [P37] a row whose continuation stops at step 1 is cut there: its eos read
     is step 1 and its -1 is step 1, and the write at step 3 reports the step it fired at with reason
     `past_stop` and no token; the row that did not stop is unchanged. Nothing crashes."""
     _step, results, _plan = _run(_StopsAtStepOne(llama), _forced_stop_document())

@@ -74,7 +74,7 @@ def _tokens(frame, windows):
 
 def test_imports_only_stdlib_torch_and_shapes():
     """seed 000:5 — the resolver imports nothing but the standard library, torch and shapes.py.
-    SPEC.md:198 [P18]"""
+    SPEC.md:232 [P18]"""
     tree = ast.parse(Path(locate.__file__).read_text())
     imported = set()
     for node in ast.walk(tree):
@@ -93,13 +93,13 @@ def test_imports_only_stdlib_torch_and_shapes():
 
 
 def test_content_text_excludes_bos(weekdays):
-    """seed 000:140 — the content text is the prompt itself, no BOS. SPEC.md:219 [P24] SPEC.md:603 [X4]"""
+    """seed 000:140 — the content text is the prompt itself, no BOS. SPEC.md:253 [P24] SPEC.md:639 [X4]"""
     _ids, _mask, frame = weekdays
     assert repr(frame.texts[0]) == "'If today is Thursday, tomorrow is'"
 
 
 def test_content_pieces_of_the_weekday_prompt(llama, weekdays):
-    """seed 000:141 — the content span covers exactly the prompt's pieces. SPEC.md:219 [P24] SPEC.md:603 [X4]"""
+    """seed 000:141 — the content span covers exactly the prompt's pieces. SPEC.md:253 [P24] SPEC.md:639 [X4]"""
     ids, _mask, frame = weekdays
     pieces = [llama.decode([i]) for i in ids[0][frame.starts[0] : frame.ends[0]]]
     assert pieces == ["If", "today", "is", "Th", "urs", "day", ",", "tom", "orrow", "is"]
@@ -107,14 +107,14 @@ def test_content_pieces_of_the_weekday_prompt(llama, weekdays):
 
 def test_offsets_from_decoding_growing_prefixes(weekdays):
     """seed 000:116,142 — offsets[k] is where token k starts; the last entry is len(text).
-    SPEC.md:208 [P22] SPEC.md:603 [X4]"""
+    SPEC.md:242 [P22] SPEC.md:639 [X4]"""
     _ids, _mask, frame = weekdays
     assert frame.offsets[0] == (0, 2, 8, 11, 14, 17, 20, 21, 25, 30, 33)
 
 
 def test_byte_fallback_pieces_keep_offsets_non_decreasing(llama):
     """seed 000:116 — a prefix that is not a prefix of the text reuses the previous offset, so the
-    pieces that leave 🙂 incomplete start where it starts and cover nothing. SPEC.md:208 [P22]"""
+    pieces that leave 🙂 incomplete start where it starts and cover nothing. SPEC.md:242 [P22]"""
     ids, _mask, frame = locate.frame_of_texts(llama, ["I like 🙂 a lot"])
     offsets = frame.offsets[0]
     assert list(offsets) == sorted(offsets) and offsets[-1] == len(frame.texts[0])
@@ -125,7 +125,7 @@ def test_byte_fallback_pieces_keep_offsets_non_decreasing(llama):
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_an_emoji_anchor_is_its_completing_pieces_only(family, request):
-    """seed 000:147 SPEC.md:211 [P23] — a piece that leaves its character incomplete covers no character and
+    """seed 000:147 SPEC.md:245 [P23] — a piece that leaves its character incomplete covers no character and
     overlaps nothing: the run over 🙂 is the piece(s) that complete it, on sentencepiece byte fallback (one
     of four byte pieces) as on byte-level BPE."""
     tok = request.getfixturevalue(family)
@@ -138,7 +138,7 @@ def test_an_emoji_anchor_is_its_completing_pieces_only(family, request):
 
 
 def test_a_token_that_covers_no_character_is_in_no_run(llama):
-    """SPEC.md:211 [P23] — issue 10 item 1: Llama's '▁' before a digit decodes to nothing, so the run of "12"
+    """SPEC.md:245 [P23] — issue 10 item 1: Llama's '▁' before a digit decodes to nothing, so the run of "12"
     is the pieces '1' and '2' (3, 4), not the empty '▁' in front of them; rows are left-padded."""
     _ids, _mask, frame = locate.frame_of_texts(llama, ["12 Friday", "blue Friday of is Paris"])
     windows, reasons = locate.locate(frame, Where(all=True, scope=Anchor(variable="e")), ("12", "Paris"))
@@ -148,7 +148,7 @@ def test_a_token_that_covers_no_character_is_in_no_run(llama):
 
 def test_left_and_right_padding_give_the_same_content(llama, weekdays):
     """seed 000:177 — resolution works from each row's content span, whichever side the padding is.
-    SPEC.md:224 [P26]"""
+    SPEC.md:258 [P26]"""
     ids, mask, left = weekdays
     unpadded = [[i for i, m in zip(row, ms) if m] for row, ms in zip(ids, mask)]
     width = max(map(len, unpadded))
@@ -161,14 +161,14 @@ def test_left_and_right_padding_give_the_same_content(llama, weekdays):
 
 def test_non_contiguous_padding_is_refused(llama):
     """seed 000:177 — a row's content is one half-open span, so padding must be contiguous.
-    SPEC.md:224 [P26]"""
+    SPEC.md:258 [P26]"""
     with pytest.raises(ValueError, match="contiguous"):
         locate.frame_of_ids(llama, [[1, 960, 2, 338]], [[1, 1, 0, 1]])
 
 
 def test_bare_integer_pass_builds_no_character_map(llama, weekdays):
     """seed 000:214 — a pass of bare integers builds no character map and still resolves.
-    SPEC.md:268 [P33]"""
+    SPEC.md:302 [P33]"""
     ids, mask, _frame = weekdays
     frame = locate.frame_of_ids(llama, ids, mask, char_map=False)
     assert frame.texts == () and frame.offsets == ()
@@ -180,7 +180,7 @@ def test_bare_integer_pass_builds_no_character_map(llama, weekdays):
 
 def test_all_of_an_anchor_is_every_overlapping_token(weekdays):
     """seed 000:143,147 — the run is every token overlapping the anchor's characters.
-    SPEC.md:211 [P23] SPEC.md:171 [P8]"""
+    SPEC.md:245 [P23] SPEC.md:205 [P8]"""
     _ids, _mask, frame = weekdays
     where = Where(all=True, scope=Anchor(variable="e"))
     windows, reasons = locate.locate(frame, where, ("Thursday", "Friday"))
@@ -189,13 +189,13 @@ def test_all_of_an_anchor_is_every_overlapping_token(weekdays):
 
 
 def test_spelling_of_an_anchored_all():
-    """seed 000:143 — the compact spelling of {all, scope variable}. SPEC.md:152 [P1]"""
+    """seed 000:143 — the compact spelling of {all, scope variable}. SPEC.md:186 [P1]"""
     assert Where(all=True, scope=Anchor(variable="e")).spelling() == "{all scope:{variable:e}}"
 
 
 def test_index_minus_one_is_the_anchors_last_token(weekdays):
     """seed 000:58,144 — negatives count from the end of the run: Thursday's last piece is 'day'.
-    SPEC.md:165 [P5] SPEC.md:603 [X4]"""
+    SPEC.md:199 [P5] SPEC.md:639 [X4]"""
     _ids, _mask, frame = weekdays
     where = Where(index=-1, scope=Anchor(variable="e"))
     windows, reasons = locate.locate(frame, where, ("Thursday", "Friday"))
@@ -204,7 +204,7 @@ def test_index_minus_one_is_the_anchors_last_token(weekdays):
 
 
 def test_anchor_found_twice_is_ambiguous(weekdays):
-    """seed 000:112,145 — 'day' is in today and in Thursday/Friday. SPEC.md:203 [P20]"""
+    """seed 000:112,145 — 'day' is in today and in Thursday/Friday. SPEC.md:237 [P20]"""
     _ids, _mask, frame = weekdays
     result = locate.locate(frame, Where(index=-1, scope=Anchor(variable="e")), ("day", "day"))
     assert result == (((), ()), ("alignment_ambiguous", "alignment_ambiguous"))
@@ -212,7 +212,7 @@ def test_anchor_found_twice_is_ambiguous(weekdays):
 
 def test_anchor_absent_or_none_is_missing(weekdays):
     """seed 000:199 — a row whose anchor text is not in its prompt gets an empty window and a reason.
-    SPEC.md:203 [P20]"""
+    SPEC.md:237 [P20]"""
     _ids, _mask, frame = weekdays
     result = locate.locate(frame, Where(index=-1, scope=Anchor(variable="e")), ("Sunday", None))
     assert result == (((), ()), ("alignment_missing", "alignment_missing"))
@@ -220,7 +220,7 @@ def test_anchor_absent_or_none_is_missing(weekdays):
 
 def test_anchor_index_moves_with_the_tokens_after_it(llama):
     """seed 000:179-193 — ' Tuesday' is three tokens, so the number's index is 8 or 6.
-    SPEC.md:165 [P5] SPEC.md:603 [X4]"""
+    SPEC.md:199 [P5] SPEC.md:639 [X4]"""
     _ids, _mask, frame = locate.frame_of_texts(llama, ARITHMETIC)
     windows, reasons = locate.locate(
         frame, Where(index=-1, scope=Anchor(variable="number")), ("one", "three", "two", "five")
@@ -234,12 +234,12 @@ def test_anchor_index_moves_with_the_tokens_after_it(llama):
 
 def test_special_prefix_is_bos_on_llama(llama):
     """seed 000:151,168 — what the tokenizer makes of "" is what it adds to everything.
-    SPEC.md:219 [P24]"""
+    SPEC.md:253 [P24]"""
     assert locate.special_prefix(llama) == (1,)
 
 
 def test_index_zero_is_the_first_word_on_llama(llama):
-    """seed 000:168 — the run starts after BOS, so index 0 is 'If'. SPEC.md:219 [P24] SPEC.md:221 [P25] SPEC.md:603 [X4]"""
+    """seed 000:168 — the run starts after BOS, so index 0 is 'If'. SPEC.md:253 [P24] SPEC.md:255 [P25] SPEC.md:639 [X4]"""
     ids, _mask, frame = locate.frame_of_texts(llama, [WEEKDAYS[0]])
     windows, _reasons = locate.locate(frame, Where(index=0))
     assert ids[0][:4] == (1, 960, 9826, 338) and frame.starts == (1,)
@@ -247,13 +247,13 @@ def test_index_zero_is_the_first_word_on_llama(llama):
 
 
 def test_special_prefix_is_empty_on_gpt2(gpt2):
-    """seed 000:151,169 — GPT-2's BPE prepends nothing. SPEC.md:219 [P24]"""
+    """seed 000:151,169 — GPT-2's BPE prepends nothing. SPEC.md:253 [P24]"""
     assert locate.special_prefix(gpt2) == ()
 
 
 def test_index_zero_is_the_prompts_own_text_on_gpt2(gpt2):
     """seed 000:169-171 — index 0 is the start of the prompt's text, not a marker.
-    SPEC.md:219 [P24] SPEC.md:221 [P25]"""
+    SPEC.md:253 [P24] SPEC.md:255 [P25]"""
     _ids, _mask, frame = locate.frame_of_texts(gpt2, [WEEKDAYS[0]])
     windows, _reasons = locate.locate(frame, Where(index=0))
     assert frame.starts == (0,) and windows == ((0,),)
@@ -266,13 +266,13 @@ def test_index_zero_is_the_prompts_own_text_on_gpt2(gpt2):
 
 def test_chat_sample_text_keeps_the_inner_control_tokens(chat):
     """seed 000:83-84 — content excludes the BOS prefix but decodes the `</s><s>` between turns.
-    SPEC.md:177 [P10]"""
+    SPEC.md:211 [P10]"""
     assert chat.texts[0] == CHAT_SAMPLE
 
 
 def test_segments_of_chat_turns():
     """seed 000:81,86-87 — each content searched forward; role[k] names, bare role if it spoke once.
-    SPEC.md:179 [P11]"""
+    SPEC.md:213 [P11]"""
     assert locate.segments_of(CHAT_SAMPLE, CHAT) == {
         "user[0]": (7, 22),
         "assistant[0]": (31, 40),
@@ -282,14 +282,14 @@ def test_segments_of_chat_turns():
 
 
 def test_last_token_of_the_second_user_turn(chat):
-    """seed 000:89,91 — the segment's -1 is the question's last token. SPEC.md:179 [P11] SPEC.md:165 [P5]"""
+    """seed 000:89,91 — the segment's -1 is the question's last token. SPEC.md:213 [P11] SPEC.md:199 [P5]"""
     windows, reasons = locate.locate(chat, Where(index=-1, scope=Anchor(segment="user[1]")))
     assert (windows, reasons) == (((32,),), ("",))
     assert _tokens(chat, windows) == ["' is'"]
 
 
 def test_last_token_of_a_chat_prompt_is_the_template_close(chat):
-    """seed 000:89,92 — unscoped -1 is the template's closing [/INST]. SPEC.md:155 [P2] SPEC.md:159 [P3]"""
+    """seed 000:89,92 — unscoped -1 is the template's closing [/INST]. SPEC.md:189 [P2] SPEC.md:193 [P3]"""
     windows, reasons = locate.locate(chat, Where(index=-1))
     assert (windows, reasons) == (((36,),), ("",))
     assert _tokens(chat, windows) == ["']'"]
@@ -297,13 +297,13 @@ def test_last_token_of_a_chat_prompt_is_the_template_close(chat):
 
 def test_bare_role_that_spoke_twice_is_ambiguous(chat):
     """seed 000:81 — the bare name of a role that spoke twice is alignment_ambiguous.
-    SPEC.md:184 [P12]"""
+    SPEC.md:218 [P12]"""
     where = Where(index=-1, scope=Anchor(segment="user"))
     assert locate.locate(chat, where) == (((),), ("alignment_ambiguous",))
 
 
 def test_bare_role_that_spoke_twice_is_ambiguous_when_a_later_turn_was_not_found(llama):
-    """seed 000:81 SPEC.md:184 [P12] — the Llama-2 template trims each content, so a second user turn that
+    """seed 000:81 SPEC.md:218 [P12] — the Llama-2 template trims each content, so a second user turn that
     ends in a space is not found as itself; the bare name is still alignment_ambiguous, not missing."""
     chat = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Yes."},
             {"role": "user", "content": "Again?\n"}]
@@ -317,7 +317,7 @@ def test_bare_role_that_spoke_twice_is_ambiguous_when_a_later_turn_was_not_found
 
 
 def test_a_turn_is_found_as_itself_not_trimmed(llama):
-    """seed 000:87 SPEC.md:179 [P11] — the Llama-2 template trims each content, so 'Thursday.\\n' is rendered
+    """seed 000:87 SPEC.md:213 [P11] — the Llama-2 template trims each content, so 'Thursday.\\n' is rendered
     'Thursday.' and that turn is unfound: no span, and asking for it is alignment_missing. Read trimmed, the
     turn would have been found at 31..40; the seed finds each content as itself, so it is not."""
     chat = [{"role": "user", "content": "Name a weekday."}, {"role": "assistant", "content": "Thursday.\n"},
@@ -334,14 +334,14 @@ def test_a_turn_is_found_as_itself_not_trimmed(llama):
 
 def test_missing_segment_is_missing(chat):
     """seed 000:322 — a segment the frame did not locate (no system turn) is alignment_missing.
-    SPEC.md:203 [P20]"""
+    SPEC.md:237 [P20]"""
     where = Where(index=-1, scope=Anchor(segment="system"))
     assert locate.locate(chat, where) == (((),), ("alignment_missing",))
 
 
 def test_variable_inside_a_segment_is_unique(chat):
     """seed 000:94 — segment + variable searches inside the turn, so the assistant's Thursday
-    does not count. SPEC.md:186 [P13]"""
+    does not count. SPEC.md:220 [P13]"""
     anywhere = locate.locate(chat, Where(all=True, scope=Anchor(variable="e")), ("Thursday",))
     assert anywhere == (((),), ("alignment_ambiguous",))
     where = Where(all=True, scope=Anchor(segment="user[1]", variable="e"))
@@ -355,7 +355,7 @@ def test_variable_inside_a_segment_is_unique(chat):
 
 def test_width_of_each_cut():
     """seed 000:58,326-328 — 1 for index, n for last, b-a for same-sign spans, None otherwise.
-    SPEC.md:325 [P46]"""
+    SPEC.md:359 [P46]"""
     assert Where(index=-1).width == 1
     assert Where(last=3).width == 3
     assert Where(span=(-4, -1)).width == 3
@@ -365,7 +365,7 @@ def test_width_of_each_cut():
 
 
 def test_ragged_iff_width_unknown_or_scoped():
-    """seed 000:328 — ragged when only a row knows the width, or when anchored. SPEC.md:327 [P47]"""
+    """seed 000:328 — ragged when only a row knows the width, or when anchored. SPEC.md:361 [P47]"""
     assert not Where(index=-1).ragged
     assert not Where(last=3).ragged
     assert Where(index=-1, scope=Anchor(variable="entity")).ragged
@@ -374,7 +374,7 @@ def test_ragged_iff_width_unknown_or_scoped():
 
 
 def test_a_continuation_spec_is_not_ragged_at_its_address():
-    """seed 000:332 SPEC.md:327 [P47] — a decode step processes one position, so no continuation-frame spec
+    """seed 000:332 SPEC.md:361 [P47] — a decode step processes one position, so no continuation-frame spec
     is ragged where it taps; which steps a row keeps (the cut over the stack) is still uneven."""
     for where in (Where(frame="generated", all=True), Where(frame="generated", index=-1),
                   Where(frame="generated", index=-1, scope=Anchor(variable="said"))):
@@ -386,7 +386,7 @@ def test_a_continuation_spec_is_not_ragged_at_its_address():
 
 @pytest.mark.parametrize("cuts", [{}, {"index": -1, "last": 2}, {"span": (0, 2), "all": True}])
 def test_a_where_with_no_cut_or_two_cannot_be_built(cuts):
-    """SPEC.md:162 [P57] — a Where names exactly one cut or is not built, with the validator's own text."""
+    """SPEC.md:196 [P57] — a Where names exactly one cut or is not built, with the validator's own text."""
     named = [c for c in ("index", "span", "last", "all") if c in cuts]
     message = f"a position names exactly one of index/span/last/all, got {named}"
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -394,19 +394,19 @@ def test_a_where_with_no_cut_or_two_cannot_be_built(cuts):
 
 
 def test_last_longer_than_the_row_is_out_of_range():
-    """seed 000:206 — {"last": 12} on a nine-token row does not fit it. SPEC.md:205 [P21]"""
+    """seed 000:206 — {"last": 12} on a nine-token row does not fit it. SPEC.md:239 [P21]"""
     frame = Frame(starts=(0,), ends=(9,))
     assert locate.locate(frame, Where(last=12)) == (((),), ("out_of_range",))
 
 
 def test_index_past_the_row_is_out_of_range(weekdays):
-    """seed 000:206 — {"index": 40} fits none of these rows. SPEC.md:205 [P21]"""
+    """seed 000:206 — {"index": 40} fits none of these rows. SPEC.md:239 [P21]"""
     _ids, _mask, frame = weekdays
     assert locate.locate(frame, Where(index=40)) == (((), ()), ("out_of_range", "out_of_range"))
 
 
 def test_mixed_sign_span_resolves_per_row(weekdays):
-    """seed 000:58 — a mixed-sign span's width is only known once the row is. SPEC.md:169 [P7]"""
+    """seed 000:58 — a mixed-sign span's width is only known once the row is. SPEC.md:203 [P7]"""
     _ids, _mask, frame = weekdays
     windows, reasons = locate.locate(frame, Where(span=(1, -1)))
     assert reasons == ("", "")
@@ -414,7 +414,7 @@ def test_mixed_sign_span_resolves_per_row(weekdays):
 
 
 def test_negative_span_counts_from_the_end(weekdays):
-    """seed 000:58 — [-4, -1] is the three tokens before the last. SPEC.md:169 [P7] SPEC.md:165 [P5]"""
+    """seed 000:58 — [-4, -1] is the three tokens before the last. SPEC.md:203 [P7] SPEC.md:199 [P5]"""
     _ids, _mask, frame = weekdays
     windows, reasons = locate.locate(frame, Where(span=(-4, -1)))
     assert (windows, reasons) == (((7, 8, 9), (7, 8, 9)), ("", ""))
@@ -430,7 +430,7 @@ GENERATED = [
 
 def test_continuation_is_cut_at_the_first_stop_token(llama):
     """seed 000:269 — a row is cut at its first stop token, which it keeps; one that never
-    stopped keeps the bound. SPEC.md:285 [P37]"""
+    stopped keeps the bound. SPEC.md:319 [P37]"""
     frame = locate.frame_of_continuation(llama, GENERATED, llama.eos_token_id)
     assert frame.kind == "generated"
     assert frame.starts == (0, 0) and frame.ends == (4, 6)
@@ -438,7 +438,7 @@ def test_continuation_is_cut_at_the_first_stop_token(llama):
 
 def test_eos_segment_is_the_stop_token(llama):
     """seed 000:269,322 — eos is the segment the continuation invents: the stop token.
-    SPEC.md:285 [P37]"""
+    SPEC.md:319 [P37]"""
     frame = locate.frame_of_continuation(llama, GENERATED, llama.eos_token_id)
     windows, reasons = locate.locate(frame, Where(frame="generated", index=-1, scope=Anchor(segment="eos")))
     assert windows[0] == (3,) and reasons[0] == ""
@@ -446,7 +446,7 @@ def test_eos_segment_is_the_stop_token(llama):
 
 
 def test_row_that_never_stopped_has_no_eos(llama):
-    """seed 000:269,322 — no stop token, no eos segment: alignment_missing. SPEC.md:285 [P37]"""
+    """seed 000:269,322 — no stop token, no eos segment: alignment_missing. SPEC.md:319 [P37]"""
     frame = locate.frame_of_continuation(llama, GENERATED, [llama.eos_token_id])
     windows, reasons = locate.locate(frame, Where(frame="generated", index=-1, scope=Anchor(segment="eos")))
     assert windows[1] == () and reasons[1] == "alignment_missing"
@@ -454,14 +454,14 @@ def test_row_that_never_stopped_has_no_eos(llama):
 
 def test_generated_negative_index_counts_from_the_rows_own_end(llama):
     """seed 000:269 — how far a row meant to generate is a result: -1 is its own last step.
-    SPEC.md:294 [P40]"""
+    SPEC.md:328 [P40]"""
     frame = locate.frame_of_continuation(llama, torch.tensor(GENERATED), llama.eos_token_id)
     assert locate.locate(frame, Where(frame="generated", index=-1)) == (((3,), (5,)), ("", ""))
 
 
 def test_continuation_map_comes_from_the_ids(llama):
     """seed 000:271 — the continuation's character map is built from its ids by decoding.
-    SPEC.md:288 [P38]"""
+    SPEC.md:322 [P38]"""
     frame = locate.frame_of_continuation(llama, GENERATED, llama.eos_token_id)
     assert frame.offsets[1] == locate.char_map(llama, GENERATED[1])
     assert frame.texts[1] == llama.decode(GENERATED[1])
@@ -471,7 +471,7 @@ def test_continuation_map_comes_from_the_ids(llama):
 
 
 def test_the_run_is_found_before_it_is_cut(weekdays):
-    """seed 000:52 SPEC.md:155 [P2] — find the run, cut it, check the cut: an anchor that is missing is
+    """seed 000:52 SPEC.md:189 [P2] — find the run, cut it, check the cut: an anchor that is missing is
     alignment_missing whatever the cut; a found anchor with a cut past its end is out_of_range; no scope
     is the row's whole content (index -1 is the prompt's last token)."""
     _ids, _mask, frame = weekdays
@@ -482,7 +482,7 @@ def test_the_run_is_found_before_it_is_cut(weekdays):
 
 
 def test_all_is_every_token_of_the_run(weekdays):
-    """seed 000:58 SPEC.md:171 [P8] — unscoped, {"all": true} is the row's whole content, BOS and padding
+    """seed 000:58 SPEC.md:205 [P8] — unscoped, {"all": true} is the row's whole content, BOS and padding
     excluded; scoped, the anchor's tokens."""
     _ids, _mask, frame = weekdays
     windows, reasons = locate.locate(frame, Where(all=True))
@@ -491,7 +491,7 @@ def test_all_is_every_token_of_the_run(weekdays):
 
 
 def test_the_first_spelling_with_a_hit_decides(llama):
-    """seed 000:112 SPEC.md:201 [P19] SPEC.md:203 [P20] — the value, then " " + value, then the stripped
+    """seed 000:112 SPEC.md:235 [P19] SPEC.md:237 [P20] — the value, then " " + value, then the stripped
     value: "day" hits twice in "I said day and Monday" and is ambiguous although " day" hits once;
     " day" itself resolves; "Thursday " (trailing space) is found only stripped."""
     _ids, _mask, frame = locate.frame_of_texts(llama, ["I said day and Monday"])
@@ -506,7 +506,7 @@ def test_the_first_spelling_with_a_hit_decides(llama):
 
 
 def test_a_span_selects_the_tokens_it_overlaps(weekdays):
-    """seed 000:147 SPEC.md:211 [P23] — "rsda" lies inside no token: it overlaps 'urs' and 'day', and those
+    """seed 000:147 SPEC.md:245 [P23] — "rsda" lies inside no token: it overlaps 'urs' and 'day', and those
     two are the run, though neither is contained in it."""
     _ids, _mask, frame = weekdays
     windows, reasons = locate.locate(frame, Where(all=True, scope=Anchor(variable="e")), ("rsda", "rida"))
@@ -515,7 +515,7 @@ def test_a_span_selects_the_tokens_it_overlaps(weekdays):
 
 
 def test_the_prefix_is_not_addressable(weekdays, llama):
-    """seed 000:173 SPEC.md:221 [P25] — index 0 is the first content token, never BOS; counting back from the
+    """seed 000:173 SPEC.md:255 [P25] — index 0 is the first content token, never BOS; counting back from the
     end stops at the content (-10 is 'If', -11 is out_of_range); there is no segment 'bos'."""
     _ids, _mask, frame = weekdays
     assert locate.locate(frame, Where(index=-10)) == (((1,), ()), ("", "out_of_range"))
@@ -528,7 +528,7 @@ def test_the_prefix_is_not_addressable(weekdays, llama):
 
 
 def test_tokens_is_the_character_map_slice_not_the_window_decoded_alone(llama):
-    """SPEC.md:270 [P34] seed 000:141 — on 'If today is Thursday, tomorrow is' the window of `Th urs day` is
+    """SPEC.md:304 [P34] seed 000:141 — on 'If today is Thursday, tomorrow is' the window of `Th urs day` is
     ' Thursday', `day` alone is 'day', the last token is ' is', while its id decoded alone is 'is'."""
     _ids, _mask, frame = locate.frame_of_texts(llama, ["If today is Thursday, tomorrow is"])
     start = frame.starts[0]

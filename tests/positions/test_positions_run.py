@@ -74,7 +74,7 @@ def _refusal(raw, llama, root=DATA) -> Refusal:
 
 
 def test_entity_patch_reproduces_the_seeds_provenance(llama):
-    """SPEC.md:262 [P32] seed 000:240-244 — where.py on entity_patch.json: the same spec on both roles,
+    """SPEC.md:296 [P32] seed 000:240-244 — where.py on entity_patch.json: the same spec on both roles,
     each row's own entity; the write lands on 'day' where the read took ' Saturday' whole, both at 6."""
     results = _results(ENTITY_PATCH, llama)
     where = results.positions
@@ -90,7 +90,7 @@ def test_entity_patch_reproduces_the_seeds_provenance(llama):
 
 
 def test_entity_patch_tables_carry_the_metric_reads_window(llama, tmp_path):
-    """SPEC.md:270 [P34] seed 000:248-262 — every table row carries the metric's own read's window
+    """SPEC.md:304 [P34] seed 000:248-262 — every table row carries the metric's own read's window
     (logits at -1, not the entity): positions [10], reason "", tokens "' is'"."""
     plan = compiler.compile_document(ENTITY_PATCH, llama, DATA)
     run.execute(plan, llama, tmp_path / "out")
@@ -103,7 +103,7 @@ def test_entity_patch_tables_carry_the_metric_reads_window(llama, tmp_path):
 
 
 def test_chat_turn_compiles_the_seeds_sample_and_segments(llama):
-    """SPEC.md:174 [P9] SPEC.md:177 [P10] SPEC.md:179 [P11] seed 000:83-87 — a list of messages is rendered
+    """SPEC.md:208 [P9] SPEC.md:211 [P10] SPEC.md:213 [P11] seed 000:83-87 — a list of messages is rendered
     through the chat template (no BOS text), and each turn's content span is recorded."""
     step = _step(CHAT_TURN, llama)
     sample = "[INST] Name a weekday. [/INST] Thursday. </s><s>[INST] If today is Thursday, tomorrow is [/INST]"
@@ -115,7 +115,7 @@ def test_chat_turn_compiles_the_seeds_sample_and_segments(llama):
 
 
 def test_chat_turn_positions_are_the_questions_and_the_templates(llama):
-    """SPEC.md:179 [P11] SPEC.md:165 [P5] seed 000:89-92 — the last token of user[1] is the question's ' is' at 32 on every
+    """SPEC.md:213 [P11] SPEC.md:199 [P5] seed 000:89-92 — the last token of user[1] is the question's ' is' at 32 on every
     row; -1 of the whole prompt is the template's closing ']' at 36. The write lands at user[1] too."""
     results = _results(CHAT_TURN, llama)
     where = results.positions
@@ -128,7 +128,7 @@ def test_chat_turn_positions_are_the_questions_and_the_templates(llama):
 
 
 def test_a_bare_turn_name_spoken_twice_and_a_cut_past_the_turn_are_reported_not_refused(llama):
-    """SPEC.md:184 [P12] SPEC.md:205 [P21] seed 000:81 — 'user' spoke twice, so the bare name is
+    """SPEC.md:218 [P12] SPEC.md:239 [P21] seed 000:81 — 'user' spoke twice, so the bare name is
     alignment_ambiguous; index 5 of the four-token assistant turn is out_of_range. Both are anchored reads,
     so they are reported per row and the pass runs."""
     raw = copy.deepcopy(CHAT_TURN)
@@ -147,7 +147,7 @@ def test_a_bare_turn_name_spoken_twice_and_a_cut_past_the_turn_are_reported_not_
 
 
 def test_a_read_whose_anchor_is_missing_is_an_excluded_measurement(llama, tmp_path):
-    """SPEC.md:228 [P27] SPEC.md:278 [P35] seed 000:199, seed 000:265 — the row stays in the table with
+    """SPEC.md:262 [P27] SPEC.md:312 [P35] seed 000:199, seed 000:265 — the row stays in the table with
     value null, eligible false, positions [], reason alignment_missing; the other rows score."""
     rows = copy.deepcopy(TRAIN)
     rows[1]["entity"] = "Tuesday"  # not in 'If today is Friday, tomorrow is'
@@ -167,7 +167,7 @@ def test_a_read_whose_anchor_is_missing_is_an_excluded_measurement(llama, tmp_pa
 
 
 def test_a_write_whose_anchor_is_missing_is_refused_with_the_seeds_message(llama, tmp_path):
-    """SPEC.md:230 [P28] seed 000:200-204 — a write may not skip a row."""
+    """SPEC.md:264 [P28] seed 000:200-204 — a write may not skip a row."""
     rows = copy.deepcopy(TRAIN)
     rows[1]["entity"] = "Tuesday"
     raw, root = _on_rows(ENTITY_PATCH, tmp_path, rows)
@@ -182,7 +182,7 @@ def test_a_write_whose_anchor_is_missing_is_refused_with_the_seeds_message(llama
 
 
 def test_a_write_whose_anchor_is_ambiguous_keeps_the_seeds_last_sentence(llama, tmp_path):
-    """SPEC.md:230 [P28] the message's last words explain the rows' own reason: a value twice in its prompt is
+    """SPEC.md:264 [P28] the message's last words explain the rows' own reason: a value twice in its prompt is
     `alignment_ambiguous`, and the seed's sentence about scoping is the one said."""
     rows = copy.deepcopy(TRAIN)
     rows[2]["input"] = rows[2]["input"] + " " + rows[2]["entity"]  # row 2's entity now stands twice in its prompt
@@ -203,7 +203,7 @@ def test_a_write_whose_anchor_is_ambiguous_keeps_the_seeds_last_sentence(llama, 
     ("write", "patch", {"index": 40}, {0: "out_of_range", 1: "out_of_range", 2: "out_of_range", 3: "out_of_range"}),
 ])
 def test_a_fixed_width_cut_that_does_not_fit_is_refused(llama, kind, name, where, bad):
-    """SPEC.md:236 [P29] seed 000:206 — refused where it is resolved, naming the op, the rows, the reason."""
+    """SPEC.md:270 [P29] seed 000:206 — refused where it is resolved, naming the op, the rows, the reason."""
     moved = {name: where}
     if kind == "read" and "last" in where:
         moved["patch"] = where  # a write and its operand must have the same fixed width
@@ -219,7 +219,7 @@ def test_a_fixed_width_cut_that_does_not_fit_is_refused(llama, kind, name, where
 
 
 def test_a_metric_none_of_whose_rows_survive_is_refused(llama, tmp_path):
-    """SPEC.md:241 [P31] seed 000:208 — rows 0-1 fail the position half, rows 2-3 the column half."""
+    """SPEC.md:275 [P31] seed 000:208 — rows 0-1 fail the position half, rows 2-3 the column half."""
     rows = copy.deepcopy(TRAIN)
     rows[0]["entity"], rows[1]["entity"] = "Tuesday", "Monday"
     rows[2]["cf_answer"], rows[3]["cf_answer"] = "", "  "
@@ -231,7 +231,7 @@ def test_a_metric_none_of_whose_rows_survive_is_refused(llama, tmp_path):
 
 
 def test_the_column_half_excludes_a_blank_answer_and_keeps_its_positions(llama, tmp_path):
-    """SPEC.md:239 [P30] seed 000:208 — a blank cf_answer excludes that row only; its window is still
+    """SPEC.md:273 [P30] seed 000:208 — a blank cf_answer excludes that row only; its window is still
     reported (the position half placed it)."""
     rows = copy.deepcopy(TRAIN)
     rows[2]["cf_answer"] = " "
@@ -250,7 +250,7 @@ def test_the_column_half_excludes_a_blank_answer_and_keeps_its_positions(llama, 
 
 
 def test_a_pass_of_bare_integers_reports_nothing(llama, tmp_path):
-    """SPEC.md:262 [P32] SPEC.md:268 [P33] seed 000:214 — no character map, no results.positions, and
+    """SPEC.md:296 [P32] SPEC.md:302 [P33] seed 000:214 — no character map, no results.positions, and
     table rows with positions null, reason "" and tokens ""; eligibility is still reported."""
     step = _step(PATCHING, llama)
     assert not step.dynamic
@@ -262,7 +262,7 @@ def test_a_pass_of_bare_integers_reports_nothing(llama, tmp_path):
 
 
 def test_the_where_py_record_is_plain_tuples_per_op(llama):
-    """SPEC.md:262 [P32] seed 000:222-238 — results.positions[op] has rows, tokens and reason, one entry
+    """SPEC.md:296 [P32] seed 000:222-238 — results.positions[op] has rows, tokens and reason, one entry
     per row, plain integers and strings."""
     results = _results(ENTITY_PATCH, llama)
     for name, record in results.positions.items():
@@ -273,7 +273,7 @@ def test_the_where_py_record_is_plain_tuples_per_op(llama):
 
 
 def test_a_last_cut_makes_a_pass_report_its_positions(llama):
-    """SPEC.md:262 [P32] only a pass of bare `index` cuts reports nothing; a `last` cut is the row's own
+    """SPEC.md:296 [P32] only a pass of bare `index` cuts reports nothing; a `last` cut is the row's own
     and is reported."""
     doc = copy.deepcopy(PATCHING)
     for op in (doc["interventions"]["patching"]["reads"]["v_cf"], doc["interventions"]["patching"]["writes"]["patch"]):
@@ -289,7 +289,7 @@ def test_a_last_cut_makes_a_pass_report_its_positions(llama):
 
 
 def test_an_anchor_takes_the_variable_sibling_first_then_the_top_level_column(llama):
-    """SPEC.md:194 [P16] SPEC.md:198 [P18] seed 000:98 — the counterfactual role finds
+    """SPEC.md:228 [P16] SPEC.md:232 [P18] seed 000:98 — the counterfactual role finds
     counterfactual_inputs_variables[0].entity, the base role the column entity; without the sibling the
     counterfactual role falls back to the column; the text travels on the tap."""
     taps = {tap.name: tap for f in _step(ENTITY_PATCH, llama).forwards for tap in f.taps}
@@ -299,7 +299,7 @@ def test_an_anchor_takes_the_variable_sibling_first_then_the_top_level_column(ll
 
 
 def test_without_the_sibling_the_top_level_column_is_used(llama, tmp_path):
-    """SPEC.md:194 [P16] — rows with no counterfactual_inputs_variables: the counterfactual role's anchor is
+    """SPEC.md:228 [P16] — rows with no counterfactual_inputs_variables: the counterfactual role's anchor is
     the row's top-level entity (the base's), which is then not in the counterfactual prompt."""
     rows = [{k: v for k, v in row.items() if k != "counterfactual_inputs_variables"} for row in TRAIN]
     raw, root = _on_rows(ENTITY_PATCH, tmp_path, rows)
@@ -310,7 +310,7 @@ def test_without_the_sibling_the_top_level_column_is_used(llama, tmp_path):
 
 
 def test_a_variable_that_is_neither_is_refused_before_any_model_work(llama, tmp_path):
-    """SPEC.md:197 [P17] seed 000:98 — refused at compile, naming both places it looked."""
+    """SPEC.md:231 [P17] seed 000:98 — refused at compile, naming both places it looked."""
     raw = _variant(ENTITY_PATCH, v_cf={"index": -1, "scope": {"variable": "x"}},
                    patch={"index": -1, "scope": {"variable": "x"}})
     with pytest.raises(Refusal) as caught:
@@ -323,7 +323,7 @@ def test_a_variable_that_is_neither_is_refused_before_any_model_work(llama, tmp_
 
 
 def test_a_ragged_write_whose_operand_differs_on_some_row_is_refused(llama):
-    """SPEC.md:338 [P51] (seed-tables A6, A11) — the whole entity is 3 tokens on a Thursday
+    """SPEC.md:372 [P51] (seed-tables A6, A11) — the whole entity is 3 tokens on a Thursday
     row and 1 on the others, so swapping whole entities between rows 0 and 2 is refused naming them."""
     whole = {"all": True, "scope": {"variable": "entity"}}
     refusal = _refusal(_variant(ENTITY_PATCH, v_cf=whole, patch=whole), llama)
@@ -336,7 +336,7 @@ def test_a_ragged_write_whose_operand_differs_on_some_row_is_refused(llama):
 
 @pytest.mark.parametrize("read_pos, write_pos", [(ENTITY, -1), (-1, ENTITY)])
 def test_an_anchored_window_and_a_bare_one_of_equal_widths_interchange(llama, read_pos, write_pos):
-    """SPEC.md:332 [P48] SPEC.md:338 [P51] — an anchored read is flat and a bare write rectangular (or the
+    """SPEC.md:366 [P48] SPEC.md:372 [P51] — an anchored read is flat and a bare write rectangular (or the
     reverse); with one position on every row the value lands as if both were bare. The entity's last
     token is at 6 = {"index": -5} on every row of this batch, so the two runs must agree exactly."""
     bare = {"index": -5}
@@ -348,7 +348,7 @@ def test_an_anchored_window_and_a_bare_one_of_equal_widths_interchange(llama, re
 
 
 def test_a_bare_write_fed_by_an_anchored_read_that_skipped_a_row_is_refused(llama, tmp_path):
-    """SPEC.md:338 [P51] SPEC.md:228 [P27] — the read may skip counterfactual row 1, but then the write has
+    """SPEC.md:372 [P51] SPEC.md:262 [P27] — the read may skip counterfactual row 1, but then the write has
     no value to land there; refused naming the row (at compile, P58), not as a shape the engine cannot land."""
     rows = copy.deepcopy(TRAIN)
     rows[1]["counterfactual_inputs_variables"][0]["entity"] = "Tuesday"
@@ -363,7 +363,7 @@ def test_a_bare_write_fed_by_an_anchored_read_that_skipped_a_row_is_refused(llam
 
 
 def test_left_padding_same_last_index_each_rows_own_first_token(llama):
-    """SPEC.md:224 [P26] SPEC.md:219 [P24] seed 000:175-177 — rows of different lengths: -1 is index 10 on
+    """SPEC.md:258 [P26] SPEC.md:253 [P24] seed 000:175-177 — rows of different lengths: -1 is index 10 on
     every row, index 0 is each row's own first token (after its padding and BOS), 'If' on all."""
     raw = copy.deepcopy(ENTITY_PATCH)
     raw["interventions"]["patching"]["reads"]["first"] = {"site": "head", "pos": 0, "model": "original",
@@ -383,7 +383,7 @@ def test_left_padding_same_last_index_each_rows_own_first_token(llama):
 
 
 def test_cli_tokens_shows_a_documents_rows_with_indices():
-    """SPEC.md:565 [R19] seed 000:175-195 (document-format §16) — `tokens --document DOC` prints each role's rows of the
+    """SPEC.md:601 [R19] seed 000:175-195 (document-format §16) — `tokens --document DOC` prints each role's rows of the
     first step as index:'piece', indices into the padded batch."""
     done = inprocess.cli("tokens", "--document", "documents/entity_patch.json")
     assert done.returncode == 0, done.stderr
@@ -396,7 +396,7 @@ def test_cli_tokens_shows_a_documents_rows_with_indices():
 
 
 def test_a_run_tokenizer_that_disagrees_with_the_plans_is_refused(llama):
-    """SPEC.md:340 [P52] row 0 decoded by the run's tokenizer and by the plan's must agree, compared as
+    """SPEC.md:374 [P52] row 0 decoded by the run's tokenizer and by the plan's must agree, compared as
     decoded strings (seed 000:334-336)."""
     from causalab_ref.fixtures import builder
     plan = compiler.compile_document(copy.deepcopy(PATCHING), llama, DATA)

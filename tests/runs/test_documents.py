@@ -29,7 +29,7 @@ def llama_eager():
 
 
 def test_explain_head_patching_prints_the_seeds_plan_lines(llama):
-    """SPEC.md:506 [R5] explain prints each point, forward and tap; features=[h]/4 is head h of four and
+    """SPEC.md:540 [R5] explain prints each point, forward and tap; features=[h]/4 is head h of four and
     lm_head carries no layer (seed 004:9-29)."""
     text = compiler.compile_document(_doc("head_patching"), llama, DATA).text()
     lines = text.splitlines()
@@ -47,7 +47,7 @@ def test_explain_head_patching_prints_the_seeds_plan_lines(llama):
 
 
 def test_a_swept_run_writes_one_directory_per_point(llama, tmp_path):
-    """SPEC.md:509 [R6] a swept run writes each point's document.json and saves under its label
+    """SPEC.md:543 [R6] a swept run writes each point's document.json and saves under its label
     (seed 004:386-395)."""
     plan = compiler.compile_document(_doc("head_patching"), llama, DATA)
     written = run.execute(plan, llama, tmp_path / "heads")
@@ -62,7 +62,7 @@ def test_a_swept_run_writes_one_directory_per_point(llama, tmp_path):
 
 
 def test_one_head_swap_leaves_the_other_heads(llama):
-    """SPEC.md:387 [L13] a scatter writes the named head back and leaves the others: patching head 0 of
+    """SPEC.md:421 [L13] a scatter writes the named head back and leaves the others: patching head 0 of
     attention_premix changes only its 4 features of the 16."""
     doc = sweeps.points(_doc("head_patching"))[0][1]
     doc = copy.deepcopy(doc)
@@ -78,7 +78,7 @@ def test_one_head_swap_leaves_the_other_heads(llama):
 
 
 def test_a_pattern_swap_between_different_layouts_is_refused_at_compile(llama_eager):
-    """SPEC.md:374 [L11] the pattern's last axis is keys: a swap between batches whose attention masks
+    """SPEC.md:408 [L11] the pattern's last axis is keys: a swap between batches whose attention masks
     differ is refused when compiled (seed-tables B5)."""
     doc = copy.deepcopy(_doc("attention_pattern_patching"))
     doc["steps"]["score"]["rows"] = {"base": "weekdays/train", "counterfactual": "weekdays/train"}
@@ -90,7 +90,7 @@ def test_a_pattern_swap_between_different_layouts_is_refused_at_compile(llama_ea
 
 
 def test_the_pattern_document_runs_on_aligned_rows(llama_eager, tmp_path):
-    """SPEC.md:374 [L11] under eager attention the pattern exists; on weekdays_aligned the swap runs: head 0's
+    """SPEC.md:408 [L11] under eager attention the pattern exists; on weekdays_aligned the swap runs: head 0's
     pattern row at the last query takes the counterfactual's values, and every other head and every other
     query position of every row is bit-identical to the base run's."""
     plan = compiler.compile_document(_doc("attention_pattern_patching"), llama_eager, DATA)
@@ -115,7 +115,7 @@ def test_the_pattern_document_runs_on_aligned_rows(llama_eager, tmp_path):
 
 
 def test_the_pattern_under_sdpa_is_refused_saying_what_to_write(llama):
-    """SPEC.md:374 [L11] under sdpa the refusal says to write "attn_implementation": "eager"."""
+    """SPEC.md:408 [L11] under sdpa the refusal says to write "attn_implementation": "eager"."""
     doc = copy.deepcopy(_doc("attention_pattern_patching"))
     del doc["model"]["attn_implementation"]
     with pytest.raises(Refusal) as refusal:
@@ -126,7 +126,7 @@ def test_the_pattern_under_sdpa_is_refused_saying_what_to_write(llama):
 
 
 def test_logit_lens_at_the_last_layer_equals_the_head(llama):
-    """SPEC.md:372 [L10] "view": "logits" pushes the residual through the final norm and the head: at the
+    """SPEC.md:406 [L10] "view": "logits" pushes the residual through the final norm and the head: at the
     last block it is the head's own output."""
     doc = sweeps.points(_doc("layer_sweep"))[1][1]
     doc = copy.deepcopy(doc)
