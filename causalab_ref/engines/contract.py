@@ -246,8 +246,7 @@ def attention_heads(eng: Engine) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for layer in range(eng.num_layers):
         try:
-            query, key, z = (address.locate(eng.standard, name, layer, attn_implementation=eng.attention())
-                             for name in ("attention_query", "attention_key", "attention_z"))
+            query, key, z = (eng.locate(name, layer) for name in ("attention_query", "attention_key", "attention_z"))
         except Refusal as refusal:
             out[f"attention[{layer}]"] = {"resolves": False, "why": refusal.message}
             continue

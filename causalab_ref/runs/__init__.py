@@ -2,6 +2,8 @@
 
     data.py       the data tables a document's roles read
     compile.py    a document and a model's tokenizer and config made a plan (no weights)
+    order.py      a step's forwards in dependency order
+    layers.py     a read at every layer: its layer points folded into one plan
     plan.py       the plan's dataclasses, and the structured plan `explain --json` prints
     memory.py     passes sized to the memory budget
     share.py      forwards shared between steps that read the same rows

@@ -8,13 +8,12 @@ frame placed as the run places it (placement.check_step, P58). `explain` prints 
 from __future__ import annotations
 
 import functools
-import heapq
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
 from ..featurizers import bundles, fit
-from . import data, layers, memory, placement, share
+from . import data, layers, memory, order, placement, share
 from ..positions import locate
 from ..documents import metrics, reader, sweeps, validate
 from ..documents.steps import produced_names
@@ -43,57 +42,6 @@ def _batch(tok, rows: list[dict], field: str, path: str, fits=lambda texts: None
     ids, mask, frame = locate.frame_of_texts(tok, texts)
     segments = tuple(locate.segments_of(frame.texts[k], values[k]) for k in range(len(values)))
     return ids, mask, segments, frame.texts[0]
-
-
-def _forward_order(intervention, needed: list[tuple[str, str]], path: str) -> list[tuple[str, str]]:
-    """Forwards in dependency order (a model's writes need the forwards their operands are read in), ties
-    broken by (model, input) (SPEC.md R23). The plain definition: of the forwards not yet placed, place the
-    least whose every dependency is placed; no such forward is a cycle. A heap of the ready ones and a count
-    of each one's unplaced dependencies give that order in O(E log V), not a scan of every pending forward
-    per placement (SPEC.md Q39)."""
-    needs = _forward_needs(intervention, needed)
-    waiting = {pair: len(deps) for pair, deps in needs.items()}
-    users: dict[tuple[str, str], list] = {pair: [] for pair in needs}
-    for pair, deps in needs.items():
-        for dep in deps:
-            users[dep].append(pair)
-    ready = [pair for pair, n in waiting.items() if n == 0]
-    heapq.heapify(ready)
-    order: list[tuple[str, str]] = []
-    while ready:  # topological, ties sorted by (model, input): the original's explain order (SPEC.md R23)
-        pair = heapq.heappop(ready)
-        order.append(pair)
-        for user in users[pair]:
-            waiting[user] -= 1
-            if waiting[user] == 0:
-                heapq.heappush(ready, user)
-    if len(order) < len(needs):
-        cycle = min(set(needs) - set(order))
-        raise Refusal(f"model '{cycle[0]}' needs a value read in its own forward (a cycle of operands)",
-                      path=path, stage="compile")
-    return order
-
-
-def _forward_needs(intervention, needed: list[tuple[str, str]]) -> dict[tuple[str, str], set]:
-    """Every forward the needed ones depend on, at any distance, each with the forwards its writes' operands
-    are read in."""
-    reads, writes, models = dict(intervention.reads), dict(intervention.writes), dict(intervention.models)
-
-    def deps(pair):
-        model, _role = pair
-        if model == "original":
-            return set()
-        return {(reads[writes[w].operand].model, reads[writes[w].operand].input) for w in models[model].writes
-                if isinstance(writes[w].operand, str)}
-
-    found: dict[tuple[str, str], set] = {}
-    stack = list(needed)
-    while stack:
-        pair = stack.pop()
-        if pair not in found:
-            found[pair] = deps(pair)
-            stack += found[pair]
-    return found
 
 
 STACK_LIMIT = 256 * 2 ** 20  # bytes a continuation read may buffer
@@ -395,7 +343,7 @@ def _forwards(ctx: Context, intervention, rows: StepRows, ipath: str) -> list:
     for r, read in intervention.reads:
         read_by.setdefault((read.model, read.input), []).append(("read", r, read))
     forwards = []
-    for model_name, role in _forward_order(intervention, list(read_by), ipath):
+    for model_name, role in order.forward_order(intervention, list(read_by), ipath):
         ops = list(read_by.get((model_name, role), []))
         if model_name != "original":
             ops += [("write", w, writes[w]) for w in models[model_name].writes]

@@ -309,7 +309,6 @@ class Folder:
         out = Path(out)
         self.out, self.claim = out, None
         self.written: list[str] = []
-        self.layered: dict[str, list] = {}  # a table of rows by layer, written layer by layer (SPEC.md D34)
         check_out(out, replace)
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
@@ -343,18 +342,13 @@ class Folder:
         return confined(self.staging, relative, path, self.staging, resolved=self.resolved)
 
     def write(self, relative: str, obj: Any, path: str = "", at: Optional[int] = None) -> None:
-        """Write one JSON file; `at` puts it at that place in the list of written files. A metric table whose
-        rows carry a `layer` (a read at every layer) is one file, its layers' rows in the order written."""
-        more = relative in self.layered
-        if type(obj) is list and obj and isinstance(obj[0], dict) and "layer" in obj[0]:
-            obj = self.layered[relative] = self.layered.get(relative, []) + obj
+        """Write one JSON file; `at` puts it at that place in the list of written files."""
         target = self.confine(relative, path)
         try:
             dump(target, obj, made=self.staging)
         except OSError as error:
             raise fault(error, f"write {self.out / relative}") from None
-        if not more:
-            self.written.insert(len(self.written) if at is None else at, relative)
+        self.written.insert(len(self.written) if at is None else at, relative)
 
     def write_bytes(self, relative: str, data: bytes, path: str = "") -> None:
         """Write one binary file (a .safetensors bundle or tensor) into the folder."""

@@ -149,6 +149,17 @@ class Computed:
     record: dict
 
 
+def _add(files: list, relative: str, content: Any, path: str) -> None:
+    """Append a file to the run's files; a metric table whose rows carry a `layer` (a read at every layer,
+    SPEC.md D34) joins the table already at its path, its layers' rows in the order computed."""
+    layered = type(content) is list and content and isinstance(content[0], dict) and "layer" in content[0]
+    at = next((k for k, (other, _, _) in enumerate(files) if other == relative), None) if layered else None
+    if at is None:
+        files.append((relative, content, path))
+    else:
+        files[at] = (relative, files[at][1] + content, path)
+
+
 def coordinates_of(plan: Plan, engine) -> dict[str, dict]:
     """Each leaf's label -> its coordinates, from the plan-shaped document (sweeps.coordinates)."""
     from ..documents import sweeps
@@ -188,7 +199,7 @@ def compute(plan: Plan, engine, batch_size: Optional[int] = None, progress=True,
             for step in leaf.steps:
                 report = _fit_report(bar, where, step) if step.kind == "fit" else None
                 for file_path, content in _leaf_step(walk, leaf, step, setting, report):
-                    files.append((_within(leaf.label, file_path), content, f"steps.{step.name}.saves"))
+                    _add(files, _within(leaf.label, file_path), content, f"steps.{step.name}.saves")
         record = engine.run_record(given) | {"rows_per_pass": batch_size, "causalab_ref": results.package_digest(),
                                                   "versions": results.versions()}
         record["dtype"] = record.get("served_dtype") or record.get("model", {}).get("dtype")

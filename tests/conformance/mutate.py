@@ -206,7 +206,7 @@ MUTANTS = [
     ("a hybrid loaded as any other model", "L31", "engines/checkpoint.py",
      "    if softmax_layers is not None:\n        kw = hybrid_kwargs(kw)", "    if False:\n        kw = hybrid_kwargs(kw)"),
     ("a continuation write's scope judged before its cut", "P42", "documents/places.py",
-     "    if kind == \"write\":  # the cut is judged before the scope, in A9's order\n"
+     "    if kind == \"write\":  # the cut is judged before the scope, in P42's order\n"
      "        if not (pos.all or (pos.index is not None and pos.index >= 0)):",
      "    if kind == \"write\":\n"
      "        if pos.scope is not None:\n"

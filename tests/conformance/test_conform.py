@@ -195,7 +195,7 @@ def test_the_runner_reuses_intact_folders_and_maps_every_key(tmp_path):
 
 
 def test_two_cases_pass_black_box_from_an_empty_directory():
-    """SPEC.md:865 [C9] SPEC.md:899 [C17] a run case and a refusal case pass against `python -m causalab_ref`
+    """SPEC.md:865 [C9] SPEC.md:900 [C17] a run case and a refusal case pass against `python -m causalab_ref`
     as a subprocess, from an empty directory, with only exported folders (nothing can be built)."""
     script = ROOT / "tests" / "conformance" / "selfcheck.py"
     done = subprocess.run([sys.executable, str(script), "--only", "run_patching,refuse_unknown_key"],
@@ -243,7 +243,7 @@ TWO_FORMS = ("<what> is a non-empty list of distinct <feature> indices",
 
 
 def test_the_path_forms_are_the_ones_the_catalogue_lists():
-    """SPEC.md:925 [C21] the forms a catalogue path is written in are SPEC.md §13's list, each standing for the
+    """SPEC.md:926 [C21] the forms a catalogue path is written in are SPEC.md §13's list, each standing for the
     paths it names (or any path), and the matcher reads them so."""
     listed = catalogue.forms((ROOT / "SPEC.md").read_text(encoding="utf-8"))
     assert listed == catalogue.FORMS
@@ -252,7 +252,7 @@ def test_the_path_forms_are_the_ones_the_catalogue_lists():
 
 
 def test_every_catalogue_path_is_segments_names_and_forms():
-    """SPEC.md:925 [C21] a catalogue path is literal segments, `<name>`s of one segment each, and §13's forms:
+    """SPEC.md:926 [C21] a catalogue path is literal segments, `<name>`s of one segment each, and §13's forms:
     no `<where>` that two paths would fit."""
     for entry in CATALOGUE:
         for plain in catalogue.expanded("" if entry.path == catalogue.NO_PATH else entry.path):
@@ -262,7 +262,7 @@ def test_every_catalogue_path_is_segments_names_and_forms():
 
 
 def test_each_refusal_case_path_has_the_form_of_exactly_one_catalogue_line():
-    """SPEC.md:925 [C21] every refusal case's path fits, strictly (forms expanded, a `<name>` one segment), the
+    """SPEC.md:926 [C21] every refusal case's path fits, strictly (forms expanded, a `<name>` one segment), the
     path form of exactly one catalogue line with the case's stage and message."""
     cases = [c for c in CASES if "refusal" in c["expect"]]
     for case in cases:
@@ -272,7 +272,7 @@ def test_each_refusal_case_path_has_the_form_of_exactly_one_catalogue_line():
 
 
 def test_the_strict_path_match_tells_the_forms_apart():
-    """SPEC.md:925 [C21] the issue's ambiguities are decided: a metric's path is not its column field's, a site's
+    """SPEC.md:926 [C21] the issue's ambiguities are decided: a metric's path is not its column field's, a site's
     not its layers', an output's not its k's, one segment is one segment."""
     line = catalogue.Entry("compile", "<metric>", "m", "own", 0)
     assert catalogue.path_fits(line, "interventions.patching.metrics.iia")
@@ -284,7 +284,7 @@ def test_the_strict_path_match_tells_the_forms_apart():
 
 
 def test_no_two_catalogue_lines_share_a_message_and_stage_with_different_forms():
-    """SPEC.md:925 [C21] a message has one path form at its stage, but for the two §13 names, whose forms no one
+    """SPEC.md:926 [C21] a message has one path form at its stage, but for the two §13 names, whose forms no one
     path fits both of."""
     forms: dict[tuple, set] = {}
     messages: dict[tuple, str] = {}
@@ -316,8 +316,8 @@ def test_every_refusal_in_the_code_has_a_catalogue_line():
 def test_the_catalogue_is_sorted_by_stage_then_by_message():
     """SPEC.md:885 [C14] the catalogue's lines run validation, compile, run, and within a stage by message, so
     a reader (or an implementer diffing their own list) finds a refusal where the order says it is (then
-    plot's, which no document reaches)."""
-    stages = ["validation", "compile", "run", "plot"]
+    plot's and table's, which no document reaches)."""
+    stages = ["validation", "compile", "run", "plot", "table"]
     keys = [(stages.index(e.stage), e.message) for e in CATALOGUE]
     assert keys == sorted(keys), [f"SPEC.md line {e.line}" for e, k, w in zip(CATALOGUE, keys, sorted(keys)) if k != w][:3]
 
@@ -335,7 +335,7 @@ def test_a_refusal_the_catalogue_does_not_state_is_found():
 
 
 def test_catalogue_lines_with_a_seed_source_quote_it():
-    """SPEC.md:891 [C15] a line whose source is a seed table or a reference section quotes it: a run of its fixed
+    """SPEC.md:892 [C15] a line whose source is a seed table or a reference section quotes it: a run of its fixed
     words (12 characters or more) stands verbatim in seed-tables.md, document-format.md or
     language-reference.md."""
     reference = ROOT.parent / "shared" / "reference"
@@ -352,7 +352,7 @@ def test_catalogue_lines_with_a_seed_source_quote_it():
 
 
 def test_informative_fields_are_never_compared():
-    """SPEC.md:895 [C16] an informative field may differ; the same difference elsewhere fails."""
+    """SPEC.md:896 [C16] an informative field may differ; the same difference elsewhere fails."""
     want = {"plan": [{"taps": [{"op": "attention_interface_1", "width": 4}]}]}
     got = {"plan": [{"taps": [{"op": "attention_interface_0", "width": 4}]}]}
     assert conform.compare(want, got, 1e-5, informative_fields=["plan.*.taps.*.op"]) == []
@@ -361,7 +361,7 @@ def test_informative_fields_are_never_compared():
 
 
 def test_every_explain_and_model_case_marks_operation_names_informative():
-    """SPEC.md:895 [C16] the transformers-dependent operation names are informative in every case that has them."""
+    """SPEC.md:896 [C16] the transformers-dependent operation names are informative in every case that has them."""
     for case in CASES:
         if case["verb"] == "explain":
             assert "plan.*.steps.*.forwards.*.taps.*.op" in case["informative"], case["name"]
@@ -370,7 +370,7 @@ def test_every_explain_and_model_case_marks_operation_names_informative():
 
 
 def test_a_cases_files_are_the_corpus_own_and_copies_of_the_shipped_ones():
-    """SPEC.md:1533 [FZ32] every file a case names is in the corpus under files/ (nothing is taken from the
+    """SPEC.md:1534 [FZ32] every file a case names is in the corpus under files/ (nothing is taken from the
     repository), and a copy of a shipped file is byte-identical to it."""
     named = [(case["name"], rel) for case in CASES for rel in case.get("files") or ()]
     assert named

@@ -177,7 +177,8 @@ def test_gpt2_has_no_pad_token_and_pads_with_eos():
 @pytest.mark.parametrize("ref", ["weekdays/" + "x" * 300, "x" * 300 + "/train", "weekdays/" + "x" * 251])
 def test_an_over_long_dataset_ref_is_refused_with_its_path(ref, capsys):
     """SPEC.md:588 [R14] a dataset ref whose folder or table name the file system cannot take is one
-    refusal at the ref's path (from the reader and from the CLI, status 2), never an OSError."""
+    refusal at the ref's path (from the reader and from the CLI, status 2), never an OSError; SPEC.md:1088 [S76] the
+    CLI's line cuts the long name to its first 64 characters and says its length."""
     from causalab_ref import cli
 
     with pytest.raises(Refusal) as e:
@@ -185,7 +186,8 @@ def test_an_over_long_dataset_ref_is_refused_with_its_path(ref, capsys):
     assert (e.value.path, e.value.stage) == ("steps.score.rows.base", "compile") and ref in e.value.message
     assert cli.main(["data", ref, "--data-root", str(DATA)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(f"compile: ref: dataset ref '{ref}'")
+    shown = ref if len(ref) <= 300 else f"{ref[:64]}…({len(ref)} chars)"  # S76: a run past 300 characters is cut
+    assert len(err) == 1 and err[0].startswith(f"compile: ref: dataset ref '{shown}'")
 
 
 def test_a_misspelt_answer_column_gets_the_tables_columns_and_the_nearest(tmp_path):

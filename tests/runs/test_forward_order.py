@@ -1,5 +1,5 @@
-"""compile's forward order (`_forward_order`): the heap-ordered one equals the plain definition on random
-graphs of models, and a cycle is refused naming the same model."""
+"""runs/order.py: the heap-ordered `forward_order` equals the plain definition (this file's, and the module's
+own `plain_order`) on random graphs of models, and a cycle is refused naming the same model."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from causalab_ref.runs import compile as compiler
+from causalab_ref.runs import order as ordering
 from causalab_ref.shapes import IntervenedModel, Read, Refusal, Write
 
 
@@ -67,20 +67,21 @@ def interventions(draw):
 @settings(max_examples=500, deadline=None, database=None, derandomize=True)
 @given(drawn=interventions())
 def test_the_forward_order_is_the_plain_definitions(drawn):
-    """SPEC.md:553 [R23] SPEC.md:1823 [Q39] on random graphs of models: the same order, or the same cycle
+    """SPEC.md:553 [R23] SPEC.md:1824 [Q39] on random graphs of models: the same order, or the same cycle
     refused naming the same model."""
     intervention, needed = drawn
     want = _plain_order(intervention, needed)
     if isinstance(want, str):
         with pytest.raises(Refusal, match=f"model '{want}' needs a value read in its own forward"):
-            compiler._forward_order(intervention, needed, "interventions.x")
+            ordering.forward_order(intervention, needed, "interventions.x")
     else:
-        assert compiler._forward_order(intervention, needed, "interventions.x") == want
+        assert ordering.forward_order(intervention, needed, "interventions.x") == want
+        assert ordering.plain_order(ordering.forward_needs(intervention, needed)) == want  # the module's definition
 
 
 @pytest.mark.fast
 def test_a_chain_of_three_thousand_models_is_ordered_without_a_scan_per_placement():
-    """SPEC.md:1823 [Q39] m1 needs m0's value, m2 m1's, ... m2999: the order is the chain (the plain definition
+    """SPEC.md:1824 [Q39] m1 needs m0's value, m2 m1's, ... m2999: the order is the chain (the plain definition
     rescans every pending forward per placement; this is its result on a shape it would take minutes on)."""
     n = 3000
     reads = tuple((f"r{k}", Read(site="s", pos=None, model=f"m{k}", input="a")) for k in range(n))
@@ -88,5 +89,5 @@ def test_a_chain_of_three_thousand_models_is_ordered_without_a_scan_per_placemen
     models = (("m0", IntervenedModel(input="a", writes=())),) + tuple(
         (f"m{k}", IntervenedModel(input="a", writes=(f"w{k}",))) for k in range(1, n))
     intervention = SimpleNamespace(reads=reads, writes=writes, models=models)
-    order = compiler._forward_order(intervention, [(f"m{n - 1}", "a")], "interventions.x")
+    order = ordering.forward_order(intervention, [(f"m{n - 1}", "a")], "interventions.x")
     assert order == [(f"m{k}", "a") for k in range(n)]

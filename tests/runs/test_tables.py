@@ -43,7 +43,7 @@ def test_explain_prints_outputs_before_saves_and_no_empty_saves(capsys):
 def test_forwards_with_no_dependency_between_them_run_sorted_by_model_and_input():
     """SPEC.md:553 [R23] LR§9.3 — three forwards on base, `steered_renormed` and `steered` both reading after
     `original`: the order is original, steered, steered_renormed whatever order the reads are declared in."""
-    from causalab_ref.runs import compile as compiler
+    from causalab_ref.runs import order
     from causalab_ref.shapes import IntervenedModel, Read, Write
 
     reads = (("late", Read(site="s", pos=None, model="steered_renormed", input="base")),
@@ -59,7 +59,7 @@ def test_forwards_with_no_dependency_between_them_run_sorted_by_model_and_input(
     iv.models = (("steered", IntervenedModel(input="base", writes=("w",))),
                  ("steered_renormed", IntervenedModel(input="base", writes=("w",))))
     needed = [(r.model, r.input) for _n, r in reads]
-    assert compiler._forward_order(iv, needed, "interventions.x") == [
+    assert order.forward_order(iv, needed, "interventions.x") == [
         ("original", "base"), ("steered", "base"), ("steered_renormed", "base")]
 
 
