@@ -244,9 +244,13 @@ def attention_heads(eng: Engine) -> dict[str, dict]:
     head's width, read off the places `attention_query`, `attention_key` and `attention_z` resolve to on the
     standardized tree (whichever engine then reaches them), or why the layer has none (linear attention, L30)."""
     out: dict[str, dict] = {}
+    # The tree itself, not the engine's locate: the hooks engine refuses the interiors it cannot hook, but the
+    # counts are the model's; an engine with no standardized tree answers through its own locate (E1).
+    where = eng.locate if eng.standard is None else (
+        lambda name, layer: address.locate(eng.standard, name, layer, attn_implementation=eng.attention()))
     for layer in range(eng.num_layers):
         try:
-            query, key, z = (eng.locate(name, layer) for name in ("attention_query", "attention_key", "attention_z"))
+            query, key, z = (where(name, layer) for name in ("attention_query", "attention_key", "attention_z"))
         except Refusal as refusal:
             out[f"attention[{layer}]"] = {"resolves": False, "why": refusal.message}
             continue
