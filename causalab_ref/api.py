@@ -408,7 +408,7 @@ def _point_of(entry: Any, k: int, root: Path):
 def read_folder(folder: Union[str, os.PathLike]) -> tuple[list, list]:
     """(points, tables) of a results folder, from its run.json's points and each point's metric tables."""
     root = Path(folder)
-    if not root.is_dir():
+    if _kind(root) != "a folder":
         raise _fail(f"{root} is not a folder; name the folder a run wrote (its --out)")
     record = _read_file(root / "run.json", "run.json")
     if not isinstance(record, dict) or not isinstance(record.get("causalab_ref"), str):
@@ -422,9 +422,9 @@ def read_folder(folder: Union[str, os.PathLike]) -> tuple[list, list]:
     tables = []
     for point in points:
         base = root if point.folder == "." else root / point.folder
-        if point.folder != "." and (base.is_symlink() or not base.is_dir()):
-            raise _fail(f"{base} is {'a link' if base.is_symlink() else 'missing'}; the point '{point.label}' is "
-                        "a folder a run wrote")
+        kind = "a folder" if point.folder == "." else _kind(base)
+        if kind != "a folder":
+            raise _fail(f"{base} is {kind}; the point '{point.label}' is a folder a run wrote")
         for file in _json_files(base, skip=swept if point.folder == "." else set()):
             rows = _read_file(file, "a metric table")
             relative = file.relative_to(base).as_posix()
@@ -432,6 +432,16 @@ def read_folder(folder: Union[str, os.PathLike]) -> tuple[list, list]:
                 raise _fail(f"{file} is not a metric table (a list of rows); run the document again")
             tables.append((point.label, relative, rows))
     return points, tables
+
+
+def _kind(path: Path) -> str:
+    """What stands at `path`, never following a link: `a folder`, `a link`, `missing` (nothing there, or a
+    name the file system cannot take, such as one past 255 bytes), or `not a folder`."""
+    try:
+        mode = os.lstat(path).st_mode
+    except (OSError, ValueError):  # ENOENT, ENAMETOOLONG, ENOTDIR, ELOOP; ValueError: an embedded NUL
+        return "missing"
+    return "a folder" if stat.S_ISDIR(mode) else "a link" if stat.S_ISLNK(mode) else "not a folder"
 
 
 def _json_files(base: Path, skip: set) -> list[Path]:

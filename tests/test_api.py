@@ -367,6 +367,8 @@ def damages(out: Path):
         ("a point outside", record(lambda d: d["points"].__setitem__(0, {"label": "..", "coordinates": {},
                                                                           "folder": ".."}))),
         ("a point folder missing", lambda: os.rename(out / first, out / "elsewhere")),
+        ("a point's name past 255 bytes", record(lambda d: d["points"].__setitem__(0, {  # ENAMETOOLONG, not an error
+            "label": "c" * 300, "coordinates": {}, "folder": "c" * 300}))),
         ("a point folder a link", lambda: (os.rename(out / first, out.with_name("real")),
                                            os.symlink(out.with_name("real"), out / first))),
         ("a table a link", replace(table, lambda p: os.symlink("/etc/hostname", p))),
