@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 
 HANDLED = (signal.SIGINT, signal.SIGTERM)
@@ -24,6 +25,7 @@ class Interrupts:
 
     def __init__(self):
         self.late, self.raised = False, False
+        self.hook = sys.unraisablehook
         self.noted: list[int] = []
 
     def __call__(self, signum, frame):
@@ -35,10 +37,21 @@ class Interrupts:
         raise KeyboardInterrupt
 
     def install(self) -> dict:
-        """This handler for SIGINT and SIGTERM (in the main thread; elsewhere none): {signal: the one replaced}."""
+        """This handler for SIGINT and SIGTERM (in the main thread; elsewhere none): {signal: the one replaced}.
+        While it is installed, an interrupt it raised that a callback swallowed (CPython reports it as an
+        "Exception ignored" traceback) is not reported (S77)."""
         if threading.current_thread() is not threading.main_thread():
             return {}
+        self.hook = sys.unraisablehook
+        sys.unraisablehook = self.unraisable
         return {signum: signal.signal(signum, self) for signum in HANDLED}
+
+    def unraisable(self, unraisable) -> None:
+        """CPython's report of an exception a callback could not raise: this handler's own KeyboardInterrupt,
+        swallowed where the verb never saw it (an import's module-lock callback), is dropped; any other goes
+        to the hook that was there before."""
+        if not (self.raised and isinstance(unraisable.exc_value, KeyboardInterrupt)):
+            self.hook(unraisable)
 
     def restore(self, previous: dict) -> None:
         """Put the caller's handlers back with the signals held, so one that arrives meanwhile is noted by this
@@ -60,6 +73,8 @@ class Interrupts:
         finally:
             if mask is not None and hold:
                 hold(signal.SIG_SETMASK, mask)
+        if previous and sys.unraisablehook == self.unraisable:
+            sys.unraisablehook = self.hook
         for signum in dict.fromkeys(self.noted):
             if isinstance(previous.get(signum), Interrupts):
                 previous[signum](signum, None)
