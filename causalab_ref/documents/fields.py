@@ -27,7 +27,9 @@ def _fail(path: str, message: str):
 
 
 def record(raw: Any, path: str, allowed: tuple, required: tuple = ()) -> dict:
-    """An object whose every key is one of `allowed` and which has each of `required`."""
+    """An object whose every key is one of `allowed` and which has each of `required`: the one strict-object
+    reader of every format (the protocol's and the steps-first reader's `_keys` first refuse by name a key
+    their format has and they do not read)."""
     if not isinstance(raw, dict):
         _fail(path, f"expected an object, got {type_name(raw)}")
     for key in raw:

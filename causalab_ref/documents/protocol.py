@@ -18,8 +18,9 @@ import re
 from typing import Any, NoReturn
 
 from . import sweeps
+from .fields import record
 from .reader import canonical_sha256, type_name
-from ..shapes import Refusal, nearest
+from ..shapes import Refusal
 
 VERSION = "3"
 INTERVENTION = "method"
@@ -64,19 +65,13 @@ def shape(raw: Any) -> str:
 
 
 def _keys(raw: Any, path: str, allowed: tuple, required: tuple = ()) -> dict:
-    """An object with only `allowed` keys and every `required` one (hand-written, no schema)."""
-    if not isinstance(raw, dict):
-        _fail(path, f"expected an object, got {type_name(raw)}")
-    for key in raw:
-        if key in UNIMPLEMENTED and key not in allowed:
-            _fail(f"{path}.{key}" if path else key, UNIMPLEMENTED[key])
-        if key not in allowed:
-            _fail(f"{path}.{key}" if path else key,
-                  f"unknown key '{key}'; allowed here: {sorted(allowed)}{nearest(key, sorted(allowed))}")
-    for key in required:
-        if key not in raw:
-            _fail(f"{path}.{key}" if path else key, "required field is missing")
-    return raw
+    """fields.record, what the protocol has but this reader does not implement refused by name."""
+    for key in raw if isinstance(raw, dict) else ():
+        if key not in allowed:  # the first key not allowed: refused by name here, else by record as unknown
+            if key in UNIMPLEMENTED:
+                _fail(f"{path}.{key}" if path else key, UNIMPLEMENTED[key])
+            break
+    return record(raw, path, allowed, required)
 
 
 def _named(raw: Any, path: str) -> dict:

@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 
 from . import metrics, sweeps
 from .stepstages import RUNS, check_order, stages
-from .fields import mapping
+from .fields import mapping, record
 from .reader import canonical_sha256, type_name
 from ..shapes import Refusal, nearest
 
@@ -58,20 +58,13 @@ def _fail(path: str, message: str) -> NoReturn:
 
 
 def _keys(raw: Any, path: str, allowed: tuple, required: tuple = ()) -> dict:
-    """An object with only `allowed` keys and every `required` one; what the format has but this reader does
-    not read is refused by name (UNREAD)."""
-    if not isinstance(raw, dict):
-        _fail(path, f"expected an object, got {type_name(raw)}")
-    for key in raw:
-        where = f"{path}.{key}" if path else key
-        if key not in allowed and key in UNREAD:
-            _fail(where, UNREAD[key])
-        if key not in allowed:
-            _fail(where, f"unknown key '{key}'; allowed here: {sorted(allowed)}{nearest(key, sorted(allowed))}")
-    for key in required:
-        if key not in raw:
-            _fail(f"{path}.{key}" if path else key, "required field is missing")
-    return raw
+    """fields.record, what the format has but this reader does not read refused by name (UNREAD)."""
+    for key in raw if isinstance(raw, dict) else ():
+        if key not in allowed:  # the first key not allowed: refused by name here, else by record as unknown
+            if key in UNREAD:
+                _fail(f"{path}.{key}" if path else key, UNREAD[key])
+            break
+    return record(raw, path, allowed, required)
 
 
 def digest(raw: dict) -> str:
