@@ -43,6 +43,11 @@ def record(raw: Any, path: str, allowed: tuple, required: tuple = ()) -> dict:
     return raw
 
 
+def first_unknown(raw: Any, allowed: tuple) -> Any:
+    """The first key of an object that is not one of `allowed` (the one `record` refuses), else None."""
+    return next((key for key in raw if key not in allowed), None) if isinstance(raw, dict) else None
+
+
 def mapping(raw: Any, path: str, declares: bool = True) -> dict:
     """An object of named entries; when it declares names, each is one path segment (names.one_segment)."""
     if not isinstance(raw, dict):

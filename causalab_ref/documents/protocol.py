@@ -18,7 +18,7 @@ import re
 from typing import Any, NoReturn
 
 from . import sweeps
-from .fields import record
+from .fields import first_unknown, record
 from .reader import canonical_sha256, type_name
 from ..shapes import Refusal
 
@@ -66,11 +66,9 @@ def shape(raw: Any) -> str:
 
 def _keys(raw: Any, path: str, allowed: tuple, required: tuple = ()) -> dict:
     """fields.record, what the protocol has but this reader does not implement refused by name."""
-    for key in raw if isinstance(raw, dict) else ():
-        if key not in allowed:  # the first key not allowed: refused by name here, else by record as unknown
-            if key in UNIMPLEMENTED:
-                _fail(f"{path}.{key}" if path else key, UNIMPLEMENTED[key])
-            break
+    key = first_unknown(raw, allowed)  # refused by name here, else by record as unknown
+    if key in UNIMPLEMENTED:
+        _fail(f"{path}.{key}" if path else key, UNIMPLEMENTED[key])
     return record(raw, path, allowed, required)
 
 
