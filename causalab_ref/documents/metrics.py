@@ -25,11 +25,17 @@ def _match(logits, ids: dict):
     return argmax_is(logits, ids["expected"]).float()
 
 
-def argmax_is(logits, expected):
-    """Whether each row's first largest entry is at its expected id: exactly `logits.argmax(-1) == expected`, from
-    one vectorised max (torch's argmax is a slow scalar loop on the CPU): a row matches when its expected entry is
-    the maximum and every entry before it is smaller; a row whose maximum is NaN is argmax's own (SPEC.md Q30).
+def argmax_is_plain(logits, expected):
+    """The definition of `match`: whether each row's first largest entry is at its expected id (SPEC.md D14).
     (n, V), (n,) -> (n,) bool."""
+    return logits.argmax(-1) == expected
+
+
+def argmax_is(logits, expected):
+    """An optimisation of `argmax_is_plain`, equal to it on every input (ties, infinities, NaN; a test checks):
+    one vectorised max instead of torch's argmax, a slow scalar loop on the CPU. A row matches when its
+    expected entry is the maximum and every entry before it is smaller; a row whose maximum is NaN is answered
+    by the definition itself (SPEC.md Q30). (n, V), (n,) -> (n,) bool."""
     top = logits.amax(-1)  # (n,)
     out = logits.gather(-1, expected.unsqueeze(-1)).squeeze(-1) == top  # (n,): the expected entry is a maximum
     for r in out.nonzero()[:, 0].tolist():  # an earlier entry equal to the maximum is argmax's instead
@@ -38,7 +44,7 @@ def argmax_is(logits, expected):
             out[r] = False
     nan = top.isnan()
     if bool(nan.any()):
-        out[nan] = logits[nan].argmax(-1) == expected[nan]
+        out[nan] = argmax_is_plain(logits[nan], expected[nan])
     return out
 
 

@@ -22,7 +22,7 @@ SPECIALS = (float("nan"), float("inf"), float("-inf"))
 def test_finite_rows_is_isfinite_all_for_every_special_value_at_every_place(dtype):
     """SPEC.md:1762 [Q25] a NaN, +inf or -inf at the first, a middle, the next-to-last or the last entry of a row, at
     widths around the vector lengths a reduction unrolls by, contiguous or strided: the row, and only it, is not
-    finite, exactly as `torch.isfinite(m).all(-1)` says."""
+    finite, exactly as `torch.isfinite(m).all(-1)` says, and as scoring's named definition `finite_rows_plain` says."""
     for width in (1, 2, 7, 8, 9, 31, 32, 33, 65, 1000):
         for special in SPECIALS:
             for place in sorted({0, width // 2, max(0, width - 2), width - 1}):
@@ -31,6 +31,7 @@ def test_finite_rows_is_isfinite_all_for_every_special_value_at_every_place(dtyp
                 for layout in (m, m.t().contiguous().t()):
                     want = torch.isfinite(layout).all(-1)
                     assert torch.equal(scoring.finite_rows(layout), want), (width, special, place)
+                    assert torch.equal(scoring.finite_rows_plain(layout), want)  # the module's named definition
                     assert want.tolist() == [True, True, False, True]
 
 
@@ -171,7 +172,7 @@ def test_stale_cleanup_among_many_runs_removes_what_a_scan_of_every_entry_remove
 def test_argmax_is_is_argmax_equal_with_ties_infinities_and_nan():
     """SPEC.md:1787 [Q30] rows of few distinct values (ties everywhere), rows with +inf, -inf, all -inf, NaN at the
     front, middle and end; each row's expected id before, at and after its first maximum: the match is exactly
-    `argmax(-1) == expected`, so the metric's values are argmax's."""
+    `argmax(-1) == expected` (metrics' named definition, `argmax_is_plain`), so the metric's values are argmax's."""
     from causalab_ref.documents import metrics
 
     gen = torch.Generator().manual_seed(0)
@@ -188,6 +189,7 @@ def test_argmax_is_is_argmax_equal_with_ties_infinities_and_nan():
         for expected in (first, (first - 1).clamp(min=0), (first + 1).clamp(max=width - 1),
                          torch.randint(0, width, (12,), generator=gen), torch.zeros(12, dtype=torch.long)):
             assert torch.equal(metrics.argmax_is(m, expected), m.argmax(-1) == expected), (width, expected)
+            assert torch.equal(metrics.argmax_is_plain(m, expected), m.argmax(-1) == expected)  # the definition
             assert torch.equal(metrics.KINDS["match"].score(m, {"expected": expected}),
                                (m.argmax(-1) == expected).float())
 
