@@ -8,9 +8,11 @@ and check the cut is inside it. Rows that cannot be placed get an empty window
 and a reason ('alignment_missing', 'alignment_ambiguous', 'out_of_range'); whether
 that is a refusal is the caller's decision, never this module's.
 
-Character maps are built in linear time where the tokenizer's decode is local (SPEC.md
-§11 Q1-Q4; from the pieces alone under the sentencepiece decoder, Q14), identical to the decode-prefix
-definition (`char_map`, P22) that stays the oracle.
+    ids, mask, frame = frame_of_texts(tok, ["If today is Monday, tomorrow is"])
+    windows, reasons = locate(frame, Where(index=-1))   # per row: (its last token's index,), ""
+
+A character map is defined by `char_map` (each token starts where the decoded prefix before it
+ends, P22); `linear_char_map` and `pieces_char_map` are optimisations of it, equal to it (SPEC.md §11).
 It imports nothing but the standard library, torch and shapes.py, so it runs
 wherever the model's tokenizer is and needs no model library of its own.
 Text is always decoded with special tokens kept (a chat prompt's `</s><s>` is part
