@@ -496,7 +496,7 @@ class Action:
     operand: Any = None
     steps: tuple[int, ...] = (0,)
     featurizer: Optional[Basis] = None
-    lead: Optional[tuple[int, int]] = None  # gaussian: (offset, total) of this window in the whole pass
+    lead: Optional[tuple[int, int]] = None  # gaussian: (offset, total) of this chunk in the whole pass
 
     @property
     def name(self) -> str:
@@ -509,7 +509,7 @@ class Action:
 
 @dataclass(frozen=True)
 class Batch:
-    """One forward of the plan on one window of rows: left-padded ids and mask, the actions in
+    """One forward of the plan on one chunk of rows: left-padded ids and mask, the actions in
     rank order (writes before reads at one address), and the decode bound (0: no decode)."""
 
     ids: tuple[tuple[int, ...], ...]

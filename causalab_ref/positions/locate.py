@@ -99,7 +99,7 @@ LOCAL_DECODERS = ("ByteLevel", "Metaspace", "Replace", "ByteFallback", "Fuse", "
 # transformers' decode of a fast tokenizer, when a model's tokenizer class does not override it: the backend's
 # own decode and, with clean-up off, nothing else (4.x and 5.x spellings; engines/tokenjson.py's adapter, E14).
 BACKEND_DECODES = ("TokenizersBackend._decode", "PreTrainedTokenizerFast._decode", "JsonTokenizer._decode")
-WINDOW = 8  # tokens a window may span before its start moves up to a later clean cut
+DECODE_SPAN = 8  # tokens a decode span may cover before its start moves up to a later clean cut
 
 
 def _decoder_steps(decoder) -> list[dict]:
@@ -212,12 +212,12 @@ def linear_char_map(tok, ids: Sequence[int], text: Optional[str] = None, by_piec
     a caller mapping many rows says once whether it is one (`by_pieces`) and shares the pieces looked up (`known`).
 
     A clean cut is a prefix that decodes to a prefix of the text without U+FFFD. Each prefix is decoded as a
-    window of a few tokens from a clean cut `ctx`; what it adds to the window of the last clean cut (`head`)
+    span of a few tokens from a clean cut `ctx`; what it adds to the span of the last clean cut (`head`)
     is what the prefix adds to the text, so the prefix is a prefix of the text exactly when that addition is
-    found there. `ctx` moves up to the cut before the last one, never to the last, so a window's first token
-    is stripped as in its head. A window holding U+FFFD ends inside a character: no prefix of the text,
+    found there. `ctx` moves up to the cut before the last one, never to the last, so a span's first token
+    is stripped as in its head. A span holding U+FFFD ends inside a character: no prefix of the text,
     unless the text holds U+FFFD too, and then that position is the definition's (Q3). A row whose pieces do
-    not rebuild its text (Q4; a window that does not extend its head says so at once) is mapped by the
+    not rebuild its text (Q4; a span that does not extend its head says so at once) is mapped by the
     definition.
     """
     ids = list(ids)
@@ -230,22 +230,22 @@ def linear_char_map(tok, ids: Sequence[int], text: Optional[str] = None, by_piec
     decode = tok.backend_tokenizer.decode
     offsets, cuts, ctx, head, length = [0], [0], 0, "", 0
     for k in range(1, len(ids) + 1):
-        window = decode(ids[ctx:k], skip_special_tokens=False)
-        if "\ufffd" in window:
+        span = decode(ids[ctx:k], skip_special_tokens=False)
+        if "\ufffd" in span:
             offsets.append(_prefix_offset(tok, ids, k, text, offsets[-1]) if garbled else offsets[-1])
             continue
-        if not window.startswith(head):
+        if not span.startswith(head):
             return char_map(tok, ids)  # not a local decode after all (Q4)
-        tail = window[len(head):]
+        tail = span[len(head):]
         if text.startswith(tail, length):
-            length, head = length + len(tail), window
+            length, head = length + len(tail), span
             cuts.append(k)
-            if k - ctx > WINDOW:
+            if k - ctx > DECODE_SPAN:
                 ctx = cuts[-2]
                 head = decode(ids[ctx:k], skip_special_tokens=False)
         offsets.append(max(length, offsets[-1]))
     if len(ids) and offsets[-1] != len(text):
-        return char_map(tok, ids)  # the windows did not rebuild the text (Q4)
+        return char_map(tok, ids)  # the spans did not rebuild the text (Q4)
     return tuple(offsets[: len(ids)]) + (len(text),)
 
 

@@ -10,7 +10,7 @@
     placement.py  a pass's state, where its taps act on its rows, and what its writes land
     decode.py     a forward that generates: taps on the continuation, the cut afterwards
     scoring.py    each metric over the rows both halves admit
-    passes.py     one observe step, window by window, and its result (StepResult)
+    passes.py     one observe step, chunk by chunk, and its result (StepResult)
     run.py        the plan walked: each leaf's observe, fit and weights steps, and their files
     results.py    the results folder: claimed, staged, moved into place whole
 

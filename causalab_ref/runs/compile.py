@@ -240,14 +240,14 @@ class Context:
     digest: str = ""
     sources: dict = field(default_factory=dict)  # output name -> outputs.Source, published so far (SPEC.md §8.2)
     budget: int = memory.DEFAULT_BUDGET  # --memory-budget, bytes (SPEC.md Q11)
-    window: int = 0  # the most rows every pass so far runs at once within the budget (0: no bound)
+    rows_per_pass: int = 0  # the most rows every pass so far runs at once within the budget (0: no bound)
 
     def bound(self, passes: list, step_name: str) -> None:
         """Fold one document step's passes into the rows per pass (refused when one row does not fit, Q12)."""
         fit = memory.rows_per_pass(self.engine, passes, self.budget, f"steps.{step_name}.rows",
                                    self.cache.get("frames"))
         if fit:
-            self.window = fit if not self.window else min(self.window, fit)
+            self.rows_per_pass = fit if not self.rows_per_pass else min(self.rows_per_pass, fit)
 
     def rows(self, rows: tuple, path: str) -> dict[str, list]:
         """Each role's rows of a step (cached by ref); roles pair by index, so their counts must agree."""
@@ -323,7 +323,8 @@ def compile_point(point: validate.Point, engine, data_root: Path, cache: Optiona
             if len(step.interventions) == 1:  # a step listing several publishes to itself only (M13)
                 ctx.sources.update(published)
     return Plan(label=point.label, digest=digest, raw=raw, steps=tuple(steps),
-                featurizers=tuple(ctx.featurizers.values()), window=ctx.window, frames=ctx.cache.get("frames", {}))
+                featurizers=tuple(ctx.featurizers.values()), rows_per_pass=ctx.rows_per_pass,
+                frames=ctx.cache.get("frames", {}))
 
 
 def _saves_of(step: Observe, i_name: str, interventions: dict) -> tuple:
@@ -558,5 +559,5 @@ def compile_document(raw: Any, engine, data_root: Path, points: Optional[list] =
         return share.mark(compile_point(points[0], engine, data_root, budget=budget))
     cache: dict = {}
     leaves = tuple(compile_point(point, engine, data_root, cache, budget) for point in points)
-    window = min((leaf.window for leaf in leaves if leaf.window), default=0)
-    return share.mark(Plan(label="", digest=reader.digest(raw), raw=raw, points=leaves, window=window))
+    rows_per_pass = min((leaf.rows_per_pass for leaf in leaves if leaf.rows_per_pass), default=0)
+    return share.mark(Plan(label="", digest=reader.digest(raw), raw=raw, points=leaves, rows_per_pass=rows_per_pass))

@@ -36,9 +36,10 @@ def fold(raw: Any, compiled: list) -> Plan:
                                      saves=tuple((v, f) for v, f in step.saves if point.layer == 0 or v in layered)))
         group_raw = members[0][0].group_raw
         leaves.append(Plan(label=label, digest=reader.digest(group_raw), raw=group_raw, steps=tuple(steps),
-                           window=min((leaf.window for _, leaf in members if leaf.window), default=0),
+                           rows_per_pass=min((leaf.rows_per_pass for _, leaf in members if leaf.rows_per_pass),
+                                             default=0),
                            frames=members[0][1].frames))
     if len(leaves) == 1 and leaves[0].label == "":
         return leaves[0]
-    window = min((leaf.window for leaf in leaves if leaf.window), default=0)
-    return Plan(label="", digest=reader.digest(raw), raw=raw, points=tuple(leaves), window=window)
+    rows_per_pass = min((leaf.rows_per_pass for leaf in leaves if leaf.rows_per_pass), default=0)
+    return Plan(label="", digest=reader.digest(raw), raw=raw, points=tuple(leaves), rows_per_pass=rows_per_pass)

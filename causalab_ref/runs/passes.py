@@ -1,9 +1,9 @@
-"""Passes: one observe step run over its rows, window by window, and what it produced (`StepResult`).
+"""Passes: one observe step run over its rows, chunk by chunk, and what it produced (`StepResult`).
 
-A step's rows run in windows of --batch-size (or the memory budget's rows per pass), each window the
+A step's rows run in chunks of --batch-size (or the memory budget's rows per pass), each chunk the
 whole pass: its forwards in dependency order at the batch's full padded width, each forward's taps placed
 (placement.py), a decoding forward handed to decode.py, a forward that other steps compute identically
-run once for all of them (share.py). The windows are stitched back in row order, scored (scoring.py) and
+run once for all of them (share.py). The chunks are stitched back in row order, scored (scoring.py) and
 the step's outputs published (writes/outputs.py). SPEC.md §4 Runs, §11 Performance (Q5-Q11):
 
     result = run_step(engine, plan.steps[0], batch_size=2)
@@ -31,7 +31,7 @@ from ..shapes import Action, Batch, Refusal
 
 @dataclass(frozen=True)
 class StepResult:
-    """What one observe step produced over all its rows, its windows stitched in row order.
+    """What one observe step produced over all its rows, its chunks stitched in row order.
 
     `positions`: tap name -> {"rows", "reason", "tokens"}, one entry per row; empty when nothing in the
     pass is dynamic (SPEC.md P32-P33). `eligible`: metric name -> each row column-eligible and placed by
@@ -51,7 +51,7 @@ class StepResult:
 @dataclass(frozen=True)
 class Setting:
     """What a step's passes take from the run around them: the sweep point's built featurizers and what its
-    earlier steps published, whether gradients flow (a fit's update), and the progress bar (a tick a window)."""
+    earlier steps published, whether gradients flow (a fit's update), and the progress bar (a tick a chunk)."""
 
     live: dict = field(default_factory=dict)
     published: dict[str, Published] = field(default_factory=dict)
@@ -63,12 +63,12 @@ def run_step(engine, step: ObservePlan, batch_size: Optional[int] = None, memo: 
              lean: bool = False, setting: Optional[Setting] = None) -> StepResult:
     """One observe step: forwards, then metrics, then the step's outputs.
 
-    With `batch_size`, the rows are split into windows of that many and each window runs the
+    With `batch_size`, the rows are split into chunks of that many and each chunk runs the
     whole pass (its forwards, in order) at the batch's full padded width, so positions and
-    values are those of one pass; row numbers in refusals are the document's. Each window takes
+    values are those of one pass; row numbers in refusals are the document's. Each chunk takes
     its rows of an unreduced published value and the whole of a reduced one (SPEC.md M17). With
     `memo`, a forward that other steps compute identically runs once for all of them (share.py).
-    `lean` (the run's own passes) scores a read that only metrics use window by window and keeps its
+    `lean` (the run's own passes) scores a read that only metrics use chunk by chunk and keeps its
     scores, not its values (SPEC.md Q10). `setting` is what the run around the step gives it (none alone).
     """
     setting = setting or Setting()
@@ -84,12 +84,12 @@ def run_step(engine, step: ObservePlan, batch_size: Optional[int] = None, memo: 
     compiled = _compiled_frames(step, memo) if size < rows else {}
     for lo in range(0, rows, size):
         hi = min(lo + size, rows)
-        refs = {name: outputs.window(value, lo, hi) for name, value in setting.published.items()}
+        refs = {name: outputs.chunk(value, lo, hi) for name, value in setting.published.items()}
         leads = {name: (lo, rows) if n is None else (sum(n[:lo]), sum(n)) for name, n in lengths.items()}
         frames = {role: locate.frame_rows(frame, lo, hi) for role, frame in compiled.items()}
-        got, where = run_pass(Pass(engine, window(step, lo, hi), path, lo, live=setting.live, grad=setting.grad,
+        got, where = run_pass(Pass(engine, chunk(step, lo, hi), path, lo, live=setting.live, grad=setting.grad,
                                    memo=memo, refs=refs, leads=leads, frames=frames))
-        finite: dict = {}  # each read's finite rows, asked once for this window's metrics (Q33)
+        finite: dict = {}  # each read's finite rows, asked once for this chunk's metrics (Q33)
         for metric in (m for m in step.metrics if m.name in scored):
             scored[metric.name] += score(metric, got, where, eligible_rows(metric, where, lo), lo, finite)
         parts.append(({k: v for k, v in got.items() if k not in scored_only}, where))
@@ -99,10 +99,10 @@ def run_step(engine, step: ObservePlan, batch_size: Optional[int] = None, memo: 
 
 
 def _stitched(step: ObservePlan, parts: list, scored: dict[str, list]) -> StepResult:
-    """The windows' (values, placed) joined in row order, scored (but for what `scored` holds already), and
+    """The chunks' (values, placed) joined in row order, scored (but for what `scored` holds already), and
     the step's outputs published."""
     first_values, first_placed = parts[0]
-    # Each value is (rows, w, F) or flat (total, F) in row order: windows join along the leading axis.
+    # Each value is (rows, w, F) or flat (total, F) in row order: chunks join along the leading axis.
     values = first_values if len(parts) == 1 else {k: torch.cat([p[0][k] for p in parts], dim=0) for k in first_values}
     placed = {k: Resolved(*(sum((getattr(p[1][k], f) for p in parts), ()) for f in ("windows", "reasons", "tokens")))
               for k in first_placed}
@@ -122,7 +122,7 @@ def _stitched(step: ObservePlan, parts: list, scored: dict[str, list]) -> StepRe
 
 def _compiled_frames(step: ObservePlan, memo: Optional[share.Memo]) -> dict:
     """Each role's frame compile built over all the step's rows (the plan keeps them, Q15), from which every
-    --batch-size window takes its rows rather than building its own (SPEC.md Q26)."""
+    --batch-size chunk takes its rows rather than building its own (SPEC.md Q26)."""
     if memo is None:
         return {}
     keys = {forward.input: frame_key(forward, step.dynamic) for forward in step.forwards}
@@ -131,7 +131,7 @@ def _compiled_frames(step: ObservePlan, memo: Optional[share.Memo]) -> dict:
 
 def _scored_only(step: ObservePlan) -> set[str]:
     """The reads only metrics use (no output keeps them), and only metrics each of whose reads is one of
-    them (a metric and its `against` are scored in the same windows; SPEC.md Q10)."""
+    them (a metric and its `against` are scored in the same chunks; SPEC.md Q10)."""
     only = {r for m in step.metrics for r in m.reads} - {o.read for _name, o in step.outputs}
     while any(0 < len(only & set(m.reads)) < len(set(m.reads)) for m in step.metrics):
         only -= {r for m in step.metrics if not set(m.reads) <= only for r in m.reads}
@@ -139,7 +139,7 @@ def _scored_only(step: ObservePlan) -> set[str]:
 
 
 def _noise_lengths(engine, step: ObservePlan, path: str) -> dict[str, Optional[list[int]]]:
-    """Each gaussian write's leading axis over the whole pass, so a window draws its own part of the
+    """Each gaussian write's leading axis over the whole pass, so a chunk draws its own part of the
     whole pass's noise (SPEC.md M4): None for a rectangular write (its rows), else each row's positions."""
     whole = Pass(engine, step, path)
     out: dict[str, Optional[list[int]]] = {}
@@ -152,7 +152,7 @@ def _noise_lengths(engine, step: ObservePlan, path: str) -> dict[str, Optional[l
     return out
 
 
-def window(step: ObservePlan, lo: int, hi: int) -> ObservePlan:
+def chunk(step: ObservePlan, lo: int, hi: int) -> ObservePlan:
     """Rows lo..hi of a step: every forward's ids, masks, segments and anchors sliced, width kept."""
     if (lo, hi) == (0, len(step.example_ids)):
         return step
@@ -164,13 +164,13 @@ def window(step: ObservePlan, lo: int, hi: int) -> ObservePlan:
     return replace(step, forwards=forwards, example_ids=step.example_ids[lo:hi])
 
 
-# ---------------------------------------------------------------- one window: the pass loop
+# ---------------------------------------------------------------- one chunk: the pass loop
 
 
 def run_pass(p: Pass) -> tuple[dict[str, torch.Tensor], dict[str, Resolved]]:
-    """The forwards of one window of rows: (values read, where each tap acted). The value table starts
-    with this window's part of each published value, so a ref is resolved like a read (SPEC.md M13);
-    `p.leads` places a gaussian write's window in the whole pass's draw."""
+    """The forwards of one chunk of rows: (values read, where each tap acted). The value table starts
+    with this chunk's part of each published value, so a ref is resolved like a read (SPEC.md M13);
+    `p.leads` places a gaussian write's chunk in the whole pass's draw."""
     values: dict[str, torch.Tensor] = dict(p.refs)
     placed: dict[str, Resolved] = {}
     for forward in p.step.forwards:

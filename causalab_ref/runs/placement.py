@@ -1,6 +1,6 @@
 """Placement: where one pass's taps act on its rows, what its writes land, and the state the pass carries.
 
-A `Pass` is one window of one observe step's rows with everything its forwards share (the engine, the
+A `Pass` is one chunk of one observe step's rows with everything its forwards share (the engine, the
 featurizers, the memo, the published values, whether gradients flow). Placing a forward resolves each
 prompt-frame tap's positions against the model's tokenizer (locate.py) and applies the refusals of
 SPEC.md §2.9 Eligibility: a read may skip a row, a write may not, a fixed-width cut that does not fit is
@@ -52,16 +52,16 @@ def refuse(message: str, path: str, stage: str = "run"):
 
 @dataclass(frozen=True)
 class Pass:
-    """One window of one observe step's rows, and what every forward of it shares."""
+    """One chunk of one observe step's rows, and what every forward of it shares."""
 
     engine: Any
-    step: ObservePlan  # the window's rows of the step (passes.window)
+    step: ObservePlan  # the chunk's rows of the step (passes.chunk)
     path: str  # `interventions.<name>`: where a refusal points
-    offset: int = 0  # the window's first row in the document's numbering (a --batch-size window)
+    offset: int = 0  # the chunk's first row in the document's numbering (a --batch-size chunk)
     live: dict = field(default_factory=dict)  # featurizer name -> the sweep point's built featurizer
     grad: bool = False  # a fit's update: keep the graph, share nothing
     memo: Optional[share.Memo] = None  # forwards other steps compute identically (share.py)
-    refs: dict = field(default_factory=dict)  # this window's part of each published value a ref names
+    refs: dict = field(default_factory=dict)  # this chunk's part of each published value a ref names
     leads: dict = field(default_factory=dict)  # each gaussian write's (offset, total) in the whole draw (M4)
     frames: dict = field(default_factory=dict)  # each role's frame, built once per pass (a cache)
 
@@ -89,7 +89,7 @@ def place(frame, taps, dynamic: bool, path: str, offset: int = 0, stage: str = "
     """Every tap's windows on one frame, with the refusals of SPEC.md §2.9 Eligibility (at `stage`: compile
     places the prompt frame of every step before any weights load, check_step).
 
-    `offset` is the frame's first row in the document's numbering (a --batch-size window)."""
+    `offset` is the frame's first row in the document's numbering (a --batch-size chunk)."""
     out = {}
     for tap in taps:
         windows, reasons = locate.locate(frame, tap.pos, tap.anchors)
@@ -141,7 +141,7 @@ def check_ids(tok, forward: Forward, rows: int) -> None:
 
 
 def eligible_rows(metric: MetricPlan, placed: dict, lo: int = 0) -> tuple[bool, ...]:
-    """A metric's rows lo.. of a window: column-eligible and placed by its read, and by the read it compares
+    """A metric's rows lo.. of a chunk: column-eligible and placed by its read, and by the read it compares
     with when it has one (`placed`: read name -> Resolved; SPEC.md P30, D25)."""
     reads = [placed[name].reasons for name in metric.reads]
     return tuple(col and not any(reasons) for col, *reasons in zip(metric.eligible[lo:lo + len(reads[0])], *reads))
@@ -198,7 +198,7 @@ def check_tokenizer(tok, forward: Forward, path: str) -> None:
 
 def fixed_operand(tap: Tap, values: dict[str, torch.Tensor]) -> Any:
     """A write's operand that is not a read of this pass: nothing (None), a published value (`values`
-    holds this window's part of it, checked at compile), or a number. Callers test `isinstance(tap.operand,
+    holds this chunk's part of it, checked at compile), or a number. Callers test `isinstance(tap.operand,
     str)` (a read) first."""
     if isinstance(tap.operand, Ref):
         return values[tap.operand.name]

@@ -247,7 +247,7 @@ class Plan:
     steps: tuple = ()  # ObservePlan, FitPlan, WeightsPlan
     points: tuple["Plan", ...] = ()
     featurizers: tuple[FeaturizerPlan, ...] = ()
-    window: int = 0  # rows per pass when --batch-size is not given: the memory budget's (0: no bound; Q11)
+    rows_per_pass: int = 0  # rows per pass when --batch-size is not given: the memory budget's (0: no bound; Q11)
     # the frames compile built to place the prompt frame (placement.check_step), by the run's key; not data of
     # the plan, a cache the run's memo starts from (SPEC.md Q15)
     frames: dict = field(default_factory=dict, compare=False, repr=False)
@@ -264,15 +264,15 @@ class Plan:
         return out
 
     def text(self) -> str:
-        return "\n".join(self.lines() + self.shared_lines() + self.window_lines())
+        return "\n".join(self.lines() + self.shared_lines() + self.rows_per_pass_lines())
 
-    def window_lines(self) -> list[str]:
+    def rows_per_pass_lines(self) -> list[str]:
         """The rows per pass, when the memory budget splits some step's rows (SPEC.md Q11)."""
         rows = max((len(s.example_ids) for leaf in self.leaves() for s in leaf.steps if hasattr(s, "example_ids")),
                    default=0)
-        if not self.window or self.window >= rows:
+        if not self.rows_per_pass or self.rows_per_pass >= rows:
             return []
-        return [f"  rows per pass: {self.window} (the memory budget's; --batch-size overrides it)"]
+        return [f"  rows per pass: {self.rows_per_pass} (the memory budget's; --batch-size overrides it)"]
 
     def shared_lines(self) -> list[str]:
         """After the points: each forward that runs once for several steps, and which (SPEC.md Q6)."""

@@ -177,7 +177,7 @@ def compute(plan: Plan, engine, batch_size: Optional[int] = None, progress=True,
     a bar, False none (results.progress; SPEC.md R16, PY11). `coordinates` (label -> coordinates) default to
     the plan's document's."""
     started = time.perf_counter()
-    given, batch_size = batch_size, batch_size or plan.window or None  # --batch-size wins (SPEC.md Q11)
+    given, batch_size = batch_size, batch_size or plan.rows_per_pass or None  # --batch-size wins (SPEC.md Q11)
     leaves = plan.leaves()
     points = points_of(plan, coordinates_of(plan, engine) if coordinates is None else coordinates)
     passes = sum(-(-len(step.example_ids) // (batch_size or len(step.example_ids) or 1))

@@ -2,7 +2,7 @@
 
 A metric's row is scored when its answer columns are eligible (compile's half) and its read was placed
 there (the run's half); the kind scores those rows together (documents/metrics.py), one row's value its
-own. The pass loop (passes.py) scores a window or a whole step; a fit keeps the graph (`vector`); which rows
+own. The pass loop (passes.py) scores a chunk of rows or a whole step; a fit keeps the graph (`vector`); which rows
 both halves admit is placement.py's (`eligible_rows`, with the refusal of a metric of nothing):
 
     both = placement.eligible_rows(metric, placed)      # placed: read name -> Resolved
@@ -42,7 +42,7 @@ def _scored(metric: MetricPlan, values: dict, placed: dict, both: tuple[bool, ..
             lo: int = 0) -> tuple[list[int], list[tuple[torch.Tensor, list[int]]], torch.Tensor]:
     """The rows scored (both eligible and placed), for each read the metric scores (`of`'s first, then
     `against`'s) its matrix and the matrix rows those rows are, and their values, scored together by the kind
-    (one row's value is that row's alone, metrics.py); `lo` is the window's first row in the answers' numbering."""
+    (one row's value is that row's alone, metrics.py); `lo` is the chunk's first row in the answers' numbering."""
     rows = [r for r, ok in enumerate(both) if ok]
     picked = []
     for name in metric.reads:

@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional
 from .plan import Forward, ObservePlan, Plan, Tap
 
 
-FRAMES = 4  # frames a run keeps: a sweep's points on the same rows share them; a windowed run keeps none long
+FRAMES = 4  # frames a run keeps: a sweep's points on the same rows share them; a chunked run keeps none long
 
 
 def read_identity(tap: Tap) -> str:
@@ -106,10 +106,10 @@ def mark(plan: Plan) -> Plan:
 
 
 class Memo:
-    """What a shared forward read, kept for the other forwards of its computation, per window of rows.
+    """What a shared forward read, kept for the other forwards of its computation, per chunk of rows.
 
     `reads(computation)` are every read any user of it takes (one per identity); an entry is dropped
-    once every user has taken it, so a run holds at most one window's reads per computation."""
+    once every user has taken it, so a run holds at most one chunk's reads per computation."""
 
     def __init__(self, plan: Plan):
         self.wanted: dict[str, dict[str, Tap]] = {}

@@ -4,8 +4,8 @@ Four moments, one module (SPEC.md §8.2): `declare` reads a step's `outputs` at 
 `check_refs` holds the document's steps against each other (earlier step only, one publisher
 per name, no read's name); `check_ref` is the compile check of a consuming write (its
 `Landing`) against its output's `Source` (rows, pca, windows, width); `publish` reduces a
-step's reads after its pass and `window` cuts an unreduced output to the rows of one
-`--batch-size` window.
+step's reads after its pass and `chunk` cuts an unreduced output to the rows of one
+`--batch-size` chunk.
 """
 from __future__ import annotations
 
@@ -186,7 +186,7 @@ def publish(outputs, values: dict, windows: dict, path: str) -> dict[str, Publis
     return out
 
 
-def window(published: Published, lo: int, hi: int) -> torch.Tensor:
+def chunk(published: Published, lo: int, hi: int) -> torch.Tensor:
     """The part of a published value rows lo..hi of a pass take: all of a reduced value; rows lo..hi of an
     unreduced rectangle; the positions of rows lo..hi of an unreduced flat read."""
     value, windows = published.value, published.windows
