@@ -61,18 +61,19 @@ LONG_RUN = 300
 #: how many of a cut run's first characters are kept
 KEPT = 64
 #: what a line never prints raw: C0 and C1 controls, DEL, the line and paragraph separators, and the
-#: bidirectional controls (marks, embeddings, overrides, isolates) that reorder what a terminal shows
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+#: bidirectional controls (marks, embeddings, overrides, isolates) that reorder what a terminal shows, and
+#: lone surrogates (a JSON `"\ud800"`), which no UTF-8 output can hold
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 _RUN = re.compile(f"[^\\s.:;,'\"()\\[\\]{{}}=]{{{LONG_RUN + 1},}}")
 
 
-def printable(text: str) -> str:
+def printable(text: str, cut_runs: bool = True) -> str:
     """`text` as one line safe to print on a terminal (SPEC.md S76): each run of more than LONG_RUN characters
     between white space, dots and the marks that frame a name (`:;,'"()[]{}=`) cut to its first KEPT and
-    `…(<n> chars)`, then every character of _UNSAFE written as its escape (`\\n`, `\\x1b`, `\\u202e`); other
-    text is unchanged."""
-    cut = _RUN.sub(lambda m: f"{m.group()[:KEPT]}\u2026({len(m.group())} chars)", text)
+    `…(<n> chars)` (unless `cut_runs` is False: conform's report lines), then every character of _UNSAFE
+    written as its escape (`\\n`, `\\x1b`, `\\u202e`, `\\ud800`); other text is unchanged."""
+    cut = _RUN.sub(lambda m: f"{m.group()[:KEPT]}\u2026({len(m.group())} chars)", text) if cut_runs else text
     return _UNSAFE.sub(lambda m: _NAMED.get(m.group()) or (f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
                                                           else f"\\u{ord(m.group()):04x}"), cut)
 

@@ -47,6 +47,7 @@ from . import catalogue
 from .invoke import CAP, TIMEOUT, CaseError, InProcess, Subprocess, UsageError, command
 from .judge import FLOOR, FLOORS, agrees, compare, compare_refusal, informative
 from ..fixtures import exported
+from ..shapes import printable
 
 ROOT = Path(__file__).resolve().parents[2]  # a source checkout: only --record reads from it (SPEC.md, documents/data)
 CASES = Path(__file__).resolve().parent / "corpus"  # package data: the corpus ships with the wheel
@@ -410,10 +411,10 @@ def _report(case: dict, verdict: str, diffs: list[str], seconds: float, quiet: b
     rules = case.get("rules")  # only shown: a case whose `rules` is not a list (null, fuzz case 158) still reports
     rules = ", ".join(map(str, rules)) if isinstance(rules, list) else "?"
     if verdict != "pass" or not quiet:
-        print(f"{label} {case['name']}  [{case.get('verb', '?')}; {rules}]  "
-              f"{seconds:.1f}s", file=stream)
-    for line in diffs[:25]:
-        print(f"       {line}", file=stream)
+        print(printable(f"{label} {case['name']}  [{case.get('verb', '?')}; {rules}]  {seconds:.1f}s", False),
+              file=stream)
+    for line in diffs[:25]:  # a case file's text, escaped as a refusal line is but not cut (S76)
+        print(f"       {printable(line, False)}", file=stream)
     if len(diffs) > 25:
         print(f"       ... and {len(diffs) - 25} more difference(s)", file=stream)
 

@@ -27,9 +27,9 @@ def session(tmp_path_factory) -> pathlib.Path:
 
 @pytest.mark.parametrize("surface", sorted(PER_SURFACE))
 def test_mutated_surfaces_keep_the_invariant(surface: str, session: pathlib.Path):
-    """SPEC.md:1069 [S9] SPEC.md:914 [C19] SPEC.md:1090 [S13] SPEC.md:1142 [S27] SPEC.md:1169 [S28] Whatever a bundle,
+    """SPEC.md:1069 [S9] SPEC.md:914 [C19] SPEC.md:1090 [S13] SPEC.md:1144 [S27] SPEC.md:1171 [S28] Whatever a bundle,
     a case file, an implementation, a flag, a cache folder, a results folder `plot` draws, an environment variable
-    or an exported folder holds (or a results folder `table` reads, SPEC.md:1304 [S64]), no call ends in an internal
+    or an exported folder holds (or a results folder `table` reads, SPEC.md:1306 [S64]), no call ends in an internal
     error, writes outside --out, or scores a non-finite row."""
     broken = []
     for k in range(PER_SURFACE[surface]):
@@ -65,7 +65,7 @@ def test_the_runs_own_out_and_staging_names_are_not_outside(tmp_path):
 
 
 def test_a_memory_budget_of_5000_nines_is_not_a_size():
-    """SPEC.md:1242 [S47] A budget whose number is past any float (fuzz case 37, flags: an internal
+    """SPEC.md:1244 [S47] A budget whose number is past any float (fuzz case 37, flags: an internal
     OverflowError once) is refused as not a size at validation, not converted."""
     from causalab_ref.runs import memory
     from causalab_ref.shapes import Refusal

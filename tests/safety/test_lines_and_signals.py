@@ -222,3 +222,21 @@ def test_an_interrupt_a_callback_swallowed_prints_no_ignored_traceback():
         assert sys.unraisablehook is before
     finally:
         sys.unraisablehook = outer
+
+
+def test_conforms_report_escapes_a_case_files_lone_surrogate_and_control_characters():
+    """SPEC.md:1094 [S76] — a case file's text in conform's report (its name, a difference) is printed escaped, never
+    cut: a lone surrogate as `\\ud800` (before: text no UTF-8 stdout holds, fuzz surface `case` 3232) and ESC as
+    `\\x1b`, every line encodable as UTF-8; a long difference keeps its length."""
+    import io
+
+    from causalab_ref.conformance import conform
+
+    stream = io.StringIO()
+    long = "x" * 400
+    conform._report({"name": "bad\x1bname", "verb": "run", "rules": []}, "fail",
+                    ['plan[0].io: expected "\ud800", got "output"', long], 0.5, False, stream)
+    text = stream.getvalue()
+    text.encode("utf-8")  # raises on a lone surrogate
+    assert "\\ud800" in text and "bad\\x1bname" in text and "\x1b" not in text
+    assert long in text

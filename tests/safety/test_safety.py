@@ -396,7 +396,7 @@ def test_a_bug_while_loading_stays_an_internal_error(monkeypatch, capsys):
     """SPEC.md:1072 [S10] an exception loading does not raise for a bad checkpoint (a TypeError here) is the
     project's failure: exit 1 and `internal error`, never a refusal of model.key. The bug is in every load
     validate may make: the weightless engine's tokenizer, served from the cached tokenizer.json (tokenjson.py) or
-    loaded by transformers on a cold cache (either then leaves the compile to the meta load, SPEC.md:1923 [E9]),
+    loaded by transformers on a cold cache (either then leaves the compile to the meta load, SPEC.md:1925 [E9]),
     and the meta load."""
     def broken(*args, **kwargs):
         raise TypeError("a bug")
@@ -409,7 +409,7 @@ def test_a_bug_while_loading_stays_an_internal_error(monkeypatch, capsys):
 
 
 def test_the_summary_line_shows_the_mean_the_count_and_a_few_values(tmp_path):
-    """SPEC.md:1106 [S19] 12 rows, one unscored: the mean of 11, `11 of 12`, the first 5 values, `7 more`."""
+    """SPEC.md:1108 [S19] 12 rows, one unscored: the mean of 11, `11 of 12`, the first 5 values, `7 more`."""
     values = [float(v) for v in range(11)] + [None]
     rows = [{"metric": "iia", "value": v, "unit": "fraction"} for v in values]
     (tmp_path / "iia.json").write_text(json.dumps(rows), encoding="utf-8")
@@ -441,7 +441,7 @@ def _own_code(ckpt: Path, marker: Path, file: str) -> None:
 
 @pytest.mark.parametrize("file", ["config.json", "tokenizer_config.json"])
 def test_a_checkpoint_naming_its_own_code_is_refused_on_every_verb_and_engine(tmp_path, capsys, file):
-    """SPEC.md:1111 [S20] an `auto_map` (config.json or tokenizer_config.json) with its .py beside it:
+    """SPEC.md:1113 [S20] an `auto_map` (config.json or tokenizer_config.json) with its .py beside it:
     validate, explain, model, tokens and run, on both engines, refuse in one line naming the file, and the
     code never runs."""
     ckpt = _copy(tmp_path)
@@ -463,7 +463,7 @@ def test_a_checkpoint_naming_its_own_code_is_refused_on_every_verb_and_engine(tm
 
 
 def test_a_checkpoint_naming_its_own_code_never_reads_stdin(tmp_path):
-    """SPEC.md:1111 [S20] a tokenizer auto_map with "y" waiting on stdin: no question, the code never runs."""
+    """SPEC.md:1113 [S20] a tokenizer auto_map with "y" waiting on stdin: no question, the code never runs."""
     ckpt = _copy(tmp_path)
     marker = tmp_path / "ran"
     _own_code(ckpt, marker, "tokenizer_config.json")
@@ -473,7 +473,7 @@ def test_a_checkpoint_naming_its_own_code_never_reads_stdin(tmp_path):
 
 
 def test_an_auto_map_key_is_found_by_parsing_and_a_string_that_says_auto_map_is_not_one(tmp_path):
-    """SPEC.md:1111 [S20] the JSON files are parsed: an `auto_map` key spelled with an escape is refused; the
+    """SPEC.md:1113 [S20] the JSON files are parsed: an `auto_map` key spelled with an escape is refused; the
     value "auto_map" (a string, not a key) is no code, and the checkpoint loads."""
     ckpt = _copy(tmp_path)
     config = ckpt / "tokenizer_config.json"
@@ -489,7 +489,7 @@ def test_an_auto_map_key_is_found_by_parsing_and_a_string_that_says_auto_map_is_
 
 
 def test_a_hub_key_not_in_the_cache_fails_naming_what_was_tried(tmp_path):
-    """SPEC.md:1118 [S21] offline first: a hub key not in the local cache, with the hub off (HF_HUB_OFFLINE),
+    """SPEC.md:1120 [S21] offline first: a hub key not in the local cache, with the hub off (HF_HUB_OFFLINE),
     is refused naming the key, the revision, the cache and the hub."""
     proc = _cli("model", "nobody/none", env={**ENV, "HF_HOME": str(tmp_path / "hf")})
     line = _one_line(proc, "compile: model.key: model 'nobody/none' at revision 'main' could not be found: tried ")
@@ -497,7 +497,7 @@ def test_a_hub_key_not_in_the_cache_fails_naming_what_was_tried(tmp_path):
 
 
 def test_a_hub_key_with_no_network_fails_naming_the_unreachable_hub(tmp_path):
-    """SPEC.md:1118 [S21] not offline by setting but unreachable: the hub's host is tried once (a refused
+    """SPEC.md:1120 [S21] not offline by setting but unreachable: the hub's host is tried once (a refused
     connection here: a local port nothing listens on), then the key is refused naming it."""
     env = {k: v for k, v in ENV.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     env = {k: v for k, v in env.items() if "proxy" not in k.lower()}
@@ -533,7 +533,7 @@ def _reshape_norm(t):
     (_reshape_norm, "mis-shaped", "model.norm.weight"),
 ])
 def test_weights_that_do_not_match_the_model_are_refused_naming_the_tensors(tmp_path, change, kind, named):
-    """SPEC.md:1123 [S22] missing (the head and all of layer 1), unexpected and mis-shaped tensors are refused
+    """SPEC.md:1125 [S22] missing (the head and all of layer 1), unexpected and mis-shaped tensors are refused
     on both engines, naming them; nothing loads with random values."""
     ckpt = _copy(tmp_path)
     _weights(ckpt, change)
@@ -554,7 +554,7 @@ def own_cache(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("damage", ["overwrite", "truncate", "delete", "record", "nested record"])
 def test_a_damaged_fixture_is_rebuilt_not_trusted(own_cache, damage):
-    """SPEC.md:1127 [S23] weight bytes overwritten, a truncated file, a missing file, a record without the
+    """SPEC.md:1129 [S23] weight bytes overwritten, a truncated file, a missing file, a record without the
     files' digests or nested past the reader: the next use rebuilds the folder to its recorded bytes."""
     folder, before = own_cache
     weights = folder / "model.safetensors"
@@ -578,7 +578,7 @@ def test_a_damaged_fixture_is_rebuilt_not_trusted(own_cache, damage):
 
 
 def test_a_damaged_fixture_in_a_read_only_cache_is_one_line(tmp_path, monkeypatch):
-    """SPEC.md:1131 [S24] a fixture that must be rebuilt where the cache cannot be written: refused naming
+    """SPEC.md:1133 [S24] a fixture that must be rebuilt where the cache cannot be written: refused naming
     the folder, the cause and $CAUSALAB_REF_CACHE."""
     mount = _Mount(tmp_path / "cache", "size=4m")
     try:
@@ -614,7 +614,7 @@ def _entries(root: Path) -> dict:
 
 
 def test_a_file_dropped_into_a_verified_fixture_folder_is_removed_not_read(tmp_path, monkeypatch):
-    """SPEC.md:1133 [S25] a tokenizer.json dropped beside the Llama-2 tokenizer.model of a verified tiny-llama
+    """SPEC.md:1135 [S25] a tokenizer.json dropped beside the Llama-2 tokenizer.model of a verified tiny-llama
     cache folder (and a link to a file outside) would be read in its place: a plain load of a copy of the
     folder gives other ids. The next load removes both, the link's target untouched, and gives the seed's
     Llama-2 ids again."""
@@ -637,7 +637,7 @@ def test_a_file_dropped_into_a_verified_fixture_folder_is_removed_not_read(tmp_p
 
 
 def test_run_json_names_the_recipe_only_for_files_checked_against_it(tmp_path):
-    """SPEC.md:1177 [S29] a run on an exported tiny-llama folder records the recipe while its files are the
+    """SPEC.md:1179 [S29] a run on an exported tiny-llama folder records the recipe while its files are the
     manifest's; after one weight value changes (same shapes) it records no recipe, and its model_files are
     the sha256 of the folder's files as they are now."""
     exported.export(tmp_path / "fx", keys=["fixture:tiny-llama"])
@@ -665,7 +665,7 @@ def test_run_json_names_the_recipe_only_for_files_checked_against_it(tmp_path):
 
 
 def test_a_cache_root_that_cannot_be_created_is_one_line_naming_the_variable(tmp_path, monkeypatch, capsys):
-    """SPEC.md:1142 [S27] $CAUSALAB_REF_CACHE=/proc/x: `fixtures export` is one refusal naming the fixture's folder,
+    """SPEC.md:1144 [S27] $CAUSALAB_REF_CACHE=/proc/x: `fixtures export` is one refusal naming the fixture's folder,
     the cause and $CAUSALAB_REF_CACHE, not an internal error."""
     monkeypatch.setenv(builder.CACHE_ENV, "/proc/x")
     assert cli.main(["fixtures", "export", str(tmp_path / "fx"), "--key", "fixture:tiny-gpt2"]) == 2
@@ -702,7 +702,7 @@ def _plants(dest: Path) -> dict:
                                    "a link of the fixture's name", "a user's folder of the fixture's name",
                                    "an exported folder with a file added", "a manifest no export wrote"])
 def test_an_export_onto_what_it_did_not_write_is_one_line_and_changes_nothing(tmp_path, capsys, plant):
-    """SPEC.md:1169 [S28] DIR a file or a link, a file or a link or a user's folder of a fixture's name, a file
+    """SPEC.md:1171 [S28] DIR a file or a link, a file or a link or a user's folder of a fixture's name, a file
     added to an exported folder, a manifest.json no export wrote: one refusal at DIR naming it, exit 2, and
     every byte, link and folder under the test's folder as it was."""
     dest = tmp_path / "w" / "fx"
@@ -733,7 +733,7 @@ exported.export(Path(sys.argv[1]), keys=["fixture:tiny-gpt2"])
 
 
 def test_a_killed_exports_staging_folder_does_not_survive_the_next_export(tmp_path):
-    """SPEC.md:1137 [S26] an export killed (SIGKILL) while it copies leaves `.tiny-gpt2.partial-pid<P>-<8>` in
+    """SPEC.md:1139 [S26] an export killed (SIGKILL) while it copies leaves `.tiny-gpt2.partial-pid<P>-<8>` in
     DIR; the next export removes it and writes the folder. A staging name of a live process, a link of a
     dead one's name and a name with another suffix stay."""
     dest = tmp_path / "fx"
@@ -759,7 +759,7 @@ def test_a_killed_exports_staging_folder_does_not_survive_the_next_export(tmp_pa
 
 
 def test_a_killed_builds_staging_folder_is_removed_by_the_next_build(tmp_path, monkeypatch):
-    """SPEC.md:1137 [S26] a staging folder of a process that is gone, beside a fixture's cache folder, is removed
+    """SPEC.md:1139 [S26] a staging folder of a process that is gone, beside a fixture's cache folder, is removed
     when the fixture is next built."""
     monkeypatch.setenv(builder.CACHE_ENV, str(tmp_path / "cache"))
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
