@@ -68,10 +68,20 @@ def weird_value(rng: random.Random, depth: int = 0) -> Any:
     return {"sweep": {"range": [rng.choice(WEIRD_NUMBERS), rng.choice(WEIRD_NUMBERS)]}}
 
 
+PATH_DEPTH = 64  # deeper nodes (a deep-nesting value) are not edit targets: their parents are
+
+
 def _paths(node: Any, here: tuple = ()) -> list[tuple]:
-    """Every path into a JSON tree, the root's `()` first, parents before their children."""
-    children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
-    return [here] + [path for key, child in children for path in _paths(child, here + (key,))]
+    """Every path into a JSON tree down to PATH_DEPTH, the root's `()` first, parents before their
+    children; a loop, not a recursion, so an 800-deep value cannot overflow the harness's own stack."""
+    found, stack = [], [(node, here)]
+    while stack:
+        node, here = stack.pop()
+        found.append(here)
+        if len(here) < PATH_DEPTH:
+            children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+            stack.extend(reversed([(child, here + (key,)) for key, child in children]))
+    return found
 
 
 def _get(node: Any, path: tuple) -> Any:
@@ -103,7 +113,10 @@ def mutate_tree(rng: random.Random, tree: Any, keys: list[str]) -> Any:
         elif op == 4:  # swap in a value from elsewhere in the tree (a string where a number goes, ...)
             other = rng.choice(paths)
             if other and other[: len(path)] != path:
-                parent[last] = copy.deepcopy(_get(tree, other))
+                try:
+                    parent[last] = copy.deepcopy(_get(tree, other))
+                except RecursionError:  # a deep-nesting value: copy too deep for the harness; put a new one
+                    parent[last] = weird_value(rng)
         elif op == 5 and isinstance(parent, dict):  # rename a key (a declared name, often) to a path-like one
             parent[rng.choice(PATH_NAMES)] = parent.pop(last)
         else:
