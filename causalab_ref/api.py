@@ -9,7 +9,6 @@ over these calls (cli.py).
 """
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
 import json
@@ -17,8 +16,9 @@ import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Union
+from typing import Any, Optional, Union
 
+from .documents.validate import Document, own_paths
 from .shapes import Refusal
 
 DATA_ROOT = "documents/data"
@@ -29,102 +29,11 @@ MOST_TABLE_BYTES = 1 << 30
 # ---------------------------------------------------------------- documents
 
 
-@dataclass(frozen=True)
-class Document:
-    """A read and validated document: as given (`given`), lowered to the plan-shaped form (`raw`), its
-    format (plan-shaped, protocol or steps-first), its points (validate.Point, each validated once) and
-    where it came from (a path, or `<dict>`)."""
-
-    given: Any
-    raw: Any
-    format: str
-    points: tuple
-    source: str
-    repath: Optional[Callable[[str], str]] = field(default=None, compare=False, repr=False)
-
-    @property
-    def model(self):
-        """The document's model block (shapes.Model); never swept."""
-        return self.points[0].document.model
-
-
-@contextlib.contextmanager
-def own_paths(document: Optional[Document]) -> Iterator[None]:
-    """A refusal raised inside names the document's own paths: a protocol or steps-first document's, not
-    those of the plan-shaped document it was lowered to (SPEC.md PR19, SF14)."""
-    try:
-        yield
-    except Refusal as refusal:
-        if document is not None and document.repath is not None:
-            refusal.path = document.repath(refusal.path)
-        raise
-
-
 def read(document: Union[str, os.PathLike, dict]) -> Document:
     """A document from a path or a dict, read, lowered and validated as `validate` reads a file; a refusal
     raises Refusal, the CLI's stage, path and message. A dict is read as the JSON text it would be."""
-    from .documents import reader, validate
-    if isinstance(document, dict):
-        given = reader.load_json(_json_text(document), "document")
-        source = "<dict>"
-    elif isinstance(document, (str, os.PathLike)):
-        source = os.fspath(document)
-        given = reader.load_json(_file_text(source), source)
-    else:
-        raise Refusal(f"read takes a path or a dict, got {type(document).__name__}; pass the document's file "
-                      "or its JSON as a dict", path="document", stage="validation")
-    form, raw, repath = _lowered(given)  # the lowering's own refusals name the document's own paths
-    lowered = Document(given=given, raw=raw, format=form, points=(), source=source, repath=repath)
-    with own_paths(lowered):
-        points = tuple(validate.points_of(raw))
-    return Document(given=given, raw=raw, format=form, points=points, source=source, repath=repath)
-
-
-def _file_text(path: str) -> str:
-    file = Path(path)
-    try:
-        if not file.is_file():
-            raise Refusal(f"no document at {path}", path="document", stage="validation")
-        return file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:  # unreadable, or a name the file system will not take
-        raise Refusal(f"cannot read {path}: {error}", path="document", stage="validation") from None
-
-
-def _json_text(document: dict) -> str:
-    """A dict document as the JSON text it stands for; a value JSON has no spelling for (a key that is not a
-    string, a set, an object) is refused at its dotted path, as the reader refuses a text's faults."""
-    stack: list[tuple[str, Any]] = [("", document)]
-    while stack:
-        where, value = stack.pop()
-        if isinstance(value, dict):
-            for key, item in value.items():
-                if not isinstance(key, str):
-                    raise Refusal(f"the key {key!r} is a {type(key).__name__}; a document's keys are strings",
-                                  path=where or "document", stage="validation")
-                stack.append((f"{where}.{key}" if where else key, item))
-        elif isinstance(value, list):
-            stack.extend((f"{where}.{k}" if where else str(k), item) for k, item in enumerate(value))
-        elif not (value is None or isinstance(value, (str, bool, int, float))):
-            raise Refusal(f"a {type(value).__name__} is not a JSON value; a document holds objects, lists, "
-                          "strings, numbers, booleans and null", path=where or "document", stage="validation")
-    try:
-        return json.dumps(document, ensure_ascii=False)  # NaN and Infinity come out as the reader refuses them
-    except (RecursionError, ValueError) as error:
-        raise Refusal(f"the document cannot be written as JSON ({type(error).__name__}); it nests too deep",
-                      path="document", stage="validation") from None
-
-
-def _lowered(given: Any):
-    """(format, the plan-shaped document, its paths' map back): a protocol or a steps-first document is
-    lowered (protocol.py, SPEC.md §10; stepsfirst.py, §15)."""
-    from .documents import protocol, stepsfirst
-    form = protocol.shape(given)
-    if form == "steps-first":
-        lowered = stepsfirst.lower(given)
-        return form, lowered.plan, lowered.path
-    if form == "protocol":
-        return form, protocol.lower(given)[0], protocol.protocol_path
-    return form, given, None
+    from .documents import validate
+    return validate.read(document)
 
 
 # ---------------------------------------------------------------- models and plans
@@ -151,7 +60,10 @@ class Plan:
     document: Document
     model: Any = field(repr=False)
     plan: Any = field(repr=False)
-    coordinates: dict = field(repr=False)
+
+    @property
+    def coordinates(self) -> dict:
+        return self.plan.coordinates
 
     def text(self) -> str:
         return self.plan.text()
@@ -186,17 +98,10 @@ def _spec_text(spec) -> str:
 
 
 def _compile_on(document: Document, engine, data_root, memory_budget) -> Plan:
-    from .documents import protocol, stepsfirst, sweeps
     from .runs import compile as compiler
     from .runs import memory
-    from .runs.plan import with_digest
     budget = memory.parse_budget(None if memory_budget is None else str(memory_budget))
-    plan = compiler.compile_document(document.raw, engine, Path(data_root), list(document.points), budget=budget)
-    if document.format != "plan-shaped":
-        own = protocol.digest if document.format == "protocol" else stepsfirst.digest
-        plan = with_digest(plan, own(document.given), document.given)
-    coordinates = sweeps.coordinates(sweeps.with_layers(document.raw, engine.num_layers))
-    return Plan(document=document, model=engine, plan=plan, coordinates=coordinates)
+    return Plan(document=document, model=engine, plan=compiler.compile_read(document, engine, Path(data_root), budget))
 
 
 def compiled(document: Document, data_root, memory_budget=None, engine: str = "nnterp", weights: bool = False,
@@ -236,7 +141,7 @@ def run(document: Union[Plan, Document, str, os.PathLike, dict], model, data_roo
                       "compile the document again", path="model", stage="compile")
     with own_paths(plan.document):
         shown = {None: True, True: "always", False: False}[progress]
-        computed = runner.compute(plan.plan, model, batch_size, shown, plan.coordinates)
+        computed = runner.compute(plan.plan, model, batch_size, shown)
     return Results(computed)
 
 

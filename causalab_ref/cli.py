@@ -67,14 +67,14 @@ def cmd_run(args):
                         device_map=args.device_map)
     with api.own_paths(compiled.document):  # the run's refusals name the document's own paths too
         written = run.into_folder(Path(args.out), args.replace, compiled.plan, lambda: run.compute(
-            compiled.plan, compiled.model, args.batch_size, not args.quiet, compiled.coordinates))
+            compiled.plan, compiled.model, args.batch_size, not args.quiet))
     _note_untested()  # once the results are in place: never before a refusal (R24)
     lines = list(written)
     for path in written:
         summary = summary_line(Path(path))
         if summary:
             lines.append(summary)
-    points = [p.as_json() for p in run.points_of(compiled.plan, compiled.coordinates)]
+    points = [p.as_json() for p in run.leaf_points(compiled.plan)]
     return {"text": "\n".join(lines), "written": written, "points": points}
 
 

@@ -411,7 +411,10 @@ class Weights:
 
 
 @dataclass(frozen=True)
-class Document:
+class PointDocument:
+    """One plan-shaped document with no sweep in it, validated (validate.document): a sweep point's document.
+    The document a user gives, read and lowered with all its points, is api.Document."""
+
     model: Model
     roles: tuple[tuple[str, Role], ...]
     sites: tuple[tuple[str, Site], ...]

@@ -2,7 +2,7 @@
 
     reader.py         strict JSON (duplicate keys, malformed numbers) and the document's dataclasses
     sweeps.py         `{"sweep": [...]}` wrappers lowered to one document per point
-    validate.py       the document walked block by block, and each sweep point validated once
+    validate.py       the document walked block by block, each sweep point validated once; `read`, the one pass
     fields.py         raw JSON values: an object's keys, strings, integers, choices, numbers
     places.py         what a site, a read, a write and a position say
     interventions.py  how an intervention's reads, writes, models and metrics name each other
@@ -13,6 +13,8 @@
     schema.py         the document format as a JSON Schema
     protocol.py       the protocol format (SPEC.md §10) read into the same document
 
-    from causalab_ref.documents import reader, validate
-    points = validate.points_of(reader.load_json(open("documents/patching.json").read()))
+    from causalab_ref.documents import validate
+    document = validate.read("documents/patching.json")   # read, lowered, every point validated once
+    document.points[0].document.model.key                 # 'fixture:tiny-llama'
+
 """

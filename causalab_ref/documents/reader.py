@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import pathlib
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -185,3 +186,38 @@ def digest(raw: Any) -> str:
 def canonical_sha256(value: Any) -> str:
     """sha256 of `value` as compact JSON with its keys sorted: the one text every document digest hashes."""
     return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def file_text(path: str) -> str:
+    """A document file's text; missing, unreadable or not UTF-8 is a validation Refusal naming the path."""
+    file = pathlib.Path(path)
+    try:
+        if not file.is_file():
+            raise Refusal(f"no document at {path}", path="document", stage="validation")
+        return file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:  # unreadable, or a name the file system will not take
+        raise Refusal(f"cannot read {path}: {error}", path="document", stage="validation") from None
+
+
+def json_text(document: dict) -> str:
+    """A dict document as the JSON text it stands for; a value JSON has no spelling for (a key that is not a
+    string, a set, an object) is refused at its dotted path, as the reader refuses a text's faults."""
+    stack: list[tuple[str, Any]] = [("", document)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise Refusal(f"the key {key!r} is a {type(key).__name__}; a document's keys are strings",
+                                  path=where or "document", stage="validation")
+                stack.append((f"{where}.{key}" if where else key, item))
+        elif isinstance(value, list):
+            stack.extend((f"{where}.{k}" if where else str(k), item) for k, item in enumerate(value))
+        elif not (value is None or isinstance(value, (str, bool, int, float))):
+            raise Refusal(f"a {type(value).__name__} is not a JSON value; a document holds objects, lists, "
+                          "strings, numbers, booleans and null", path=where or "document", stage="validation")
+    try:
+        return json.dumps(document, ensure_ascii=False)  # NaN and Infinity come out as the reader refuses them
+    except (RecursionError, ValueError) as error:
+        raise Refusal(f"the document cannot be written as JSON ({type(error).__name__}); it nests too deep",
+                      path="document", stage="validation") from None

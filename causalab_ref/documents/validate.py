@@ -1,9 +1,10 @@
-"""Validate: JSON in, frozen `shapes.Document` out, or one Refusal naming the dotted path.
+"""Validate: JSON in, frozen `shapes.PointDocument` out, or one Refusal naming the dotted path.
 
 This module walks a document: its header, model block, roles, sites, featurizers,
-interventions and steps in that order, then the rules that hold across the steps; and
-`points_of`, the one pass a command takes before compile (sweeps lowered by sweeps.py, each
-point validated once). The parts are checked where they are defined: fields.py (raw JSON
+interventions and steps in that order, then the rules that hold across the steps;
+`points_of` lowers the sweeps (sweeps.py) and validates each point once; and `read` is the one
+pass a command takes before compile (D21): text read (reader.py), a protocol or steps-first
+document lowered to the plan-shaped one it means, then `points_of`. The parts are checked where they are defined: fields.py (raw JSON
 values), places.py (sites, reads, writes, positions), interventions.py (how an
 intervention's parts name each other), steps.py (rows, saves, observe steps and outputs),
 fits.py (fit and weights steps). Everything is decided without a model, a tokenizer or data
@@ -14,18 +15,22 @@ object at every depth rejects unknown keys. JSON text is read by reader.py.
     raw = reader.load_json(Path("documents/patching.json").read_text())
     document = validate.document(raw)   # one document with no sweep in it
     points = validate.points_of(raw)    # every sweep point, each validated once
+    read = validate.read("documents/patching.json")   # Document: as given, lowered, its points
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Optional
+import contextlib
+import os
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterator, Optional
 
 from ..featurizers import kinds as featurizer_table
 from ..writes import outputs
-from . import fits, interventions as intervention_parts, places, steps as step_parts, sweeps
+from . import fits, interventions as intervention_parts, places, protocol, reader, steps as step_parts, stepsfirst
+from . import sweeps
 from .fields import choice, integer, mapping, record, string
 from .fields import seed as seed_integer
-from ..shapes import Document, Featurizer, Model, Refusal, Role
+from ..shapes import PointDocument, Featurizer, Model, Refusal, Role
 
 DTYPES = ("fp32", "bf16")
 ATTN = ("eager", "sdpa")
@@ -111,7 +116,7 @@ def _step(raw: Any, path: str, interventions: dict, roles: tuple, declared: dict
 # ---------------------------------------------------------------- the walk
 
 
-def document(raw: Any) -> Document:
+def document(raw: Any) -> PointDocument:
     """Validate one (already lowered) document."""
     record(raw, "", ("header", "model", "roles", "sites", "featurizers", "interventions", "steps"),
            ("model", "roles", "sites", "interventions", "steps"))
@@ -140,17 +145,17 @@ def document(raw: Any) -> Document:
     fits.check_order(steps, dict(interventions), declared)
     outputs.check_refs(steps, dict(interventions))
     step_parts.check_save_paths(steps)
-    return Document(model=model, roles=roles, sites=sites, interventions=interventions,
-                    steps=steps, featurizers=tuple(declared.items()))
+    return PointDocument(model=model, roles=roles, sites=sites, interventions=interventions,
+                         steps=steps, featurizers=tuple(declared.items()))
 
 
 @dataclass(frozen=True)
 class Point:
     """One sweep point, or the unswept document: its label (its folder under --out, "" when
-    unswept), its raw JSON (what is hashed and written as document.json) and its Document."""
+    unswept), its raw JSON (what is hashed and written as document.json) and its PointDocument."""
     label: str
     raw: Any
-    document: Document
+    document: PointDocument
     # a document with layers "all" (D34): the point of its other sweeps it belongs to (its folder, "" when none;
     # None without "all"), that point's document with "all" kept, and the layer this point reads at
     group: Optional[str] = None
@@ -179,3 +184,67 @@ def points_of(raw: Any, layers: Optional[int] = None) -> list[Point]:
             out.append(Point(label=",".join(p for p in (glabel, label) if p), raw=point, document=doc, group=glabel,
                              group_raw=graw, layer=layer))
     return out
+
+
+# ---------------------------------------------------------------- a document as given, read once
+
+
+@dataclass(frozen=True)
+class Document:
+    """A read and validated document: as given (`given`), lowered to the plan-shaped form (`raw`), its
+    format (plan-shaped, protocol or steps-first), its points (Point, each validated once) and where it came
+    from (a path, or `<dict>`). `repath` maps a path of the lowered document back to the given one's."""
+
+    given: Any
+    raw: Any
+    format: str
+    points: tuple
+    source: str
+    repath: Optional[Callable[[str], str]] = field(default=None, compare=False, repr=False)
+
+    @property
+    def model(self):
+        """The document's model block (shapes.Model); never swept."""
+        return self.points[0].document.model
+
+
+@contextlib.contextmanager
+def own_paths(document: Optional[Document]) -> Iterator[None]:
+    """A refusal raised inside names the document's own paths: a protocol or steps-first document's, not
+    those of the plan-shaped document it was lowered to (SPEC.md PR19, SF14)."""
+    try:
+        yield
+    except Refusal as refusal:
+        if document is not None and document.repath is not None:
+            refusal.path = document.repath(refusal.path)
+        raise
+
+
+def read(document: Any) -> Document:
+    """The one pass before compile (D21): a path's text or a dict's JSON read (reader.py), lowered when it
+    is a protocol or steps-first document, and each point validated once (points_of)."""
+    if isinstance(document, dict):
+        given, source = reader.load_json(reader.json_text(document), "document"), "<dict>"
+    elif isinstance(document, (str, os.PathLike)):
+        source = os.fspath(document)
+        given = reader.load_json(reader.file_text(source), source)
+    else:
+        raise Refusal(f"read takes a path or a dict, got {type(document).__name__}; pass the document's file "
+                      "or its JSON as a dict", path="document", stage="validation")
+    form, raw, repath = lowered(given)  # the lowering's own refusals name the document's own paths
+    read_so_far = Document(given=given, raw=raw, format=form, points=(), source=source, repath=repath)
+    with own_paths(read_so_far):
+        points = tuple(points_of(raw))
+    return replace(read_so_far, points=points)
+
+
+def lowered(given: Any) -> tuple[str, Any, Optional[Callable[[str], str]]]:
+    """(format, the plan-shaped document, its paths' map back): a protocol or a steps-first document is
+    lowered (protocol.py, SPEC.md §10; stepsfirst.py, §15)."""
+    form = protocol.shape(given)
+    if form == "steps-first":
+        lowering = stepsfirst.lower(given)
+        return form, lowering.plan, lowering.path
+    if form == "protocol":
+        return form, protocol.lower(given)[0], protocol.protocol_path
+    return form, given, None

@@ -15,12 +15,13 @@ from typing import Any, Optional
 from ..featurizers import bundles, fit
 from . import data, layers, memory, order, placement, share
 from ..positions import locate
-from ..documents import metrics, reader, sweeps, validate
+from ..documents import metrics, protocol, reader, stepsfirst, sweeps, validate
 from ..documents.steps import produced_names
 from ..locations.address import check_per_head, refuse_no_width
 from ..writes import outputs
 from .plan import FeaturizerPlan, FitPlan, Forward, MetricPlan, ObservePlan, Plan, Tap, WeightsPlan, narrowed_width
-from ..shapes import Address, Document, Observe, Ref, Refusal, Where
+from .plan import with_digest
+from ..shapes import Address, PointDocument, Observe, Ref, Refusal, Where
 
 # ---------------------------------------------------------------- pieces
 
@@ -205,7 +206,7 @@ def _check_refs(step_name: str, forwards: list, sources: dict, rows: int, path: 
                               f"{path}.writes.{tap.name}.operand")
 
 
-def _stamps(doc: Document, kept: tuple, forwards: list, digest: str) -> tuple:
+def _stamps(doc: PointDocument, kept: tuple, forwards: list, digest: str) -> tuple:
     """Each output's `.safetensors` metadata: the bundle stamp of the read's site, `kind` output/none,
     output/mean or pca, `k`, `d` the read's width, no parametrization (SPEC.md M20)."""
     taps = {t.name: t for f in forwards for t in f.taps if t.kind == "read"}
@@ -231,7 +232,7 @@ def _tap_sort_key(tap: Tap):
 class Context:
     """What every step of one point's compile shares: the document, its places, its featurizers, the cache."""
 
-    doc: Document
+    doc: PointDocument
     engine: Any
     data_root: Path
     cache: dict
@@ -544,7 +545,8 @@ def fit_plan(ctx: Context, step_name: str, step) -> FitPlan:
 
 def compile_document(raw: Any, engine, data_root: Path, points: Optional[list] = None,
                      budget: int = memory.DEFAULT_BUDGET) -> Plan:
-    """The root plan: one leaf per sweep point (or the document itself when unswept).
+    """The root plan: one leaf per sweep point (or the document itself when unswept), and each point's
+    coordinates (sweeps.coordinates, label -> coordinates).
 
     `points` are the document's lowered and validated points (`validate.points_of(raw)`) when the
     caller has them already, so that each is validated once; otherwise they are made here. Forwards
@@ -553,11 +555,25 @@ def compile_document(raw: Any, engine, data_root: Path, points: Optional[list] =
         points = validate.points_of(raw, layers=engine.num_layers)
     if points[0].group is not None:  # layers "all": each layer a point of one shared forward, folded (D34)
         layer_cache: dict = {}
-        return share.mark(layers.fold(raw, [(point, compile_point(point, engine, data_root, layer_cache, budget))
-                                            for point in points]))
-    if len(points) == 1 and points[0].label == "":
-        return share.mark(compile_point(points[0], engine, data_root, budget=budget))
-    cache: dict = {}
-    leaves = tuple(compile_point(point, engine, data_root, cache, budget) for point in points)
-    rows_per_pass = min((leaf.rows_per_pass for leaf in leaves if leaf.rows_per_pass), default=0)
-    return share.mark(Plan(label="", digest=reader.digest(raw), raw=raw, points=leaves, rows_per_pass=rows_per_pass))
+        plan = layers.fold(raw, [(point, compile_point(point, engine, data_root, layer_cache, budget))
+                                 for point in points])
+    elif len(points) == 1 and points[0].label == "":
+        plan = compile_point(points[0], engine, data_root, budget=budget)
+    else:
+        cache: dict = {}
+        leaves = tuple(compile_point(point, engine, data_root, cache, budget) for point in points)
+        rows_per_pass = min((leaf.rows_per_pass for leaf in leaves if leaf.rows_per_pass), default=0)
+        plan = Plan(label="", digest=reader.digest(raw), raw=raw, points=leaves, rows_per_pass=rows_per_pass)
+    coordinates = sweeps.coordinates(sweeps.with_layers(raw, engine.num_layers))
+    return share.mark(replace(plan, coordinates=coordinates))
+
+
+def compile_read(document, engine, data_root: Path, budget: int = memory.DEFAULT_BUDGET) -> Plan:
+    """A read document (validate.read: as given, lowered, its points validated) compiled: a protocol or
+    steps-first document's plan keeps the document as given and that format's own digest (SPEC.md PR15,
+    SF15); its coordinates are the lowered document's."""
+    plan = compile_document(document.raw, engine, data_root, list(document.points), budget=budget)
+    if document.format == "plan-shaped":
+        return plan
+    own = protocol.digest if document.format == "protocol" else stepsfirst.digest
+    return with_digest(plan, own(document.given), document.given)

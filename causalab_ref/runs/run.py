@@ -160,26 +160,18 @@ def _add(files: list, relative: str, content: Any, path: str) -> None:
         files[at] = (relative, files[at][1] + content, path)
 
 
-def coordinates_of(plan: Plan, engine) -> dict[str, dict]:
-    """Each leaf's label -> its coordinates, from the plan-shaped document (sweeps.coordinates)."""
-    from ..documents import sweeps
-    return sweeps.coordinates(sweeps.with_layers(plan.raw, engine.num_layers))
+def leaf_points(plan: Plan) -> tuple[Point, ...]:
+    """The plan's leaves as points: label, coordinates (the plan's, compile.compile_document) and folder."""
+    return tuple(Point(leaf.label, plan.coordinates.get(leaf.label, {}), leaf.label or ".") for leaf in plan.leaves())
 
 
-def points_of(plan: Plan, coordinates: dict) -> tuple[Point, ...]:
-    """The plan's leaves as points: label, coordinates (label -> coordinates, sweeps.coordinates) and folder."""
-    return tuple(Point(leaf.label, coordinates.get(leaf.label, {}), leaf.label or ".") for leaf in plan.leaves())
-
-
-def compute(plan: Plan, engine, batch_size: Optional[int] = None, progress=True,
-            coordinates: Optional[dict] = None) -> Computed:
+def compute(plan: Plan, engine, batch_size: Optional[int] = None, progress=True) -> Computed:
     """Run every leaf of the plan, writing nothing; `progress`: True a bar when stderr is a terminal, "always"
-    a bar, False none (results.progress; SPEC.md R16, PY11). `coordinates` (label -> coordinates) default to
-    the plan's document's."""
+    a bar, False none (results.progress; SPEC.md R16, PY11)."""
     started = time.perf_counter()
     given, batch_size = batch_size, batch_size or plan.rows_per_pass or None  # --batch-size wins (SPEC.md Q11)
     leaves = plan.leaves()
-    points = points_of(plan, coordinates_of(plan, engine) if coordinates is None else coordinates)
+    points = leaf_points(plan)
     passes = sum(-(-len(step.example_ids) // (batch_size or len(step.example_ids) or 1))
                  for leaf in leaves for step in leaf.steps if isinstance(step, ObservePlan))
     passes += sum(step.epochs * (len(step.first) + 1) for leaf in leaves for step in leaf.steps

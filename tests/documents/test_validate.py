@@ -1,4 +1,4 @@
-"""Validation without a model: JSON in, a frozen Document or one Refusal with its dotted path (one D16 test
+"""Validation without a model: JSON in, a frozen PointDocument or one Refusal with its dotted path (one D16 test
 runs the two tables a step of two interventions saves, on the session's Llama fixture).
 
 Every test starts from a deep copy of documents/patching.json, changes one thing and checks
@@ -17,7 +17,7 @@ import pytest
 from causalab_ref.runs import compile as compiler
 from causalab_ref.documents import places, reader, sweeps, validate
 from causalab_ref.runs import run
-from causalab_ref.shapes import Anchor, Document, Read, Refusal, Site, Where
+from causalab_ref.shapes import Anchor, PointDocument, Read, Refusal, Site, Where
 
 pytestmark = pytest.mark.fast  # the edit-test loop's subset: `pytest -m fast` (README)
 
@@ -35,8 +35,8 @@ def iv(raw: dict) -> dict:
     return raw["interventions"]["patching"]
 
 
-def _patching(document: Document):
-    """The validated counterpart of `iv`: the shipped intervention as it is in the Document."""
+def _patching(document: PointDocument):
+    """The validated counterpart of `iv`: the shipped intervention as it is in the PointDocument."""
     return dict(document.interventions)["patching"]
 
 
@@ -76,7 +76,7 @@ def test_shipped_document_validates():
     """SPEC.md:13 [D1] A document is model/roles/sites/interventions/steps (+ header); the shipped one is valid."""
     raw = doc()
     parsed = validate.document(raw)
-    assert isinstance(parsed, Document)
+    assert isinstance(parsed, PointDocument)
     assert parsed.model.key == "fixture:tiny-llama"
     assert [k for k, _ in parsed.roles] == ["base", "counterfactual"]
     assert [k for k, _ in parsed.steps] == ["score"]
