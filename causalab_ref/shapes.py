@@ -497,7 +497,7 @@ class Action:
     operand: Any = None
     steps: tuple[int, ...] = (0,)
     featurizer: Optional[Basis] = None
-    lead: Optional[tuple[int, int]] = None  # gaussian: (offset, total) of this chunk in the whole pass
+    draw_offset: Optional[tuple[int, int]] = None  # gaussian: (offset, total) of this chunk in the whole pass's draw
 
     @property
     def name(self) -> str:
