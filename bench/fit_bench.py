@@ -33,10 +33,10 @@ def main() -> None:
     raw["steps"]["fit"]["early_stop"]["patience"] = 10
     llama = loading.load(Model(key="fixture:tiny-llama", revision="seeded", dtype="fp32"))
     plan = compiler.compile_document(raw, llama, tmp)
-    live = kinds.build(plan.featurizers)
+    featurizers = kinds.build(plan.featurizers)
     step = plan.steps[0]
     started = time.perf_counter()
-    result = run.fit_step(llama, step, live)
+    result = run.fit_step(llama, step, featurizers)
     seconds = time.perf_counter() - started
     loss = result.curves["train/loss"]
     print(f"fit: 64 pairs x 5 epochs ({loss.shape[0]} updates of 16 pairs) in {seconds:.2f} s; "

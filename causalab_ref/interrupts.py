@@ -1,15 +1,29 @@
-"""Interrupts: the command line's SIGINT and SIGTERM handler (SPEC.md S6, S77).
+"""Interrupts: the command line's SIGINT and SIGTERM handler, and the names of what an interrupted or killed
+run, build or export leaves (SPEC.md §7: S6, S7, S26, S77).
+
+The handler (`Interrupts`) stops a verb where it is, so that it removes what it staged, and lets a signal that
+arrives once the verb is done stop nothing. What a process writes it stages first beside its destination under a
+name that carries its pid (`staged_prefix`: a run's results folder, a fixture's build, an export); what a killed
+one left is found by that exact name (`writer_of`) and removed by the next run, build or export only when its
+writer is not `alive`. Standard library only:
 
     interrupts = Interrupts()
     previous = interrupts.install()      # the main thread only; {signal: the handler it replaced}
     ... the verb; then interrupts.late = True, and the answer printed ...
     interrupts.restore(previous)          # in-process callers get theirs back
+
+    staging = tempfile.mkdtemp(prefix=staged_prefix("out"), dir=parent)   # .out.partial-pid<P>-<8>
+    pid = writer_of(entry.name, "out")    # P for a name staged so, else None
+    if pid is not None and not alive(pid): ...    # a dead writer's folder: this tool's to remove
 """
 from __future__ import annotations
 
+import os
+import re
 import signal
 import sys
 import threading
+from typing import Optional
 
 HANDLED = (signal.SIGINT, signal.SIGTERM)
 
@@ -82,3 +96,33 @@ class Interrupts:
 
 def _quiet_thread(args) -> None:
     """A thread failing after an interrupt: already reported as the one `interrupted` line."""
+
+
+# ---------------------------------------------------------------- what a killed process left (S7, S26)
+
+
+def staged_prefix(name: str, kind: str = "partial", pid: Optional[int] = None) -> str:
+    """`.<name>.<kind>-pid<P>-`: the start of the name of a folder this tool stages beside `name` (kind
+    `partial` for what is being written, `old` for a result moved aside); tempfile adds 8 of [a-z0-9_]."""
+    return f".{name}.{kind}-pid{os.getpid() if pid is None else pid}-"
+
+
+def writer_of(entry: str, name: str, kind: str = "partial") -> Optional[int]:
+    """The pid P when `entry` is exactly `.<name>.<kind>-pid<P>-<8>` (`name` taken literally), else None: only
+    a folder named so is this tool's own to clean up (SPEC.md S7, S26)."""
+    head = f".{name}.{kind}-pid"  # a folder of many entries is not matched entry by entry
+    match = entry.startswith(head) and re.fullmatch(re.escape(head) + r"(\d+)-[a-z0-9_]{8}", entry)
+    return int(match.group(1)) if match else None
+
+
+def alive(pid: int) -> bool:
+    """Whether a process with this id may exist: the writer of a staging folder a killed run, build or export
+    left (SPEC.md S7, S26). A number no process can have (past what the system call takes) counts as alive, so
+    its folder is not this tool's to touch."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (OSError, OverflowError):
+        return True
+    return True

@@ -89,39 +89,6 @@ def nearest(name: Any, known) -> str:
     return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
 
-def staged_prefix(name: str, kind: str = "partial", pid: Optional[int] = None) -> str:
-    """`.<name>.<kind>-pid<P>-`: the start of the name of a folder this tool stages beside `name` (kind
-    `partial` for what is being written, `old` for a result moved aside); tempfile adds 8 of [a-z0-9_]."""
-    import os
-
-    return f".{name}.{kind}-pid{os.getpid() if pid is None else pid}-"
-
-
-def writer_of(entry: str, name: str, kind: str = "partial") -> Optional[int]:
-    """The pid P when `entry` is exactly `.<name>.<kind>-pid<P>-<8>` (`name` taken literally), else None: only
-    a folder named so is this tool's own to clean up (SPEC.md S7, S26)."""
-    import re
-
-    head = f".{name}.{kind}-pid"  # a folder of many entries is not matched entry by entry
-    match = entry.startswith(head) and re.fullmatch(re.escape(head) + r"(\d+)-[a-z0-9_]{8}", entry)
-    return int(match.group(1)) if match else None
-
-
-def alive(pid: int) -> bool:
-    """Whether a process with this id may exist: the writer of a staging folder a killed run, build or export
-    left (SPEC.md S7, S26). A number no process can have (past what the system call takes) counts as alive, so
-    its folder is not this tool's to touch."""
-    import os
-
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (OSError, OverflowError):
-        return True
-    return True
-
-
 def read_json(path: Any) -> Any:
     """The JSON value of the file at `path`, or None when there is none to read: missing, unreadable, not
     UTF-8, not JSON, or nested past what Python's reader takes (a RecursionError, not a ValueError). It reads
@@ -500,7 +467,7 @@ class Action:
     operand: Any = None
     steps: tuple[int, ...] = (0,)
     featurizer: Optional[Basis] = None
-    lead: Optional[tuple[int, int]] = None  # gaussian: (offset, total) of this chunk in the whole pass
+    draw_offset: Optional[tuple[int, int]] = None  # gaussian: (offset, total) of this chunk in the whole pass's draw
 
     @property
     def name(self) -> str:

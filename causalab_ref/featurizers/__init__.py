@@ -5,7 +5,7 @@
     fit.py      the fit loop (observe, loss, optimizer updates) that trains a featurizer's parameters
 
     from causalab_ref.featurizers import kinds
-    rot = kinds.drawn("subspace", 16, 2, seed=0)        # d=16, k=2, the seeded initial draw
-    y = kinds.through(rot, x, lambda part: part * 0)    # x (..., 16): its 2 features zeroed, the rest kept
-    kinds.read(rot, y)                                  # (..., 2), all zero
+    rot = kinds.drawn("subspace", 16, 2, seed=0)             # d=16, k=2, the seeded initial draw
+    y = kinds.change_through(rot, x, lambda part: part * 0)  # x (..., 16): its 2 features zeroed, the rest kept
+    kinds.read(rot, y)                                       # (..., 2), all zero
 """

@@ -12,9 +12,10 @@ the maps themselves, each a small object with
 
 `identity` is the implicit featurizer (`(x, None)` and back, in the model's dtype). Every
 declared kind computes in float32 with autocast off; `x` keeps the model's dtype until
-the scatter casts the result back. `touch` applies a mechanism to the `features`
-coordinates only. No model, no document: compile builds these from a site width, a `k`,
-a seed or the tensors of a bundle (bundles.py reads and checks the file).
+the scatter casts the result back. `change_features` applies a mechanism to the `features`
+coordinates only (`slice_features` cuts an operand to them); `change_through` is featurize ->
+change -> inverse. No model, no document: compile builds these from a site width, a `k`, a
+seed or the tensors of a bundle (bundles.py reads and checks the file).
 """
 from __future__ import annotations
 
@@ -235,7 +236,7 @@ def expected_shapes(kind: str, d: int, k: int) -> dict[str, tuple[int, ...]]:
 # ---------------------------------------------------------------- the write seam's middle
 
 
-def cut(value, width: int, index: Optional[torch.Tensor]):
+def slice_features(value, width: int, index: Optional[torch.Tensor]):
     """An operand (or renormalize's f0) in the write's feature space, cut to the `features` coordinates
     when it is a tensor as wide as the space; a literal or an already-cut tensor is used as given."""
     if index is None or not isinstance(value, torch.Tensor) or value.dim() == 0 or value.shape[-1] != width:
@@ -249,25 +250,26 @@ def _landed(value, like: torch.Tensor) -> torch.Tensor:
     return value.to(like.dtype).broadcast_to(like.shape)
 
 
-def touch(f: torch.Tensor, features: Optional[tuple[int, ...]], change: Callable, *operands) -> torch.Tensor:
+def change_features(f: torch.Tensor, features: Optional[tuple[int, ...]], change: Callable, *operands) -> torch.Tensor:
     """`change(part, *operands)` on the `features` coordinates of f (all of f without them); the other
-    coordinates pass through untouched. Each operand is cut to those coordinates as `cut` says."""
+    coordinates pass through untouched. Each operand is cut to those coordinates as `slice_features` says."""
     if features is None:
         return _landed(change(f, *operands), f)
     index = torch.tensor(features, dtype=torch.long, device=f.device)
     width = f.shape[-1]
     part = f[..., index]  # (..., width) -> (..., len(features)): gathered
     out = f.clone()
-    out[..., index] = _landed(change(part, *(cut(value, width, index) for value in operands)), part)  # scattered
+    changed = change(part, *(slice_features(value, width, index) for value in operands))
+    out[..., index] = _landed(changed, part)  # scattered
     return out
 
 
-def through(featurizer, x: torch.Tensor, change: Callable, features: Optional[tuple[int, ...]] = None,
+def change_through(featurizer, x: torch.Tensor, change: Callable, features: Optional[tuple[int, ...]] = None,
             *operands) -> torch.Tensor:
     """featurize -> change the (selected) features -> inverse, with autocast off (SPEC.md §9)."""
     with torch.autocast(device_type=x.device.type, enabled=False):
         f, err = featurizer.featurize(x)
-        return featurizer.inverse(touch(f, features, change, *operands), err, x)
+        return featurizer.inverse(change_features(f, features, change, *operands), err, x)
 
 
 def read(featurizer, x: torch.Tensor) -> torch.Tensor:
@@ -277,7 +279,7 @@ def read(featurizer, x: torch.Tensor) -> torch.Tensor:
 
 
 def build(plans) -> dict:
-    """The live featurizers of one plan (root or sweep point) from its compiled FeaturizerPlans: a bundle's
+    """The built featurizers of one plan (root or sweep point) from its compiled FeaturizerPlans: a bundle's
     checked bytes rebuilt in float32, or the seeded draw / θ = 0. Shared by every later step of that plan."""
     from safetensors.torch import load
 

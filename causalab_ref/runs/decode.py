@@ -70,7 +70,8 @@ def _decode_actions(p: Pass, forward: Forward, resolved: dict, values: dict, pla
             operand = (operand_value(p, tap, resolved, values, windows) if prompt
                        else _continuation_operand(p, tap, values, placed))
         actions.append(Action(tap=tap, selection=selection, operand=operand, steps=steps_of(tap, forward.decode),
-                              featurizer=p.live.get(tap.featurizer), lead=p.leads.get(tap.name)))
+                              featurizer=p.featurizers.get(tap.featurizer),
+                              draw_offset=p.draw_offsets.get(tap.name)))
     return tuple(actions)
 
 

@@ -35,10 +35,10 @@ class StepResult:
 
     `positions`: tap name -> {"rows", "reason", "tokens"}, one entry per row; empty when nothing in the
     pass is dynamic (SPEC.md P32-P33). `eligible`: metric name -> each row column-eligible and placed by
-    its read (P30). `values`: read name (and `<model>.generated`) -> what it read; a lean run keeps no
-    value of a read only metrics use (Q10). `scores`: metric name -> each row's value (None: not scored).
-    `placed`: tap name -> its windows, reasons and tokens. `outputs`: output name -> what the step
-    publishes for later steps (SPEC.md §8.2)."""
+    its read (P30). `values`: read name (and `<model>.generated`) -> what it read; a run that scores as it
+    goes (`score_as_you_go`) keeps no value of a read only metrics use (Q10). `scores`: metric name -> each
+    row's value (None: not scored). `placed`: tap name -> its windows, reasons and tokens. `outputs`: output
+    name -> what the step publishes for later steps (SPEC.md §8.2)."""
 
     positions: dict[str, dict[str, tuple]]
     eligible: dict[str, tuple[bool, ...]]
@@ -53,14 +53,14 @@ class Setting:
     """What a step's passes take from the run around them: the sweep point's built featurizers and what its
     earlier steps published, whether gradients flow (a fit's update), and the progress bar (a tick a chunk)."""
 
-    live: dict = field(default_factory=dict)
+    featurizers: dict = field(default_factory=dict)  # featurizer name -> the built featurizer
     published: dict[str, Published] = field(default_factory=dict)
     grad: bool = False
     bar: Any = None
 
 
 def run_step(engine, step: ObservePlan, batch_size: Optional[int] = None, memo: Optional[share.Memo] = None,
-             lean: bool = False, setting: Optional[Setting] = None) -> StepResult:
+             score_as_you_go: bool = False, setting: Optional[Setting] = None) -> StepResult:
     """One observe step: forwards, then metrics, then the step's outputs.
 
     With `batch_size`, the rows are split into chunks of that many and each chunk runs the
@@ -68,8 +68,9 @@ def run_step(engine, step: ObservePlan, batch_size: Optional[int] = None, memo: 
     values are those of one pass; row numbers in refusals are the document's. Each chunk takes
     its rows of an unreduced published value and the whole of a reduced one (SPEC.md M17). With
     `memo`, a forward that other steps compute identically runs once for all of them (share.py).
-    `lean` (the run's own passes) scores a read that only metrics use chunk by chunk and keeps its
-    scores, not its values (SPEC.md Q10). `setting` is what the run around the step gives it (none alone).
+    `score_as_you_go` (the run's own passes) scores a read that only metrics use chunk by chunk, as each chunk
+    runs, and keeps its scores, not its values (SPEC.md Q10). `setting` is what the run around the step gives
+    it (none alone).
     """
     setting = setting or Setting()
     path = f"interventions.{step.intervention}"
@@ -77,7 +78,7 @@ def run_step(engine, step: ObservePlan, batch_size: Optional[int] = None, memo: 
         check_tokenizer(engine.tokenizer, forward, path)
     rows = len(step.example_ids)
     size = batch_size or rows
-    scored_only = _scored_only(step) if lean else set()
+    scored_only = _scored_only(step) if score_as_you_go else set()
     parts: list = []
     scored: dict[str, list] = {m.name: [] for m in step.metrics if set(m.reads) <= scored_only}
     lengths = _noise_lengths(engine, step, path) if size < rows else {}
@@ -85,14 +86,15 @@ def run_step(engine, step: ObservePlan, batch_size: Optional[int] = None, memo: 
     for lo in range(0, rows, size):
         hi = min(lo + size, rows)
         refs = {name: outputs.chunk(value, lo, hi) for name, value in setting.published.items()}
-        leads = {name: (lo, rows) if n is None else (sum(n[:lo]), sum(n)) for name, n in lengths.items()}
+        draw_offsets = {name: (lo, rows) if n is None else (sum(n[:lo]), sum(n)) for name, n in lengths.items()}
         frames = {role: locate.frame_rows(frame, lo, hi) for role, frame in compiled.items()}
-        got, where = run_pass(Pass(engine, chunk(step, lo, hi), path, lo, live=setting.live, grad=setting.grad,
-                                   memo=memo, refs=refs, leads=leads, frames=frames))
+        values, placed = run_pass(Pass(engine, chunk(step, lo, hi), path, lo, featurizers=setting.featurizers,
+                                       grad=setting.grad, memo=memo, refs=refs, draw_offsets=draw_offsets,
+                                       frames=frames))
         finite: dict = {}  # each read's finite rows, asked once for this chunk's metrics (Q33)
         for metric in (m for m in step.metrics if m.name in scored):
-            scored[metric.name] += score(metric, got, where, eligible_rows(metric, where, lo), lo, finite)
-        parts.append(({k: v for k, v in got.items() if k not in scored_only}, where))
+            scored[metric.name] += score(metric, values, placed, eligible_rows(metric, placed, lo), lo, finite)
+        parts.append(({k: v for k, v in values.items() if k not in scored_only}, placed))
         if setting.bar is not None:
             setting.bar.update(1)
     return _stitched(step, parts, scored)
@@ -114,10 +116,10 @@ def _stitched(step: ObservePlan, parts: list, scored: dict[str, list]) -> StepRe
     finite: dict = {}  # each read's finite rows, asked once for the step's metrics (Q33)
     tables = {m.name: scored[m.name] if m.name in scored else score(m, values, placed, eligible[m.name], 0, finite)
               for m in step.metrics}
-    made = outputs.publish(step.outputs, values, {k: v.windows for k, v in placed.items()},
+    published = outputs.publish(step.outputs, values, {k: v.windows for k, v in placed.items()},
                            f"steps.{step.name.split('/')[0]}")
     return StepResult(positions=positions, eligible=eligible, values=values, scores=tables, placed=placed,
-                      outputs=made)
+                      outputs=published)
 
 
 def _compiled_frames(step: ObservePlan, memo: Optional[share.Memo]) -> dict:
@@ -170,7 +172,7 @@ def chunk(step: ObservePlan, lo: int, hi: int) -> ObservePlan:
 def run_pass(p: Pass) -> tuple[dict[str, torch.Tensor], dict[str, Resolved]]:
     """The forwards of one chunk of rows: (values read, where each tap acted). The value table starts
     with this chunk's part of each published value, so a ref is resolved like a read (SPEC.md M13);
-    `p.leads` places a gaussian write's chunk in the whole pass's draw."""
+    `p.draw_offsets` places a gaussian write's chunk in the whole pass's draw."""
     values: dict[str, torch.Tensor] = dict(p.refs)
     placed: dict[str, Resolved] = {}
     for forward in p.step.forwards:
@@ -191,7 +193,8 @@ def _forward(p: Pass, forward: Forward, resolved: dict[str, Resolved], values: d
     windows = {k: v.windows for k, v in placed.items()}
     actions = tuple(Action(tap=tap, selection=selection_of(tap, resolved[tap.name]),
                            operand=operand_value(p, tap, resolved, values, windows) if tap.kind == "write" else None,
-                           featurizer=p.live.get(tap.featurizer), lead=p.leads.get(tap.name))
+                           featurizer=p.featurizers.get(tap.featurizer),
+                           draw_offset=p.draw_offsets.get(tap.name))
                     for tap in forward.taps)
     if p.memo is not None and forward.computation and not p.grad:
         return _shared_forward(p, forward, actions, p.memo)
@@ -203,13 +206,14 @@ def _shared_forward(p: Pass, forward: Forward, actions: tuple, memo: share.Memo)
     """A forward other steps compute identically (SPEC.md Q5): the reads an earlier one kept, or one
     run with every user's reads added, kept for the others. A read of another step that cannot be
     placed on these rows is left to that step, which then runs the forward itself (Q7)."""
-    lead = memo.leads(forward, p.offset)
-    taken = None if lead else memo.take(forward, p.offset)
+    first_to_run = memo.first_to_run(forward, p.offset)
+    taken = None if first_to_run else memo.take(forward, p.offset)
     if taken is not None:
         return taken
     frame = p.frames[forward.input]
     extra, names = [], {}
-    for k, (identity, tap) in enumerate(memo.others(forward, p.offset, p.offset + len(forward.ids)) if lead else ()):
+    others = memo.others(forward, p.offset, p.offset + len(forward.ids)) if first_to_run else []
+    for k, (identity, tap) in enumerate(others):
         named = replace(tap, name=f"shared:{k}")
         if tap.pos.scope is not None and not frame.offsets:  # this pass built no character map
             continue
@@ -220,8 +224,8 @@ def _shared_forward(p: Pass, forward: Forward, actions: tuple, memo: share.Memo)
         extra.append(Action(tap=named, selection=selection_of(named, where)))
         names[identity] = named.name
     ordered = tuple(sorted(actions + tuple(extra), key=lambda a: (a.tap.address.rank, a.tap.kind != "write")))
-    got = p.on_engine(lambda: p.engine.forward(Batch(ids=forward.ids, mask=forward.mask, actions=ordered)))
-    if lead:
-        mine = {share.read_identity(a.tap): got[a.name] for a in actions if a.tap.kind == "read"}
-        memo.keep(forward, p.offset, mine | {identity: got[name] for identity, name in names.items()})
-    return {a.name: got[a.name] for a in actions if a.tap.kind == "read"}
+    all_reads = p.on_engine(lambda: p.engine.forward(Batch(ids=forward.ids, mask=forward.mask, actions=ordered)))
+    if first_to_run:
+        mine = {share.read_identity(a.tap): all_reads[a.name] for a in actions if a.tap.kind == "read"}
+        memo.keep(forward, p.offset, mine | {identity: all_reads[name] for identity, name in names.items()})
+    return {a.name: all_reads[a.name] for a in actions if a.tap.kind == "read"}

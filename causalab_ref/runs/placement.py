@@ -58,11 +58,11 @@ class Pass:
     step: ObservePlan  # the chunk's rows of the step (passes.chunk)
     path: str  # `interventions.<name>`: where a refusal points
     offset: int = 0  # the chunk's first row in the document's numbering (a --batch-size chunk)
-    live: dict = field(default_factory=dict)  # featurizer name -> the sweep point's built featurizer
+    featurizers: dict = field(default_factory=dict)  # featurizer name -> the sweep point's built featurizer
     grad: bool = False  # a fit's update: keep the graph, share nothing
     memo: Optional[share.Memo] = None  # forwards other steps compute identically (share.py)
     refs: dict = field(default_factory=dict)  # this chunk's part of each published value a ref names
-    leads: dict = field(default_factory=dict)  # each gaussian write's (offset, total) in the whole draw (M4)
+    draw_offsets: dict = field(default_factory=dict)  # each gaussian write's (offset, total) in the whole draw (M4)
     frames: dict = field(default_factory=dict)  # each role's frame, built once per pass (a cache)
 
     def on_engine(self, call):

@@ -26,7 +26,8 @@ from itertools import chain
 from pathlib import Path
 from typing import Any, Optional
 
-from ..shapes import Refusal, alive, read_json, staged_prefix, writer_of
+from ..interrupts import alive, staged_prefix, writer_of
+from ..shapes import Refusal, read_json
 
 
 def dump(path: Path, obj: Any, made: Optional[Path] = None) -> None:

@@ -53,7 +53,7 @@ def metric_vectors(step: ObservePlan, result: StepResult) -> dict[str, torch.Ten
 # ---------------------------------------------------------------- fit and weights steps (SPEC.md §9)
 
 
-def fit_step(engine, step, live: dict, batch_size: Optional[int] = None, report=None) -> Fitted:
+def fit_step(engine, step, featurizers: dict, batch_size: Optional[int] = None, report=None) -> Fitted:
     """A fit: every update an observe pass with gradient, the eval pass after each epoch (fit.train).
     Returns the curves and the last eval pass's results; `report(epoch, loss)` is called after each update
     (its loss) and each eval (None)."""
@@ -64,15 +64,16 @@ def fit_step(engine, step, live: dict, batch_size: Optional[int] = None, report=
     last: dict[str, StepResult] = {}
 
     def update(plan):
-        return lambda: metric_vectors(plan, run_step(engine, plan, batch_size, setting=Setting(live=live, grad=True)))
+        return lambda: metric_vectors(plan, run_step(engine, plan, batch_size,
+                                                     setting=Setting(featurizers=featurizers, grad=True)))
 
     def evaluate():
-        last["results"] = run_step(engine, step.evaluation, batch_size, setting=Setting(live=live))
+        last["results"] = run_step(engine, step.evaluation, batch_size, setting=Setting(featurizers=featurizers))
         return metric_vectors(step.evaluation, last["results"])
     epochs = ([update(p) for p in epoch] for epoch in step.updates())  # each planned when it is reached
     try:
         with engine.frozen():  # the model is not trained: only the featurizers' leaves get a gradient (E8)
-            curves = fit.train(live, settings, epochs, evaluate, total=step.epochs * len(step.first),
+            curves = fit.train(featurizers, settings, epochs, evaluate, total=step.epochs * len(step.first),
                                report=report or fit.silent)
     except fit.Diverged as bad:  # nothing this fit trained is saved (SPEC.md S37)
         raise Refusal(f"step '{step.name}': update epochs[{bad.epoch}][{bad.update}] left {bad.bad} of {bad.total} "
@@ -86,16 +87,16 @@ def _leaf_step(walk: Walk, leaf: Plan, step, setting: Setting, report=None) -> l
     """Run one step of a leaf; returns its files in write order as (file_path, content): a metric table
     (a list), or (tensors, metadata) for a .safetensors file. An observe step's outputs join
     `setting.published`, the leaf's."""
-    live = setting.live
+    featurizers = setting.featurizers
     if step.kind == "weights":
         stamps = {f.name: dict(f.stamp) for f in leaf.featurizers}
-        return [(path, ({"weight": live[name].tensors()["weight"]}, stamps[name])) for name, path in step.saves]
+        return [(path, ({"weight": featurizers[name].tensors()["weight"]}, stamps[name])) for name, path in step.saves]
     if step.kind == "fit":
-        fitted = fit_step(walk.engine, step, live, walk.batch_size, report)
+        fitted = fit_step(walk.engine, step, featurizers, walk.batch_size, report)
         files: list[tuple[str, Any]] = [(path, ({"weight": fitted.curves[name]}, {})) for name, path in step.saves]
         return files + [(path, metric_table(step.evaluation, fitted.evaluation, name, leaf.digest))
                         for name, path in step.evaluation.saves]
-    result = run_step(walk.engine, step, walk.batch_size, walk.memo, lean=True, setting=setting)
+    result = run_step(walk.engine, step, walk.batch_size, walk.memo, score_as_you_go=True, setting=setting)
     if step.publishes:
         setting.published.update(result.outputs)
     return [(path, _saved(step, result, name, leaf.digest)) for name, path in step.saves]
@@ -187,7 +188,7 @@ def compute(plan: Plan, engine, batch_size: Optional[int] = None, progress=True)
             if bar is not None:
                 bar.set_postfix_str(where, refresh=False)
             # Each sweep point has its own featurizers and its own published outputs (SPEC.md M13).
-            setting = Setting(live=kinds.build(leaf.featurizers), published={}, bar=bar)
+            setting = Setting(featurizers=kinds.build(leaf.featurizers), published={}, bar=bar)
             for step in leaf.steps:
                 report = _fit_report(bar, where, step) if step.kind == "fit" else None
                 for file_path, content in _leaf_step(walk, leaf, step, setting, report):

@@ -150,7 +150,7 @@ class Memo:
         return [(identity, replace(tap, anchors=None if tap.anchors is None else tap.anchors[lo:hi]))
                 for identity, tap in self.wanted.get(forward.computation, {}).items() if identity not in mine]
 
-    def leads(self, forward: Forward, lo: int) -> bool:
+    def first_to_run(self, forward: Forward, lo: int) -> bool:
         """Whether no user of this computation has run these rows yet (this one runs for all)."""
         return (forward.computation, lo) not in self.left
 

@@ -45,13 +45,13 @@ class Context:
     `f0()` is the tap's value as it arrived, before this tap's first write, gathered over
     the same selection and featurized by the write's own featurizer (renormalize's f0,
     SPEC.md M6); it is computed only when asked. `step` is the decode step
-    (0 for the prompt's own forward). `lead` is (offset, total) of `f`'s leading axis within
+    (0 for the prompt's own forward). `draw_offset` is (offset, total) of `f`'s leading axis within
     the whole pass over the step's rows (rows when rectangular, positions when flat), so a
     row's gaussian noise does not depend on --batch-size; None means `f` is the whole pass."""
 
     f0: Callable[[], torch.Tensor] = _no_f0
     step: int = 0
-    lead: Optional[tuple[int, int]] = None
+    draw_offset: Optional[tuple[int, int]] = None
 
 
 def swap(f, o, params, context):
@@ -70,17 +70,17 @@ def lerp(f, o, params, context):
     return (1 - t) * f + t * o
 
 
-def noise(shape: tuple, seed: int, lead: Optional[tuple[int, int]] = None) -> torch.Tensor:
+def noise(shape: tuple, seed: int, draw_offset: Optional[tuple[int, int]] = None) -> torch.Tensor:
     """The gaussian draw: `torch.randn` from a new CPU generator seeded with `seed`, float32, in the
-    whole pass's shape (`lead` = (offset, total) of the leading axis), cut to this chunk's part."""
-    offset, total = lead if lead is not None else (0, shape[0])
+    whole pass's shape (`draw_offset` = (offset, total) of the leading axis), cut to this chunk's part."""
+    offset, total = draw_offset if draw_offset is not None else (0, shape[0])
     draw = torch.randn((total, *shape[1:]), generator=torch.Generator().manual_seed(seed))
     return draw[offset:offset + shape[0]]
 
 
 def gaussian(f, o, params, context):
     """f' = f + scale·ε, ε the seed's draw (`noise`) moved to f's dtype and device."""
-    return f + params["scale"] * noise(tuple(f.shape), int(params["seed"]), context.lead).to(f)
+    return f + params["scale"] * noise(tuple(f.shape), int(params["seed"]), context.draw_offset).to(f)
 
 
 def clamp(f, o, params, context):

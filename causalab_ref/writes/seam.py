@@ -73,11 +73,11 @@ def write(current: torch.Tensor, action: Action, arrived: torch.Tensor, step: in
     with torch.autocast(device_type=x.device.type, enabled=False):
         f, err = featurizer.featurize(x)  # (..., F') -> (..., k)
         index = None if features is None else torch.tensor(features)
-        context = mechanisms.Context(f0=lambda: kinds.cut(
+        context = mechanisms.Context(f0=lambda: kinds.slice_features(
             featurizer.featurize(select.gather(arrived, action.selection, dense=True))[0], f.shape[-1], index),
-            step=step, lead=action.lead)
-        landed = kinds.touch(f, features, lambda part, o: row.formula(part, o, params, context),
-                                   operand_for(action, f))
+            step=step, draw_offset=action.draw_offset)
+        landed = kinds.change_features(f, features, lambda part, o: row.formula(part, o, params, context),
+                                       operand_for(action, f))
         x_new = featurizer.inverse(landed, err, x)  # (..., k) -> (..., F'), x's shape
     return select.scatter(current, action.selection, x_new)  # T's shape, x_new at the selection
 

@@ -72,14 +72,14 @@ def test_compile_and_run_need_nothing_but_the_contract(llama):
 
 def test_actions_and_batches_are_frozen_dataclasses(llama):
     """SPEC.md:1886 [E2] — what crosses into an engine is a frozen Batch of frozen Actions, each naming its tap,
-    selection, operand, steps, featurizer and (gaussian) lead; the engines read them by field."""
+    selection, operand, steps, featurizer and (gaussian) draw offset; the engines read them by field."""
     action = _read(llama, "head", "lm_head")
     batch = _batch(llama, action)
     for value, field in ((action, "operand"), (batch, "decode")):
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(value, field, 1)
     assert [f.name for f in dataclasses.fields(Action)] == ["tap", "selection", "operand", "steps", "featurizer",
-                                                            "lead"]
+                                                            "draw_offset"]
     assert [f.name for f in dataclasses.fields(Batch)] == ["ids", "mask", "actions", "decode", "grad"]
     assert set(llama.forward(batch)) == {"head"}
 

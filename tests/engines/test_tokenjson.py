@@ -17,7 +17,7 @@ from causalab_ref.engines import tokenjson, weightless
 from causalab_ref.fixtures import builder
 from causalab_ref.positions import locate
 from causalab_ref.runs import data
-from causalab_ref import shapes
+from causalab_ref import interrupts
 from causalab_ref.shapes import Model, read_json
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -263,7 +263,7 @@ def test_what_a_killed_writer_left_is_removed_by_the_next_write(tmp_path, monkey
     folder = _copy_fixture_cache(tmp_path, monkeypatch)
     cached = tokenjson.folder_of(folder)
     cached.parent.mkdir(parents=True)
-    left = cached.parent / f"{shapes.staged_prefix(cached.name, pid=2 ** 22 + 1)}abcdefgh"
+    left = cached.parent / f"{interrupts.staged_prefix(cached.name, pid=2 ** 22 + 1)}abcdefgh"
     left.mkdir()
     (left / "tokenizer.json").write_text("half", encoding="utf-8")
     weightless.fixture_tokenizer("fixture:tiny-gpt2", str(folder), read_json(folder / "config.json"))

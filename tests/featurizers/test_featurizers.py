@@ -44,7 +44,7 @@ def test_inverse_of_featurize_is_the_activation(kind):
     """SPEC.md:1426 [FZ1] inverse(featurize(x)) == x with no edit, for every kind (rectangular and flat)."""
     featurizer = _all()[kind]
     for x in (_x(3, 2), _x(5)):
-        back = kinds.through(featurizer, x, lambda f: f)
+        back = kinds.change_through(featurizer, x, lambda f: f)
         assert torch.allclose(back, x, atol=1e-6), (back - x).abs().max()
 
 
@@ -70,7 +70,7 @@ def test_subspace_swap_with_k_equal_d_is_a_plain_swap():
     rot = kinds.drawn("subspace", D, D, 2)
     base, source = _x(4, 1, seed=1), _x(4, 1, seed=2)
     operand = kinds.read(rot, source)
-    out = kinds.through(rot, base, lambda f, o: o, None, operand)
+    out = kinds.change_through(rot, base, lambda f, o: o, None, operand)
     assert torch.allclose(out, source, atol=1e-5)
 
 
@@ -78,7 +78,7 @@ def test_subspace_swap_keeps_the_base_complement():
     """SPEC.md:1435 [FZ4] a k < d swap changes only the span of Q: the base's orthogonal complement stays."""
     rot = kinds.drawn("subspace", D, 4, 2)
     base, source = _x(4, 1, seed=1), _x(4, 1, seed=2)
-    out = kinds.through(rot, base, lambda f, o: o, None, kinds.read(rot, source))
+    out = kinds.change_through(rot, base, lambda f, o: o, None, kinds.read(rot, source))
     q = kinds.cayley(rot.weight)
     complement = torch.eye(D) - q @ q.T
     assert torch.allclose(out @ complement, base @ complement, atol=1e-5)
@@ -97,18 +97,18 @@ def test_features_touch_only_their_coordinates(kind):
     def change(part, o):
         seen.append((tuple(part.shape), o))
         return o
-    out = kinds.touch(f, (0, 2), change, operand)
+    out = kinds.change_features(f, (0, 2), change, operand)
     assert seen[0][0] == (3, 1, 2) and torch.equal(seen[0][1], operand[..., [0, 2]])
     assert torch.equal(out[..., [0, 2]], operand[..., [0, 2]])
     others = [i for i in range(f.shape[-1]) if i not in (0, 2)]
     assert torch.equal(out[..., others], f[..., others])
-    assert torch.equal(kinds.touch(f, (1,), lambda part, o: part + o, 5.0)[..., 1], f[..., 1] + 5.0)
+    assert torch.equal(kinds.change_features(f, (1,), lambda part, o: part + o, 5.0)[..., 1], f[..., 1] + 5.0)
 
 
 def test_identity_features_leave_other_units_of_the_activation():
     """SPEC.md:1437 [FZ5] through the seam with identity, `features` [0, 2] change units 0 and 2 only."""
     x = _x(2, 1)
-    out = kinds.through(kinds.Identity(D), x, lambda part, o: o, (0, 2), 0.0)
+    out = kinds.change_through(kinds.Identity(D), x, lambda part, o: o, (0, 2), 0.0)
     assert torch.equal(out[..., [0, 2]], torch.zeros(2, 1, 2))
     keep = [i for i in range(D) if i not in (0, 2)]
     assert torch.equal(out[..., keep], x[..., keep])
@@ -119,7 +119,7 @@ def test_sae_error_term_passes_through_an_edit():
     sae = _encoder("sae")
     x = _x(2, 1)
     f, err = sae.featurize(x)
-    out = kinds.through(sae, x, lambda part: part * 0, (3,))
+    out = kinds.change_through(sae, x, lambda part: part * 0, (3,))
     t = sae.table
     want = x - f[..., [3]] @ t["W_dec"][[3]]
     assert torch.allclose(out, want, atol=1e-5)
@@ -147,7 +147,7 @@ def test_unfitted_gate_writes_nothing_and_soft_mask_is_half():
     write through it changes nothing; while training the mask is sigmoid(θ/T) = ½."""
     gate = kinds.drawn("gate", D, None, 0)
     x, source = _x(2, 1, seed=1), _x(2, 1, seed=2)
-    assert torch.equal(kinds.through(gate, x, lambda f, o: o, None, source), x)
+    assert torch.equal(kinds.change_through(gate, x, lambda f, o: o, None, source), x)
     gate.training = True
     assert torch.equal(gate.mask(), torch.full((D,), 0.5))
     gate.weight = torch.linspace(-1, 1, D)

@@ -87,7 +87,7 @@ def test_gate_trains_with_soft_mask_and_reports_hard_mask():
 
     def update():
         seen.append(gate.training)
-        out = kinds.through(gate, x, lambda f, o: o, None, source)
+        out = kinds.change_through(gate, x, lambda f, o: o, None, source)
         return {"fit": ((out - keep) ** 2).sum(-1)}
     settings = fit.Settings(params=("mask",), objective=((1.0, "fit"), (0.01, "mask.mask")), epochs=30, lr=0.3,
                             anneal=(("mask", 1.0, 0.1),), early_stop="fit", mode="min", patience=30)

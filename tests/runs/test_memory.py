@@ -201,6 +201,6 @@ def test_a_read_only_metrics_use_is_kept_as_its_scores(eng):
     """SPEC.md:1692 [Q10] The run's own passes score a read only metrics use window by window and keep its scores,
     not its values: the tables are exactly those of the same windows keeping every value."""
     step = compiler.compile_document(PATCHING, eng, DATA).steps[0]
-    lean, kept = run.run_step(eng, step, 2, lean=True), run.run_step(eng, step, 2)
-    assert "logits" in kept.values and "logits" not in lean.values and "v_cf" in lean.values
-    assert lean.scores == kept.scores and lean.eligible == kept.eligible
+    as_it_goes, kept = run.run_step(eng, step, 2, score_as_you_go=True), run.run_step(eng, step, 2)
+    assert "logits" in kept.values and "logits" not in as_it_goes.values and "v_cf" in as_it_goes.values
+    assert as_it_goes.scores == kept.scores and as_it_goes.eligible == kept.eligible

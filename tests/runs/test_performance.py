@@ -150,7 +150,7 @@ def test_stale_cleanup_among_many_runs_removes_what_a_scan_of_every_entry_remove
     `.res.lock`) and a dead run's staging folder of each kind; exactly the entries `writer_of` names as a dead
     run's of `res` go, as a scan of every entry decides, and the rest stay."""
     from causalab_ref.runs import results
-    from causalab_ref.shapes import writer_of
+    from causalab_ref.interrupts import writer_of
 
     dead = 999999999
     names = [str(k) for k in range(300)] + [f".res2.partial-pid{dead}-abcd1234", "res.x", ".res.lock",
@@ -229,7 +229,7 @@ def test_the_metrics_of_one_read_ask_its_finiteness_once_and_score_as_each_alone
     together = {m.name: scoring.score(m, values, got.placed, got.eligible[m.name], 0, shared) for m in step.metrics}
     assert together == alone and all(v[1] is None for v in alone.values()) and list(shared) == ["logits"]
     calls.clear()
-    run.run_step(llama, step, batch_size=2, lean=True)
+    run.run_step(llama, step, batch_size=2, score_as_you_go=True)
     assert len(calls) == -(-len(step.example_ids) // 2)
 
 

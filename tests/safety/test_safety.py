@@ -24,7 +24,7 @@ import pytest
 import inprocess
 
 from causalab_ref.engines import checkpoint, loading, weightless
-from causalab_ref import cli, shapes
+from causalab_ref import cli, interrupts
 from causalab_ref.fixtures import builder, exported, recipes
 from causalab_ref.runs import results, run
 from causalab_ref.runs import compile as compiler
@@ -780,4 +780,4 @@ def test_a_stale_folder_named_with_a_pid_past_any_process_is_left_and_raises_not
     huge = tmp_path / f".out.partial-pid{10 ** 30}-abcd1234"
     huge.mkdir()
     results.clean_stale(out)
-    assert huge.is_dir() and shapes.alive(10 ** 30)
+    assert huge.is_dir() and interrupts.alive(10 ** 30)
