@@ -6,8 +6,7 @@ interventions and steps in that order, then the rules that hold across the steps
 pass a command takes before compile (D21): text read (reader.py), a protocol or steps-first
 document lowered to the plan-shaped one it means, then `points_of`. The parts are checked
 where they are defined: fields.py (raw JSON values), places.py (sites, reads, writes, positions),
-interventions.py (how an
-intervention's parts name each other), steps.py (rows, saves, observe steps and outputs),
+interventions.py (how an intervention's parts name each other), steps.py (rows, saves, observe steps and outputs),
 fits.py (fit and weights steps). Everything is decided without a model, a tokenizer or data
 (SPEC.md §1 Documents, and the validation rows of §2 Positions and §3 Locations); every
 object at every depth rejects unknown keys. JSON text is read by reader.py.
