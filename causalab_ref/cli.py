@@ -195,7 +195,7 @@ def _document_tokens(args):
     lines, out = [], {}
     for role in [r for r in leaf.raw["roles"] if r in by_role]:  # the document's role order
         forward = by_role[role]
-        # The run's own frame: pieces are cut from the decoded content by the character map,
+        # The run's own frame: pieces are sliced from the decoded content by the character map,
         # so ' Saturday' keeps the space a lone sentencepiece decode would drop.
         frame = locate.frame_of_ids(eng.tokenizer, forward.ids, forward.mask, segments=forward.segments)
         lines.append(f"step '{step.name}', role '{role}': {len(forward.ids)} rows x {len(forward.ids[0])} tokens")
@@ -222,7 +222,7 @@ def cmd_tokens(args):
     lines, out = [], {}
     ids, _mask, frame = locate.frame_of_texts(tok, list(args.texts))
     for r, text in enumerate(args.texts):
-        # pieces cut by the run's character map, so a piece keeps the space a lone decode drops
+        # pieces sliced by the run's character map, so a piece keeps the space a lone decode drops
         pieces = [f"{k}:{locate.tokens_of(frame, (k,), r)}" for k in range(frame.starts[r], frame.ends[r])]
         # the metric-column rule (space_prefixed): one space before the stripped text, no specials; it may
         # split the text otherwise than the text as given, whose pieces are the ones listed
@@ -557,7 +557,7 @@ def main(argv=None) -> int:
         finally:
             interrupts.late = True  # from here on a signal raises nothing (S77)
     except Refusal as refusal:  # its paths already the document's own (api.own_paths)
-        print(refusal.line(), file=sys.stderr)  # one line, escaped and cut, whatever the names hold (D4, S76)
+        print(refusal.line(), file=sys.stderr)  # one line, escaped and shortened, whatever the names hold (D4, S76)
         return 2
     except KeyboardInterrupt as interrupt:  # SIGINT, or SIGTERM (S6): the staging folder is already removed
         done = type(interrupt).__name__ == "Written"

@@ -55,10 +55,10 @@ class Refusal(Exception):
         return printable(f"{self.stage}: {self.path + ': ' if self.path else ''}{self.message}")
 
 
-#: a run of characters (between white space, dots and the marks that frame a name) longer than this is cut in
-#: a printed line (SPEC.md S76)
+#: a run of characters (between white space, dots and the marks that frame a name) longer than this is
+#: shortened in a printed line (SPEC.md S76)
 LONG_RUN = 300
-#: how many of a cut run's first characters are kept
+#: how many of a shortened run's first characters are kept
 KEPT = 64
 #: what a line never prints raw: C0 and C1 controls, DEL, the line and paragraph separators, and the
 #: bidirectional controls (marks, embeddings, overrides, isolates) that reorder what a terminal shows, and
@@ -68,14 +68,14 @@ _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 _RUN = re.compile(f"[^\\s.:;,'\"()\\[\\]{{}}=]{{{LONG_RUN + 1},}}")
 
 
-def printable(text: str, cut_runs: bool = True) -> str:
+def printable(text: str, shorten_runs: bool = True) -> str:
     """`text` as one line safe to print on a terminal (SPEC.md S76): each run of more than LONG_RUN characters
-    between white space, dots and the marks that frame a name (`:;,'"()[]{}=`) cut to its first KEPT and
-    `…(<n> chars)` (unless `cut_runs` is False: conform's report lines), then every character of _UNSAFE
+    between white space, dots and the marks that frame a name (`:;,'"()[]{}=`) shortened to its first KEPT and
+    `…(<n> chars)` (unless `shorten_runs` is False: conform's report lines), then every character of _UNSAFE
     written as its escape (`\\n`, `\\x1b`, `\\u202e`, `\\ud800`); other text is unchanged."""
-    cut = _RUN.sub(lambda m: f"{m.group()[:KEPT]}\u2026({len(m.group())} chars)", text) if cut_runs else text
+    short = _RUN.sub(lambda m: f"{m.group()[:KEPT]}\u2026({len(m.group())} chars)", text) if shorten_runs else text
     return _UNSAFE.sub(lambda m: _NAMED.get(m.group()) or (f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
-                                                          else f"\\u{ord(m.group()):04x}"), cut)
+                                                          else f"\\u{ord(m.group()):04x}"), short)
 
 
 def nearest(name: Any, known) -> str:
@@ -209,11 +209,11 @@ class Where:
 class Frame:
     """The rows of one batch as the resolver sees them.
 
-    `starts[r]`/`ends[r]` are the half-open content span of row r inside the padded
+    `starts[r]`/`ends[r]` are the half-open content range of row r inside the padded
     ids (after padding and after the tokenizer's special prefix). `texts[r]` is the
     decoded content, `offsets[r][k]` the character where content token k starts,
     with a final entry len(texts[r]). `segments[r]` maps a segment name to its
-    half-open character span in texts[r]. Offsets are empty when no character map
+    half-open character range in texts[r]. Offsets are empty when no character map
     was built (a pass whose positions are all bare integers).
     """
 

@@ -14,12 +14,12 @@ Loss on the answer token only (cross-entropy, label smoothing 0.1).
 
 The mechanism, known by construction (as weekday_trainer.py fixes its weekday rows): the sixteen name rows of
 the tied embedding are not learned. Name i has team i % 4 and nuisance value i // 4 (a grid: every team meets
-every nuisance value once). Its row is the team's point on a circle of radius --team-radius (1.0) in one plane
-(u, v) plus the nuisance value's point on a circle of radius --nuisance-radius (3.0) in another plane (w, z),
-the four directions orthonormal columns of a seeded QR over all hidden coordinates. No prompt names the
+every nuisance value once). Its row is the team's angle on a circle of radius --team-radius (1.0) in one plane
+(u, v) plus the nuisance value's angle on a circle of radius --nuisance-radius (3.0) in another plane (w, z),
+the four directions orthonormal columns of a seeded QR over all hidden dimensions. No prompt names the
 nuisance and the answer never depends on it, yet its variance across names is 9 times the team's: the top
 principal directions of the name's states are (w, z), while the team lives in (u, v). Swapping the (u, v)
-coordinates of another name into a name's state gives exactly the row of a third name (the counterfactual's
+part of another name into a name's state gives exactly the row of a third name (the counterfactual's
 team, the base's nuisance value), so a model that knows every name answers that name's team (SPEC.md X30).
 The rows are written once before training and again after every optimizer step.
 
@@ -175,7 +175,7 @@ def planes(hidden: int, seed: int) -> tuple[torch.Tensor, ...]:
 
 def name_row(name: str, directions: tuple[torch.Tensor, ...], team_radius: float = 1.0,
              nuisance_radius: float = 3.0) -> torch.Tensor:
-    """A name's fixed embedding row: its team's point on the (u, v) circle plus its nuisance value's on (w, z)."""
+    """A name's fixed embedding row: its team's vector on the (u, v) circle plus its nuisance value's on (w, z)."""
     u, v, w, z = directions
     a = 2 * math.pi * (NAMES.index(name) % 4) / 4
     b = 2 * math.pi * NUISANCE[name] / 4 + math.pi / 4

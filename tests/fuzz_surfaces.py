@@ -135,7 +135,7 @@ def _metadata_edit(rng: random.Random, header: dict) -> dict:
 
 def mutated_bundle(rng: random.Random, raw: bytes) -> bytes:
     """One to three edits of a .safetensors file: tensors, metadata, the header's text, the length (a file an
-    earlier edit left unreadable is cut shorter instead)."""
+    earlier edit left unreadable is truncated instead)."""
     try:
         header, data = _split(raw)
     except (struct.error, ValueError, RecursionError):
@@ -152,12 +152,12 @@ def mutated_bundle(rng: random.Random, raw: bytes) -> bytes:
         out = _join(header, data, pad=rng.random() < 0.5)
     else:
         out = _join(header, data)
-    cut = rng.random()
-    if cut < 0.06:  # truncated anywhere
+    damage = rng.random()
+    if damage < 0.06:  # truncated anywhere
         out = out[:rng.randrange(len(out))]
-    elif cut < 0.09:  # a header length past the file
+    elif damage < 0.09:  # a header length past the file
         out = struct.pack("<Q", rng.choice([len(out), 2 ** 63, 2 ** 40])) + out[8:]
-    elif cut < 0.12:  # the header not JSON
+    elif damage < 0.12:  # the header not JSON
         out = out[:8] + out[8:].replace(b"{", b"[", 1)
     return out
 
@@ -242,10 +242,10 @@ if behaviour == "sleep":
     time.sleep(float(os.environ.get("FAKE_SLEEP", "5")))
     sys.exit(0)
 if behaviour == "flood":
-    chunk = ("x" * 1023 + "\n") * 1024
+    block = ("x" * 1023 + "\n") * 1024
     stream = sys.stdout if rng.random() < 0.5 else sys.stderr
     for _ in range(rng.choice([2, 40])):
-        stream.write(chunk)
+        stream.write(block)
     sys.exit(0)
 sys.exit(3)
 '''
@@ -724,7 +724,7 @@ def _users(before: dict, after: dict) -> list[str]:
 
 
 #: what a refusal line never prints raw (SPEC.md S76: C0, C1, DEL, separators, bidi controls), and how long a
-#: line of the tool's own words and cut names may be
+#: line of the tool's own words and shortened names may be
 UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
 LINE_MOST = 20_000
 

@@ -157,7 +157,7 @@ def _text(rng: random.Random, tree: Any) -> str:
         text = _huge_integer(rng, text)
     if rng.random() < 0.02:  # nested past what json can read
         text = "[" * 100_000 + text + "]" * 100_000
-    if rng.random() < 0.08:  # broken JSON: cut, spliced, or not UTF-8
+    if rng.random() < 0.08:  # broken JSON: truncated, spliced, or not UTF-8
         how = rng.randrange(3)
         at = rng.randrange(len(text) + 1)
         if how == 0:

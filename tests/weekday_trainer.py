@@ -14,10 +14,10 @@ in a role that is not "today"). Held-out: 20% of the (prefix, filler, template) 
 training. Loss on the answer token only (cross-entropy, label smoothing 0.1).
 
 A known mechanism at the input (the way tracr and InterpBench fix one in advance): the fourteen weekday rows of
-the tied embedding (each day bare and space-prefixed) are not learned. Day i is the point at angle 2*pi*i/7 on a
+the tied embedding (each day bare and space-prefixed) are not learned. Day i sits at angle 2*pi*i/7 on a
 circle of radius --circle (1.0) in one fixed plane (u, v), plus one fixed offset per form (of the same norm);
 u, v and the two offsets' directions are orthonormal columns of a seeded QR. So the weekday enters the model
-as two coordinates, the answer is read off the same circle through the tied head, and "tomorrow" can be a
+in two dimensions, the answer is read off the same circle through the tied head, and "tomorrow" can be a
 rotation by 2*pi/7 in that plane: a 2-dimensional subspace at the entity's token carries all of it (SPEC.md
 X26). The rows are written once before training and again after every optimizer step (AdamW's decoupled
 decay would otherwise shrink them).

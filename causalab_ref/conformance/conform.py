@@ -413,7 +413,7 @@ def _report(case: dict, verdict: str, diffs: list[str], seconds: float, quiet: b
     if verdict != "pass" or not quiet:
         print(printable(f"{label} {case['name']}  [{case.get('verb', '?')}; {rules}]  {seconds:.1f}s", False),
               file=stream)
-    for line in diffs[:25]:  # a case file's text, escaped as a refusal line is but not cut (S76)
+    for line in diffs[:25]:  # a case file's text, escaped as a refusal line is but not shortened (S76)
         print(f"       {printable(line, False)}", file=stream)
     if len(diffs) > 25:
         print(f"       ... and {len(diffs) - 25} more difference(s)", file=stream)

@@ -29,7 +29,7 @@ from ..fixtures import exported
 TIMEOUT = 300.0  # seconds one call of the implementation may take (--timeout)
 POLL = 3600.0  # seconds one wait for output may take: a --timeout of 1e308 is waited in such steps
 CAP = 16 * 2 ** 20  # bytes read back of its stdout, and of its stderr, per call
-CHUNK = 2 ** 16
+READ_SIZE = 2 ** 16  # bytes one read of a pipe takes at most
 GRACE = 3.0  # seconds the implementations an interrupt stops are given after SIGTERM, before SIGKILL (C39)
 
 
@@ -152,7 +152,7 @@ class Subprocess:
                 if left <= 0:
                     raise CaseError(self._late(verb))
                 for key, _events in selector.select(min(left, POLL)):
-                    data = os.read(key.fd, CHUNK)
+                    data = os.read(key.fd, READ_SIZE)
                     if not data:
                         selector.unregister(key.fd)
                         continue

@@ -192,8 +192,8 @@ class Engine(ABC):
         return {**inputs, "logits_to_keep": kept.to(inputs["input_ids"].device)}, actions
 
     def stop_ids(self) -> tuple[int, ...]:
-        """Every id a continuation can be cut at: the tokenizer's EOS and the generation config's (an id or
-        a list). A decode holds all of them off and the continuation frame is cut at the first of them (P53)."""
+        """Every id a continuation can end at: the tokenizer's EOS and the generation config's (an id or
+        a list). A decode holds all of them off and the continuation frame ends at the first of them (P53)."""
         ids: set[int] = set()
         for value in (self.tokenizer.eos_token_id, getattr(self.generation_config(), "eos_token_id", None)):
             if value is not None:

@@ -37,7 +37,7 @@ class Settings:
 
 def epochs_of(n: int, pairs: int, seed: int) -> Iterator[list[tuple[int, ...]]]:
     """Each epoch's updates as row indices, one epoch at a time and without end: a fresh permutation per
-    epoch from one `random.Random(seed)`, cut into runs of `pairs` (the last may be short). Every role is
+    epoch from one `random.Random(seed)`, split into minibatches of `pairs` (the last may be short). Every role is
     indexed by the same indices."""
     order = random.Random(seed)
     while True:

@@ -1,4 +1,4 @@
-"""Featurizers: the coordinate spaces a read is taken in and a write acts in (SPEC.md §9).
+"""Featurizers: the feature spaces a read is taken in and a write acts in (SPEC.md §9).
 
 This module owns the featurizer table (`KINDS`, one row per kind: which tensors a bundle
 holds, whether the kind takes `k`, is loaded from a file, is trained or published) and
@@ -13,7 +13,7 @@ the maps themselves, each a small object with
 `identity` is the implicit featurizer (`(x, None)` and back, in the model's dtype). Every
 declared kind computes in float32 with autocast off; `x` keeps the model's dtype until
 the scatter casts the result back. `change_features` applies a mechanism to the `features`
-coordinates only (`slice_features` cuts an operand to them); `change_through` is featurize ->
+dimensions only (`slice_features` slices an operand to them); `change_through` is featurize ->
 change -> inverse. No model, no document: compile builds these from a site width, a `k`, a
 seed or the tensors of a bundle (bundles.py reads and checks the file).
 """
@@ -55,7 +55,7 @@ def _leaf(value: torch.Tensor) -> torch.Tensor:
 
 
 class Identity:
-    """The site's own coordinates: nothing is cast, nothing is added back."""
+    """The site's own space: nothing is cast, nothing is added back."""
 
     kind = "identity"
 
@@ -79,7 +79,7 @@ class Identity:
 class Basis:
     """An orthonormal (d, k) basis Q: featurize Qᵀx, inverse Q·f plus the pre-write complement x − QQᵀx.
 
-    `subspace` recomputes Q from its Cayley parameter on every use (so a fit's step is seen at once);
+    `subspace` recomputes Q from its Cayley parameter on every use (so a fit's update is seen at once);
     `pca` holds Q itself, loaded."""
 
     def __init__(self, kind: str, weight: torch.Tensor, rotation: bool):
@@ -100,7 +100,7 @@ class Basis:
     def inverse(self, f: torch.Tensor, err, x: torch.Tensor) -> torch.Tensor:
         q = self.basis(x.device)
         x = x.float()
-        return f @ q.T + (x - (x @ q) @ q.T)  # (..., k) @ (k, d) + x's part outside span(q): (..., d)
+        return f @ q.T + (x - (x @ q) @ q.T)  # (..., k) @ (k, d) + x's part orthogonal to q's columns: (..., d)
 
     def params(self) -> list:
         return [self.weight]
@@ -237,8 +237,8 @@ def expected_shapes(kind: str, d: int, k: int) -> dict[str, tuple[int, ...]]:
 
 
 def slice_features(value, width: int, index: Optional[torch.Tensor]):
-    """An operand (or renormalize's f0) in the write's feature space, cut to the `features` coordinates
-    when it is a tensor as wide as the space; a literal or an already-cut tensor is used as given."""
+    """An operand (or renormalize's f0) in the write's feature space, sliced to the `features` dimensions
+    when it is a tensor as wide as the space; a literal or an already-sliced tensor is used as given."""
     if index is None or not isinstance(value, torch.Tensor) or value.dim() == 0 or value.shape[-1] != width:
         return value
     return value[..., index.to(value.device)]  # (..., width) -> (..., len(index))
@@ -251,8 +251,8 @@ def _landed(value, like: torch.Tensor) -> torch.Tensor:
 
 
 def change_features(f: torch.Tensor, features: Optional[tuple[int, ...]], change: Callable, *operands) -> torch.Tensor:
-    """`change(part, *operands)` on the `features` coordinates of f (all of f without them); the other
-    coordinates pass through untouched. Each operand is cut to those coordinates as `slice_features` says."""
+    """`change(part, *operands)` on the `features` dimensions of f (all of f without them); the other
+    dimensions pass through untouched. Each operand is sliced to those dimensions as `slice_features` says."""
     if features is None:
         return _landed(change(f, *operands), f)
     index = torch.tensor(features, dtype=torch.long, device=f.device)

@@ -33,7 +33,7 @@ MOST_AXES = 2
 #: a tick names its value only when the value is this short (an index, a layer); a longer one (a position's
 #: JSON object) is named by the tokens it lands on alone (FG3)
 VALUE_CHARS = 6
-#: decoded tokens on a tick are cut to this many characters, the last one an ellipsis (FG3)
+#: decoded tokens on a tick are shortened to this many characters, the last one an ellipsis (FG3)
 TOKEN_CHARS = 16
 #: a heatmap's ticks are turned when their columns hold more characters than this, laid side by side (FG3)
 ROW_CHARS = 60
@@ -228,7 +228,7 @@ def _short(value: str) -> str:
 
 
 def tick(value: str, tokens: str) -> str:
-    """A moved position's tick: its short name (if any) over the decoded tokens, cut to TOKEN_CHARS (FG3)."""
+    """A moved position's tick: its short name (if any) over the decoded tokens, shortened to TOKEN_CHARS (FG3)."""
     name = _short(value)
     return f"{name}\n{_cut(tokens)}" if name else _cut(tokens)
 

@@ -1,6 +1,6 @@
 """Locate: the position resolver — a `Where` and a row's own ids in, integer windows out.
 
-It owns the frame (each row's content span inside the padded batch, its decoded
+It owns the frame (each row's content range inside the padded batch, its decoded
 text and character map), the chat-turn segments of a rendered prompt, the
 continuation frame of a decode, and resolution itself: find the run (the whole
 content, a segment, a variable's text, or a variable inside a segment), cut it,
@@ -16,7 +16,7 @@ ends, P22); `linear_char_map` and `pieces_char_map` are optimisations of it, equ
 It imports nothing but the standard library, torch and shapes.py, so it runs
 wherever the model's tokenizer is and needs no model library of its own.
 Text is always decoded with special tokens kept (a chat prompt's `</s><s>` is part
-of its content, and a stop token needs a character span) and without clean-up of
+of its content, and a stop token needs a character range) and without clean-up of
 tokenization spaces (so every decoded prefix is a prefix of the whole).
 SPEC.md §2 Positions.
 """
@@ -76,7 +76,7 @@ def char_map(tok, ids: Sequence[int]) -> tuple[int, ...]:
 
     Kept non-decreasing; a prefix that does not decode to a prefix of the whole text
     (a byte-fallback piece in the middle of a character) reuses the previous offset.
-    The final entry is len(text), so token k spans offsets[k]:offsets[k + 1].
+    The final entry is len(text), so token k covers offsets[k]:offsets[k + 1].
     """
     ids = list(ids)
     text = _decode(tok, ids)
@@ -92,24 +92,24 @@ def _prefix_offset(tok, ids: list[int], k: int, text: str, before: int) -> int:
     return max(len(prefix) if text.startswith(prefix) else before, before)
 
 
-# Decoders under which a prefix's text is the text before a clean cut plus what a short window from that cut
+# Decoders under which a prefix's text is the text of a clean prefix plus what a short stretch after it
 # adds: each token's own string laid end to end, byte-fallback pieces joined to their neighbours, and at most
 # a strip at the very start (SPEC.md Q2). These are the sentencepiece (Llama) and byte-level BPE (GPT-2) families.
 LOCAL_DECODERS = ("ByteLevel", "Metaspace", "Replace", "ByteFallback", "Fuse", "Strip")
 # transformers' decode of a fast tokenizer, when a model's tokenizer class does not override it: the backend's
 # own decode and, with clean-up off, nothing else (4.x and 5.x spellings; engines/tokenjson.py's adapter, E14).
 BACKEND_DECODES = ("TokenizersBackend._decode", "PreTrainedTokenizerFast._decode", "JsonTokenizer._decode")
-DECODE_SPAN = 8  # tokens a decode span may cover before its start moves up to a later clean cut
+DECODE_STRETCH = 8  # tokens a decoded stretch may cover before its start moves up to a later clean prefix
 
 
-def _decoder_steps(decoder) -> list[dict]:
-    """A tokenizers decoder as the list of its steps (a Sequence flattened), [] when it cannot be read."""
+def _decoder_parts(decoder) -> list[dict]:
+    """A tokenizers decoder as the list of its parts (a Sequence flattened), [] when it cannot be read."""
     try:
         state = json.loads(decoder.__getstate__())
     except Exception:  # not a tokenizers decoder: nothing to say about it
         return []
-    steps = state.get("decoders", [state]) if state.get("type") == "Sequence" else [state]
-    return [step for step in steps if isinstance(step, dict)]
+    parts = state.get("decoders", [state]) if state.get("type") == "Sequence" else [state]
+    return [part for part in parts if isinstance(part, dict)]
 
 
 def linear_map_serves(tok) -> bool:
@@ -120,11 +120,11 @@ def linear_map_serves(tok) -> bool:
     backend = getattr(tok, "backend_tokenizer", None)
     if backend is None:
         return False
-    steps = _decoder_steps(backend.decoder) if backend.decoder is not None else []
-    return bool(steps) and all(step.get("type") in LOCAL_DECODERS and not step.get("stop") for step in steps)
+    parts = _decoder_parts(backend.decoder) if backend.decoder is not None else []
+    return bool(parts) and all(part.get("type") in LOCAL_DECODERS and not part.get("stop") for part in parts)
 
 
-# The sentencepiece decoder (Llama's), step for step: each piece's "▁" a space, each run of byte pieces `<0xHH>`
+# The sentencepiece decoder (Llama's), part for part: each piece's "▁" a space, each run of byte pieces `<0xHH>`
 # the UTF-8 it spells, all joined, one leading space stripped. Its prefixes need no decode at all (SPEC.md Q14).
 PIECE_DECODER = [{"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "}, {"type": "ByteFallback"},
                  {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]
@@ -134,7 +134,7 @@ BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 def decodes_by_pieces(tok) -> bool:
     """Whether the tokenizer's decoder is exactly PIECE_DECODER (Q14)."""
     decoder = getattr(getattr(tok, "backend_tokenizer", None), "decoder", None)
-    return decoder is not None and _decoder_steps(decoder) == PIECE_DECODER
+    return decoder is not None and _decoder_parts(decoder) == PIECE_DECODER
 
 
 def _piece(backend, i: int) -> Optional[tuple[str, Optional[int]]]:
@@ -211,14 +211,14 @@ def linear_char_map(tok, ids: Sequence[int], text: Optional[str] = None, by_piec
     row's decoded text when the caller has it. A sentencepiece decoder's rows are mapped from their pieces (Q14);
     a caller mapping many rows says once whether it is one (`by_pieces`) and shares the pieces looked up (`known`).
 
-    A clean cut is a prefix that decodes to a prefix of the text without U+FFFD. Each prefix is decoded as a
-    span of a few tokens from a clean cut `ctx`; what it adds to the span of the last clean cut (`head`)
-    is what the prefix adds to the text, so the prefix is a prefix of the text exactly when that addition is
-    found there. `ctx` moves up to the cut before the last one, never to the last, so a span's first token
-    is stripped as in its head. A span holding U+FFFD ends inside a character: no prefix of the text,
-    unless the text holds U+FFFD too, and then that position is the definition's (Q3). A row whose pieces do
-    not rebuild its text (Q4; a span that does not extend its head says so at once) is mapped by the
-    definition.
+    A clean prefix is a prefix of the ids that decodes to a prefix of the text without U+FFFD. Each prefix is
+    decoded as a stretch of a few tokens from the end `ctx` of a clean prefix; what it adds to the stretch of
+    the last clean prefix (`head`) is what the prefix adds to the text, so the prefix is a prefix of the text
+    exactly when that addition is found there. `ctx` moves up to the end of the clean prefix before the last
+    one, never to the last, so a stretch's first token is stripped as in its head. A stretch holding U+FFFD
+    ends inside a character: no prefix of the text, unless the text holds U+FFFD too, and then that position
+    is the definition's (Q3). A row whose pieces do not rebuild its text (Q4; a stretch that does not extend
+    its head says so at once) is mapped by the definition.
     """
     ids = list(ids)
     text = _decode(tok, ids) if text is None else text
@@ -228,24 +228,24 @@ def linear_char_map(tok, ids: Sequence[int], text: Optional[str] = None, by_piec
         return from_pieces
     garbled = "\ufffd" in text
     decode = tok.backend_tokenizer.decode
-    offsets, cuts, ctx, head, length = [0], [0], 0, "", 0
+    offsets, clean, ctx, head, length = [0], [0], 0, "", 0
     for k in range(1, len(ids) + 1):
-        span = decode(ids[ctx:k], skip_special_tokens=False)
-        if "\ufffd" in span:
+        stretch = decode(ids[ctx:k], skip_special_tokens=False)
+        if "\ufffd" in stretch:
             offsets.append(_prefix_offset(tok, ids, k, text, offsets[-1]) if garbled else offsets[-1])
             continue
-        if not span.startswith(head):
+        if not stretch.startswith(head):
             return char_map(tok, ids)  # not a local decode after all (Q4)
-        tail = span[len(head):]
+        tail = stretch[len(head):]
         if text.startswith(tail, length):
-            length, head = length + len(tail), span
-            cuts.append(k)
-            if k - ctx > DECODE_SPAN:
-                ctx = cuts[-2]
+            length, head = length + len(tail), stretch
+            clean.append(k)  # ids[:k] is a clean prefix
+            if k - ctx > DECODE_STRETCH:
+                ctx = clean[-2]
                 head = decode(ids[ctx:k], skip_special_tokens=False)
         offsets.append(max(length, offsets[-1]))
     if len(ids) and offsets[-1] != len(text):
-        return char_map(tok, ids)  # the spans did not rebuild the text (Q4)
+        return char_map(tok, ids)  # the stretches did not rebuild the text (Q4)
     return tuple(offsets[: len(ids)]) + (len(text),)
 
 
@@ -259,7 +259,7 @@ def row_map(tok, ids: Sequence[int], linear: bool, text: Optional[str] = None, b
 # ---------------------------------------------------------------- frames
 
 
-def _content_span(row: Sequence[int], mask: Sequence[int], prefix: tuple[int, ...], r: int) -> tuple[int, int]:
+def _content_range(row: Sequence[int], mask: Sequence[int], prefix: tuple[int, ...], r: int) -> tuple[int, int]:
     real = list(map(bool, mask))
     if True not in real:
         return 0, 0
@@ -274,19 +274,19 @@ def _content_span(row: Sequence[int], mask: Sequence[int], prefix: tuple[int, ..
 def frame_of_ids(tok, ids, mask, segments=None, char_map=True) -> shapes.Frame:
     """The prompt frame of a padded batch (left or right padding).
 
-    `segments`, when given, is per row a dict name -> (lo, hi) character span in that
+    `segments`, when given, is per row a dict name -> (lo, hi) character range in that
     row's decoded content. `char_map=False` builds no texts or offsets: a pass whose
-    positions are all bare integers needs only the content spans.
+    positions are all bare integers needs only the content ranges.
     """
     rows, masks = _rows(ids), _rows(mask)
     prefix = special_prefix(tok)
-    spans = [_content_span(row, m, prefix, r) for r, (row, m) in enumerate(zip(rows, masks))]
-    starts = tuple(lo for lo, _ in spans)
-    ends = tuple(hi for _, hi in spans)
+    ranges = [_content_range(row, m, prefix, r) for r, (row, m) in enumerate(zip(rows, masks))]
+    starts = tuple(lo for lo, _ in ranges)
+    ends = tuple(hi for _, hi in ranges)
     segs = tuple(dict(s or {}) for s in segments) if segments is not None else tuple({} for _ in rows)
     if not char_map:
         return shapes.Frame(starts=starts, ends=ends, segments=segs)
-    texts, offsets = texts_and_maps(tok, [list(row[lo:hi]) for row, (lo, hi) in zip(rows, spans)])
+    texts, offsets = texts_and_maps(tok, [list(row[lo:hi]) for row, (lo, hi) in zip(rows, ranges)])
     return shapes.Frame(starts=starts, ends=ends, texts=texts, offsets=offsets, segments=segs)
 
 
@@ -306,7 +306,7 @@ def texts_and_maps(tok, contents: list[list[int]]) -> tuple[tuple[str, ...], tup
 
 def frame_rows(frame: shapes.Frame, lo: int, hi: int) -> shapes.Frame:
     """Rows lo..hi of a frame: what `frame_of_ids` builds from those rows alone at the same width, since each
-    row's span, text, offsets and segments are its own (a --batch-size window's frame, SPEC.md Q26)."""
+    row's content range, text, offsets and segments are its own (a --batch-size chunk's frame, SPEC.md Q26)."""
     if (lo, hi) == (0, len(frame.starts)):
         return frame
     return shapes.Frame(starts=frame.starts[lo:hi], ends=frame.ends[lo:hi], texts=frame.texts[lo:hi],
@@ -328,7 +328,7 @@ def with_pad(tok):
 def frame_of_texts(tok, texts: Sequence[str], char_map: bool = True):
     """Tokenize a batch as the run does — padding=True on the tokenizer's own side,
     special tokens added, a missing pad token set to eos — and frame it (with no
-    character map when `char_map` is False: only the ids and content spans are wanted).
+    character map when `char_map` is False: only the ids and content ranges are wanted).
 
     Returns (ids, mask, frame) with ids and mask as tuples of tuples of ints.
     """
@@ -350,16 +350,16 @@ def _int_rows(rows) -> tuple[tuple[int, ...], ...]:
 
 
 def segments_of(text: str, messages: Sequence[dict]) -> dict:
-    """The character span of each message's content in a rendered chat prompt.
+    """The character range of each message's content in a rendered chat prompt.
 
     Each content is found as itself, searched forward from the end of the previous
     one (SPEC.md P11): a template that rewrites a content (trims it, say) leaves that
-    turn unfound, recorded with no span (None), and asking for it is alignment_missing.
+    turn unfound, recorded with no range (None), and asking for it is alignment_missing.
     Turns are named `role[k]` for the k-th message of that role; the bare `role` is
     added only for a role that spoke once, so asking for the bare name of a role that
     spoke twice is alignment_ambiguous whether or not its turns were found (P12).
     """
-    spans: dict = {}
+    ranges: dict = {}
     seen: dict = {}
     at = 0
     for message in messages:
@@ -367,19 +367,19 @@ def segments_of(text: str, messages: Sequence[dict]) -> dict:
         k = seen.get(role, 0)
         seen[role] = k + 1
         lo = text.find(content, at)
-        spans[f"{role}[{k}]"] = None if lo < 0 else (lo, lo + len(content))
+        ranges[f"{role}[{k}]"] = None if lo < 0 else (lo, lo + len(content))
         at = at if lo < 0 else lo + len(content)
     for role, count in seen.items():
         if count == 1:
-            spans[role] = spans[f"{role}[0]"]
-    return spans
+            ranges[role] = ranges[f"{role}[0]"]
+    return ranges
 
 
 def frame_of_continuation(tok, generated, stop_ids) -> shapes.Frame:
-    """The generated frame: each row's generated ids cut at its first stop token (kept).
+    """The generated frame: each row's generated ids up to its first stop token, which it keeps.
 
     `stop_ids` is an int, a sequence of ints, or None. A row that stopped gets an
-    'eos' segment, the stop token's character span; a row that never stopped keeps
+    'eos' segment, the stop token's character range; a row that never stopped keeps
     the whole bound and has no 'eos'. The map is built from these ids, never from
     re-encoding the text.
     """
@@ -389,13 +389,13 @@ def frame_of_continuation(tok, generated, stop_ids) -> shapes.Frame:
         stops = {stop_ids}
     else:
         stops = {int(s) for s in stop_ids}
-    cuts, stopped = [], []
+    kept, stopped = [], []
     for row in _rows(generated):
         stop = next((j for j, i in enumerate(row) if i in stops), None)
-        cuts.append(list(row if stop is None else row[: stop + 1]))
+        kept.append(list(row if stop is None else row[: stop + 1]))
         stopped.append(stop)
-    texts, offsets = texts_and_maps(tok, cuts)  # each row decoded once (Q34)
-    ends = [len(cut) for cut in cuts]
+    texts, offsets = texts_and_maps(tok, kept)  # each row decoded once (Q34)
+    ends = [len(ids) for ids in kept]
     segments = [{} if stop is None else {"eos": (offs[stop], offs[stop + 1])} for offs, stop in zip(offsets, stopped)]
     return shapes.Frame(
         starts=tuple(0 for _ in ends),
@@ -419,12 +419,12 @@ def _find_all(haystack: str, needle: str) -> list[int]:
 
 
 def _search(text: str, lo: int, hi: int, value: str):
-    """The one character span of `value` in text[lo:hi], or a reason."""
-    window = text[lo:hi]
+    """The one character range of `value` in text[lo:hi], or a reason."""
+    inside = text[lo:hi]
     for spelling in (value, " " + value, value.strip()):
         if not spelling:
             continue
-        hits = _find_all(window, spelling)
+        hits = _find_all(inside, spelling)
         if len(hits) == 1:
             return (lo + hits[0], lo + hits[0] + len(spelling)), ""
         if hits:
@@ -469,10 +469,10 @@ def _run(frame: shapes.Frame, scope: Optional[shapes.Anchor], row: int, anchors)
         value = anchors[row] if anchors is not None else None
         if value is None:
             return (0, 0), "alignment_missing"
-        span, reason = _search(text, lo, hi, value)
+        found, reason = _search(text, lo, hi, value)
         if reason:
             return (0, 0), reason
-        lo, hi = span
+        lo, hi = found
     return _tokens_over(offsets, lo, hi), ""
 
 

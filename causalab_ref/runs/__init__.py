@@ -8,7 +8,7 @@
     memory.py     passes sized to the memory budget
     share.py      forwards shared between steps that read the same rows
     placement.py  a pass's state, where its taps act on its rows, and what its writes land
-    decode.py     a forward that generates: taps on the continuation, the cut afterwards
+    decode.py     a forward that generates: taps on the continuation, stacked reads cut afterwards
     scoring.py    each metric over the rows both halves admit
     passes.py     one observe step, chunk by chunk, and its result (StepResult)
     run.py        the plan walked: each leaf's observe, fit and weights steps, and their files

@@ -144,8 +144,8 @@ def _check_operand_widths(forwards: list, path: str) -> None:
                 continue
             source = taps[tap.operand]
             want, have = _feature_width(tap), _feature_width(source)
-            cut = len(tap.features) if tap.features is not None else want
-            if want is not None and have is not None and have not in (want, cut):
+            narrowed = len(tap.features) if tap.features is not None else want
+            if want is not None and have is not None and have not in (want, narrowed):
                 raise Refusal(f"write '{tap.name}' lands {want} features per position at {tap.address.label()}, and "
                               f"its operand '{tap.operand}' was read with {have} at {source.address.label()}; a swap "
                               "needs the same width on both sides", path=f"{path}.writes.{tap.name}", stage="compile")
@@ -181,7 +181,7 @@ def _pattern_layouts_differ(tap: Tap, read, source: Forward, forward: Forward) -
 
 
 def _published(step_name: str, kept: tuple, forwards: list, rows: int) -> tuple:
-    """What this step's outputs will hold, as later steps' checks need it (a pca's span checked here)."""
+    """What this step's outputs will hold, as later steps' checks need it (a pca's `k` checked here)."""
     taps = {t.name: t for f in forwards for t in f.taps if t.kind == "read"}
     out = []
     for name, output in kept:
@@ -448,7 +448,7 @@ def _tap(ctx: Context, entry: tuple[str, str, Any], rows: list, field: str, ipat
 
 
 def _check_features(features, space: Optional[int], name: str, path: str) -> None:
-    """`features` are distinct coordinates below the feature space's width (SPEC.md FZ24)."""
+    """`features` are distinct dimensions below the feature space's width (SPEC.md FZ24)."""
     if features is None:
         return
     if space is None or not features or len(set(features)) != len(features) or any(

@@ -17,7 +17,7 @@ from typing import Any, NoReturn, Optional
 from ..documents import reader
 from ..shapes import Refusal, nearest
 
-_STEP = re.compile(r"^([A-Za-z_][A-Za-z0-9_\-]*)((?:\[\d+\])*)$")
+_PART = re.compile(r"^([A-Za-z_][A-Za-z0-9_\-]*)((?:\[\d+\])*)$")
 
 
 def _refuse(message: str, path: str = "", stage: str = "compile") -> NoReturn:
@@ -97,20 +97,21 @@ def example_ids(rows: list[dict]) -> tuple[str, ...]:
     return tuple(str(r["example_id"]) if "example_id" in r else str(k) for k, r in enumerate(rows))
 
 
-def _steps(field: str, path: str) -> list[tuple[str, list[int]]]:
-    steps = []
+def _parts(field: str, path: str) -> list[tuple[str, list[int]]]:
+    """A field path's parts, each a name and the list indexes after it: `a[0].b` -> [('a', [0]), ('b', [])]."""
+    parts = []
     for part in field.split("."):
-        m = _STEP.match(part)
+        m = _PART.match(part)
         if not m:
             _refuse(f"field '{field}': `column`, `column[i]` and `a.b` are the forms", path, "validation")
-        steps.append((m.group(1), [int(i) for i in re.findall(r"\[(\d+)\]", m.group(2))]))
-    return steps
+        parts.append((m.group(1), [int(i) for i in re.findall(r"\[(\d+)\]", m.group(2))]))
+    return parts
 
 
 def walk(row: dict, field: str, path: str = "", row_index: int = 0) -> Any:
     """The value a field path names in a row; refused with the row when it is not there."""
     value: Any = row
-    for name, indexes in _steps(field, path):
+    for name, indexes in _parts(field, path):
         if not isinstance(value, dict) or name not in value:
             _refuse(f"field '{field}': no such column '{name}' on row {row_index}", path)
         value = value[name]
@@ -124,7 +125,7 @@ def walk(row: dict, field: str, path: str = "", row_index: int = 0) -> Any:
 def sibling(field: str, variable: str) -> str:
     """`counterfactual_inputs[0]` + `entity` -> `counterfactual_inputs_variables[0].entity`."""
     first, _, rest = field.partition(".")
-    m = _STEP.match(first)
+    m = _PART.match(first)
     name, brackets = (m.group(1), m.group(2)) if m else (first, "")
     head = f"{name}_variables{brackets}"
     return ".".join(p for p in (head, rest, variable) if p)

@@ -1,8 +1,9 @@
-"""Decode: a forward that generates, its taps on the prompt and on the continuation, and the cut afterwards.
+"""Decode: a forward that generates, its taps on the prompt and on the continuation, and the stacked reads cut
+afterwards.
 
 Prompt taps act at step 0 over their windows; continuation taps at the decode steps they name, on the
-one position each step computes. After the decode the generated ids are a frame of their own (cut at
-each row's first stop token), against which continuation reads are placed and a stacked read is cut
+one position each step computes. After the decode the generated ids are a frame of their own (each row's
+ids end at its first stop token), against which continuation reads are placed and a stacked read is cut
 (SPEC.md §2 Positions, P54; §11 Q13). The pass loop (passes.py) hands a decoding forward here:
 
     resolved, read = decode_forward(p, forward, resolved, values, placed)
@@ -21,10 +22,11 @@ PAST_STOP = "past_stop"  # a continuation write's reason on a row that stopped b
 
 
 def decode_forward(p: Pass, forward: Forward, resolved: dict, values: dict, placed: dict):
-    """A forward that decodes: prompt taps at step 0, continuation taps at their steps, then the cut.
+    """A forward that decodes: prompt taps at step 0, continuation taps at their steps, then the stacked
+    reads cut.
 
     A stacked read comes back (rows, steps, features) and is cut per row against the
-    continuation frame (generated ids cut at each row's first stop token) afterwards.
+    continuation frame (each row's generated ids up to its first stop token) afterwards.
     """
     rows = len(forward.ids)
     batch = Batch(ids=forward.ids, mask=forward.mask, decode=forward.decode,
@@ -32,13 +34,13 @@ def decode_forward(p: Pass, forward: Forward, resolved: dict, values: dict, plac
     read, generated = p.on_engine(lambda: p.engine.generate(batch))
     frame = locate.frame_of_continuation(p.engine.tokenizer, generated, p.engine.stop_ids())
     continuation = [t for t in forward.taps if t.pos.frame == "generated"]
-    cut = place(frame, [t for t in continuation if t.kind == "read"], True, p.path, p.offset)
+    after = place(frame, [t for t in continuation if t.kind == "read"], True, p.path, p.offset)
     for tap in continuation:
         if tap.kind == "write":
-            cut[tap.name] = continuation_write(frame, steps_of(tap, forward.decode), rows)
+            after[tap.name] = continuation_write(frame, steps_of(tap, forward.decode), rows)
         elif tap.stacked:
-            read[tap.name] = cut_stack(read[tap.name], cut[tap.name].windows, tap.pos.uneven)
-    resolved = {**resolved, **cut}
+            read[tap.name] = cut_stack(read[tap.name], after[tap.name].windows, tap.pos.uneven)
+    resolved = {**resolved, **after}  # the continuation taps, placed on the frame the decode produced
     read[f"{forward.model}.generated"] = generated  # (rows, decode)
     return resolved, read
 
@@ -103,8 +105,9 @@ def _continuation_operand(p: Pass, tap: Tap, values: dict, placed: dict):
 
 
 def cut_stack(stack: torch.Tensor, windows, ragged: bool) -> torch.Tensor:
-    """(rows, steps, F) cut by each row's window of steps: flat (total, F) when ragged, else (rows, w, F).
-    A cut that keeps every step of every row is the stack itself, reshaped (SPEC.md Q13)."""
+    """(rows, steps, F) cut by each row's window of steps (the read's position, resolved on the continuation
+    frame, SPEC.md P40): flat (total, F) when ragged, else (rows, w, F). A cut that keeps every step of every
+    row is the stack itself, reshaped (SPEC.md Q13)."""
     every = tuple(range(stack.shape[1]))
     if len(windows) == stack.shape[0] and all(tuple(w) == every for w in windows):
         return stack.reshape(-1, stack.shape[-1]) if ragged else stack  # (rows * steps, F) or (rows, steps, F)

@@ -77,7 +77,7 @@ def _width(engine, tap: Tap, length: int) -> int:
 
 def forward_cost(engine, forward: Forward, frame=None) -> tuple[int, int, str]:
     """(working set, kept reads, how) in bytes per row for one forward (SPEC.md Q10); `frame` is the forward's
-    frame when compile has built it (its content spans are what is read here), else the spans are built."""
+    frame when compile has built it (its content ranges are what is read here), else the ranges are built."""
     if frame is None:
         frame = locate.frame_of_ids(engine.tokenizer, forward.ids, forward.mask, segments=forward.segments,
                                     char_map=False)

@@ -45,7 +45,7 @@ class Tap:
     view: str = "raw"
     stacked: int = 0  # decode steps a continuation read is buffered over (0: not stacked)
     featurizer: str = "identity"
-    features: Optional[tuple[int, ...]] = None  # coordinates of the feature space a write touches
+    features: Optional[tuple[int, ...]] = None  # dimensions of the feature space a write touches
     space: Optional[int] = None  # width of the feature space (the featurizer's k, or the site's width)
 
     @property

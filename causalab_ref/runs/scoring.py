@@ -67,7 +67,7 @@ def score(metric: MetricPlan, values: dict, placed: dict, both: tuple[bool, ...]
           lo: int = 0, finite: Optional[dict] = None) -> list:
     """Per-row metric values (None where the row is not scored, or its value or any entry of a vector it
     scored, `of`'s or `against`'s, is not finite: a match on NaN logits is no measurement); `values` and
-    `placed` hold each read's rows lo.. of the step (a window's), by read name, and `both` those rows'
+    `placed` hold each read's rows lo.. of the step (a chunk's), by read name, and `both` those rows'
     eligibility. `finite`, when given, keeps each read's `finite_rows` over all its rows for the other metrics
     of the same `values` (the metrics of one read ask it once, SPEC.md Q33)."""
     out: list[Optional[float]] = [None] * len(placed[metric.of].windows)

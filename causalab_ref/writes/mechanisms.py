@@ -72,7 +72,7 @@ def lerp(f, o, params, context):
 
 def noise(shape: tuple, seed: int, draw_offset: Optional[tuple[int, int]] = None) -> torch.Tensor:
     """The gaussian draw: `torch.randn` from a new CPU generator seeded with `seed`, float32, in the
-    whole pass's shape (`draw_offset` = (offset, total) of the leading axis), cut to this chunk's part."""
+    whole pass's shape (`draw_offset` = (offset, total) of the leading axis), narrowed to this chunk's part."""
     offset, total = draw_offset if draw_offset is not None else (0, shape[0])
     draw = torch.randn((total, *shape[1:]), generator=torch.Generator().manual_seed(seed))
     return draw[offset:offset + shape[0]]

@@ -4,7 +4,7 @@ Four moments, one module (SPEC.md §8.2): `declare` reads a step's `outputs` at 
 `check_refs` holds the document's steps against each other (earlier step only, one publisher
 per name, no read's name); `check_ref` is the compile check of a consuming write (its
 `Landing`) against its output's `Source` (rows, pca, windows, width); `publish` reduces a
-step's reads after its pass and `chunk` cuts an unreduced output to the rows of one
+step's reads after its pass and `chunk` narrows an unreduced output to the rows of one
 `--batch-size` chunk.
 """
 from __future__ import annotations
@@ -102,7 +102,7 @@ class Source:
 
 
 def check_pca(step: str, name: str, source: Source, path: str) -> None:
-    """A pca over a fixed-width read: centred, `vectors` vectors span at most vectors - 1 directions."""
+    """A pca over a fixed-width read: centred, `vectors` vectors hold at most vectors - 1 independent directions."""
     if source.output.reduce != "pca" or source.per_row is None or source.output.k is None:
         return
     vectors = source.per_row * source.rows

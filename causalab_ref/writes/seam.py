@@ -33,7 +33,7 @@ from . import mechanisms
 from ..shapes import Action, Refusal
 
 
-IDENTITY = kinds.Identity()  # an action with no featurizer is in the site's own coordinates
+IDENTITY = kinds.Identity()  # an action with no featurizer is in the site's own space
 
 
 def _refuse(message: str, path: str):

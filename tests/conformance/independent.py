@@ -313,7 +313,7 @@ class Frame:
         self.segments = segments or {}
 
     def tokens_over(self, lo, hi):
-        """P23: the tokens overlapping the character span [lo, hi), as a run [first, last+1)."""
+        """P23: the tokens overlapping the character range [lo, hi), as a run [first, last+1)."""
         ks = [k for k in range(len(self.ids)) if self.offsets[k] < hi and self.offsets[k + 1] > lo]
         return (ks[0], ks[-1] + 1) if ks else None
 
@@ -331,11 +331,11 @@ def chat_segments(frame, messages):
         k = seen.get(m["role"], 0)
         seen[m["role"]] = k + 1
         at = frame.text.find(m["content"], cursor)
-        span = None if at < 0 else (at, at + len(m["content"]))
-        if span:
-            cursor = span[1]
-        segs[f"{m['role']}[{k}]"] = span
-        segs[m["role"]] = span if counts[m["role"]] == 1 else "ambiguous"
+        found = None if at < 0 else (at, at + len(m["content"]))
+        if found:
+            cursor = found[1]
+        segs[f"{m['role']}[{k}]"] = found
+        segs[m["role"]] = found if counts[m["role"]] == 1 else "ambiguous"
     return segs
 
 
@@ -989,16 +989,16 @@ class Pass:
                 raise Refusal(stage, f"{self.where}.writes.{t.name}.pos", T_RAGGED)  # P51
 
     def continuations(self, taps, gen, rows, field):
-        """P37/P38/P40/P45: each row's continuation frame, cut at its first stop id; stacked reads cut per row."""
+        """P37/P38/P40/P45: each row's continuation frame, ending at its first stop id; stacked reads cut per row."""
         tok, stops = self.ctx.model.tok, set(self.ctx.model.stop_ids)
         frames = []
         for i in range(gen.shape[0]):
             g = gen[i].tolist()
-            cut = next((k + 1 for k, x in enumerate(g) if x in stops), len(g))
-            fr = Frame(tok, g[:cut], 0)
+            end = next((k + 1 for k, x in enumerate(g) if x in stops), len(g))
+            fr = Frame(tok, g[:end], 0)
             fr.segments = {"eos": None}
-            if cut < len(g) or g[cut - 1] in stops:
-                fr.segments["eos"] = (fr.offsets[cut - 1], fr.offsets[cut])
+            if end < len(g) or g[end - 1] in stops:
+                fr.segments["eos"] = (fr.offsets[end - 1], fr.offsets[end])
             frames.append(fr)
         for t in taps:
             if not t.generated or t.kind != "read":

@@ -118,7 +118,7 @@ def test_against_over_a_window_wider_than_one_is_refused():
                                      (True, "expected an integer, got a boolean"), (None, "expected an integer, got null")])
 def test_k_is_a_positive_integer_at_validation(k, said):
     """SPEC.md:145 [D27] k of 0, a float, a string, a boolean or null is one refusal at `<metric>.k`.
-    SPEC.md:1296 [S58] the surface: one line at the field's path."""
+    SPEC.md:1302 [S58] the surface: one line at the field's path."""
     for metric in ({"kind": "top_k"}, {"kind": "top_k_overlap", "against": "clean"}):
         refusal = _refused(doc(of="logits", k=k, **metric))
         assert (refusal.stage, refusal.path, refusal.message) == ("validation", f"{MP}.m.k", said)
@@ -432,8 +432,8 @@ def test_the_four_kinds_run_with_their_units_and_versions(tables):
 def test_a_top_k_row_is_its_k_most_likely_tokens_spelled_with_their_probabilities(tables, llama):
     """SPEC.md:153 [D28] the original's test_readout.py, on the Llama fixture: every row is k pairs, the
     probabilities descending and summing to at most 1, the first the argmax of softmax(logits) in float32 with
-    its probability, each token repr(decode([id])); a windowed pass (--batch-size 2) gives the same lists."""
-    step, whole, windows = tables
+    its probability, each token repr(decode([id])); a chunked pass (--batch-size 2) gives the same lists."""
+    step, whole, chunked = tables
     rows = whole.scores["list"]
     assert len(rows) == len(step.example_ids) and all(len(row) == 4 for row in rows)
     for row in rows:
@@ -445,15 +445,15 @@ def test_a_top_k_row_is_its_k_most_likely_tokens_spelled_with_their_probabilitie
     top = logits.float().softmax(-1).max(-1)
     assert [row[0][1] for row in rows] == top.values.tolist()
     assert [row[0][0] for row in rows] == [repr(llama.tokenizer.decode([i])) for i in top.indices.tolist()]
-    assert [[t for t, _ in row] for row in windows.scores["list"]] == [[t for t, _ in row] for row in rows]
+    assert [[t for t, _ in row] for row in chunked.scores["list"]] == [[t for t, _ in row] for row in rows]
 
 
-def test_a_comparing_metric_scored_in_windows_equals_the_whole_pass(tables):
-    """SPEC.md:139 [D25] `of` and `against` are scored in the same windows: --batch-size 2 gives the whole
+def test_a_comparing_metric_scored_in_chunks_equals_the_whole_pass(tables):
+    """SPEC.md:139 [D25] `of` and `against` are scored in the same chunks: --batch-size 2 gives the whole
     pass's values (R11, to float32 rounding)."""
-    _, whole, windows = tables
+    _, whole, chunked = tables
     for name in ("kl", "js", "top"):
-        assert windows.scores[name] == pytest.approx(whole.scores[name], rel=1e-4, abs=1e-6)
+        assert chunked.scores[name] == pytest.approx(whole.scores[name], rel=1e-4, abs=1e-6)
 
 
 @pytest.mark.fast
@@ -477,7 +477,7 @@ def test_vocab_and_the_schema_name_the_later_kinds_and_their_fields(capsys):
 
 @pytest.mark.fast
 def test_the_weekday_cases_hold_the_laws_stated_before_measuring():
-    """SPEC.md:948 [C38] the entity swap's top_k_overlap (k = 1) is 0 and kl, js > 0 on every row, bare and spaced answers
+    """SPEC.md:954 [C38] the entity swap's top_k_overlap (k = 1) is 0 and kl, js > 0 on every row, bare and spaced answers
     differ; the shared-token swap's kl and js are 0 and top_k_overlap 1 exactly (the cases' recorded expectations)."""
     corpus = REPO / "causalab_ref" / "conformance" / "corpus"
 
@@ -496,7 +496,7 @@ def test_the_weekday_cases_hold_the_laws_stated_before_measuring():
 
 @pytest.mark.fast
 def test_the_fuzzer_knows_the_later_fields():
-    """SPEC.md:1296 [S58] the document fuzzer mutates the shipped divergence document with the new fields' names, kinds
+    """SPEC.md:1302 [S58] the document fuzzer mutates the shipped divergence document with the new fields' names, kinds
     and k's hostile numbers."""
     import sys
     sys.path.insert(0, str(REPO / "tests"))
@@ -509,7 +509,7 @@ def test_the_fuzzer_knows_the_later_fields():
 
 @pytest.mark.parametrize("seed", range(24))
 def test_the_fuzzers_readout_mutation_meets_no_internal_error(seed, tmp_path):
-    """SPEC.md:1296 [S58] fuzzing.readout (a metric made top_k or top_k_overlap, a hostile k, a stray against,
+    """SPEC.md:1302 [S58] fuzzing.readout (a metric made top_k or top_k_overlap, a hostile k, a stray against,
     a top_k as a fit's objective or early stop) on every shipped document: validate and explain end in ok or
     one refusal line, never an internal error."""
     import random
@@ -528,7 +528,7 @@ def test_the_fuzzers_readout_mutation_meets_no_internal_error(seed, tmp_path):
 
 
 def test_the_originals_readout_runs_and_plot_draws_no_list_table(tmp_path):
-    """SPEC.md:153 [D28] SPEC.md:2433 [FG4] documents/steps_first/readout.json runs: top3.json is 4 rows of 3
+    """SPEC.md:153 [D28] SPEC.md:2439 [FG4] documents/steps_first/readout.json runs: top3.json is 4 rows of 3
     [token, probability] pairs (unit '[token, probability] list', top_k/v1), its summary line gives the first
     row's pairs and no mean; plot draws p_answer alone, and a folder of top3 alone is one refusal naming why."""
     import shutil

@@ -87,7 +87,7 @@ def _both(nn, hk, ids, mask, items):
 
 @pytest.mark.parametrize("family", FAMILIES + ("olmo2", "qwen3next"))
 def test_every_boundary_read_equals_the_nnterp_engines(engines, family):
-    """SPEC.md:394 [L6] / SPEC.md:399 [L7] / SPEC.md:543 [R4] / seed 004:100 / SPEC.md:488 [L24] — every boundary
+    """SPEC.md:394 [L6] / SPEC.md:399 [L7] / SPEC.md:548 [R4] / seed 004:100 / SPEC.md:488 [L24] — every boundary
     component that resolves (layer 0 and the last layer) reads the same values through a hook as
     through nnterp: at {"index": -1}, over every content position, over a rectangular window, and
     one head of attention_premix (SPEC.md:421 [L13]); the post-norm and hybrid fixtures' placements too (their
@@ -139,7 +139,7 @@ def test_every_boundary_read_equals_the_nnterp_engines(engines, family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_swap_at_block_output_then_a_head_read_agree(engines, family):
-    """SPEC.md:543 [R4] / SPEC.md:421 [L13] — a swap (a tensor operand, and a number) at block_output[0]
+    """SPEC.md:548 [R4] / SPEC.md:421 [L13] — a swap (a tensor operand, and a number) at block_output[0]
     on the last token, then reads downstream and at the written address itself, equal on both engines;
     the write changed the head's output."""
     nn, hk = engines(family)
@@ -233,7 +233,7 @@ def _patched_reads(eng, texts):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_row_reads_the_same_alone_and_left_padded_on_both_engines(engines, family):
-    """SPEC.md:609 [R20] — the short row alone and the same row left-padded beside a longer prompt read the
+    """SPEC.md:614 [R20] — the short row alone and the same row left-padded beside a longer prompt read the
     same (a write, then the last layer and the logits at -1) to 1e-5, on both engines."""
     for eng in engines(family):
         _mask, alone = _patched_reads(eng, [SHORT])
@@ -259,7 +259,7 @@ def _observe_document(family: str) -> dict:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_rows_metric_is_the_same_alone_padded_and_under_batch_size_one(engines, family, tmp_path):
-    """SPEC.md:609 [R20] / SPEC.md:583 [R11] — a document's metric for the short row is the same when the row
+    """SPEC.md:614 [R20] / SPEC.md:588 [R11] — a document's metric for the short row is the same when the row
     is alone, beside a longer row (left-padded), and beside it under --batch-size 1, to 1e-5."""
     from causalab_ref.runs import compile as compiler
     from causalab_ref.runs import run
@@ -296,7 +296,7 @@ def _decode_actions(eng, ids, decode):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_both_engines_decode_the_same_tokens_and_per_step_values(engines, family):
-    """SPEC.md:1906 [E6] / SPEC.md:345 [P53] — the hooks engine decodes: on a padded batch, with a write at
+    """SPEC.md:1912 [E6] / SPEC.md:345 [P53] — the hooks engine decodes: on a padded batch, with a write at
     step 2, both engines generate the same greedy ids and read the same prompt, per-step and stacked values
     (allclose 1e-6); both hold off the same stop ids, the tokenizer's EOS among them."""
     nn, hk = engines(family)
@@ -361,7 +361,7 @@ def _values(out: Path) -> dict:
 
 
 def test_patching_document_gives_the_same_numbers_on_both_engines(tmp_path):
-    """SPEC.md:575 [R9] / SPEC.md:543 [R4] — `run documents/patching.json --engine hooks` writes the same
+    """SPEC.md:580 [R9] / SPEC.md:548 [R4] — `run documents/patching.json --engine hooks` writes the same
     iia and logit_diff values as the nnterp engine, and run.json records which engine ran."""
     hooks_out, nnterp_out = tmp_path / "hooks", tmp_path / "nnterp"
     done = inprocess.cli("run", "documents/patching.json", "--engine", "hooks", "--out", str(hooks_out))

@@ -191,7 +191,7 @@ def test_continuation_map_is_built_from_the_decoded_ids(llama):
 
 
 def test_eos_resolves_over_hand_made_ids(llama):
-    """SPEC.md:319 [P37] the positive eos case over hand-made ids: the frame is cut at the first stop token
+    """SPEC.md:319 [P37] the positive eos case over hand-made ids: the frame ends at the first stop token
     and eos is that token; a row that never stopped has no eos (seed 000:322)."""
     tok = llama.tokenizer
     eos = tok.eos_token_id
@@ -272,7 +272,7 @@ def _forced_stop_document() -> dict:
 
 
 def test_every_stop_id_is_held_off_so_a_forced_stop_token_is_never_generated(llama):
-    """SPEC.md:345 [P53] a decode holds off every id its continuation can be cut at — the tokenizer's EOS (2 on
+    """SPEC.md:345 [P53] a decode holds off every id its continuation can end at — the tokenizer's EOS (2 on
     the Llama fixture) and the generation config's (1) — so the issue's forced stop runs to the end: no
     generated id is a stop id, the eos read is alignment_missing on every row, and -1 is the last step."""
     assert llama.stop_ids() == (1, 2)
@@ -296,8 +296,8 @@ class _StopsAtStepOne(Delegate):
         return reads, generated
 
 
-def test_a_row_that_stops_is_cut_there_and_a_later_write_says_past_stop(llama):
-    """SPEC.md:353 [P54] / SPEC.md:319 [P37] a row whose continuation stops at step 1 is cut there: its eos read
+def test_a_row_that_stops_ends_there_and_a_later_write_says_past_stop(llama):
+    """SPEC.md:353 [P54] / SPEC.md:319 [P37] a row whose continuation stops at step 1 ends there: its eos read
     is step 1 and its -1 is step 1, and the write at step 3 reports the step it fired at with reason
     `past_stop` and no token; the row that did not stop is unchanged. Nothing crashes."""
     _step, results, _plan = _run(_StopsAtStepOne(llama), _forced_stop_document())

@@ -93,13 +93,13 @@ def test_imports_only_stdlib_torch_and_shapes():
 
 
 def test_content_text_excludes_bos(weekdays):
-    """seed 000:140 — the content text is the prompt itself, no BOS. SPEC.md:253 [P24] SPEC.md:643 [X4]"""
+    """seed 000:140 — the content text is the prompt itself, no BOS. SPEC.md:253 [P24] SPEC.md:648 [X4]"""
     _ids, _mask, frame = weekdays
     assert repr(frame.texts[0]) == "'If today is Thursday, tomorrow is'"
 
 
 def test_content_pieces_of_the_weekday_prompt(llama, weekdays):
-    """seed 000:141 — the content span covers exactly the prompt's pieces. SPEC.md:253 [P24] SPEC.md:643 [X4]"""
+    """seed 000:141 — the content range covers exactly the prompt's pieces. SPEC.md:253 [P24] SPEC.md:648 [X4]"""
     ids, _mask, frame = weekdays
     pieces = [llama.decode([i]) for i in ids[0][frame.starts[0] : frame.ends[0]]]
     assert pieces == ["If", "today", "is", "Th", "urs", "day", ",", "tom", "orrow", "is"]
@@ -107,7 +107,7 @@ def test_content_pieces_of_the_weekday_prompt(llama, weekdays):
 
 def test_offsets_from_decoding_growing_prefixes(weekdays):
     """seed 000:116,142 — offsets[k] is where token k starts; the last entry is len(text).
-    SPEC.md:242 [P22] SPEC.md:643 [X4]"""
+    SPEC.md:242 [P22] SPEC.md:648 [X4]"""
     _ids, _mask, frame = weekdays
     assert frame.offsets[0] == (0, 2, 8, 11, 14, 17, 20, 21, 25, 30, 33)
 
@@ -147,7 +147,7 @@ def test_a_token_that_covers_no_character_is_in_no_run(llama):
 
 
 def test_left_and_right_padding_give_the_same_content(llama, weekdays):
-    """seed 000:177 — resolution works from each row's content span, whichever side the padding is.
+    """seed 000:177 — resolution works from each row's content range, whichever side the padding is.
     SPEC.md:258 [P26]"""
     ids, mask, left = weekdays
     unpadded = [[i for i, m in zip(row, ms) if m] for row, ms in zip(ids, mask)]
@@ -160,7 +160,7 @@ def test_left_and_right_padding_give_the_same_content(llama, weekdays):
 
 
 def test_non_contiguous_padding_is_refused(llama):
-    """seed 000:177 — a row's content is one half-open span, so padding must be contiguous.
+    """seed 000:177 — a row's content is one half-open range, so padding must be contiguous.
     SPEC.md:258 [P26]"""
     with pytest.raises(ValueError, match="contiguous"):
         locate.frame_of_ids(llama, [[1, 960, 2, 338]], [[1, 1, 0, 1]])
@@ -195,7 +195,7 @@ def test_spelling_of_an_anchored_all():
 
 def test_index_minus_one_is_the_anchors_last_token(weekdays):
     """seed 000:58,144 — negatives count from the end of the run: Thursday's last piece is 'day'.
-    SPEC.md:199 [P5] SPEC.md:643 [X4]"""
+    SPEC.md:199 [P5] SPEC.md:648 [X4]"""
     _ids, _mask, frame = weekdays
     where = Where(index=-1, scope=Anchor(variable="e"))
     windows, reasons = locate.locate(frame, where, ("Thursday", "Friday"))
@@ -220,7 +220,7 @@ def test_anchor_absent_or_none_is_missing(weekdays):
 
 def test_anchor_index_moves_with_the_tokens_after_it(llama):
     """seed 000:179-193 — ' Tuesday' is three tokens, so the number's index is 8 or 6.
-    SPEC.md:199 [P5] SPEC.md:643 [X4]"""
+    SPEC.md:199 [P5] SPEC.md:648 [X4]"""
     _ids, _mask, frame = locate.frame_of_texts(llama, ARITHMETIC)
     windows, reasons = locate.locate(
         frame, Where(index=-1, scope=Anchor(variable="number")), ("one", "three", "two", "five")
@@ -239,7 +239,7 @@ def test_special_prefix_is_bos_on_llama(llama):
 
 
 def test_index_zero_is_the_first_word_on_llama(llama):
-    """seed 000:168 — the run starts after BOS, so index 0 is 'If'. SPEC.md:253 [P24] SPEC.md:255 [P25] SPEC.md:643 [X4]"""
+    """seed 000:168 — the run starts after BOS, so index 0 is 'If'. SPEC.md:253 [P24] SPEC.md:255 [P25] SPEC.md:648 [X4]"""
     ids, _mask, frame = locate.frame_of_texts(llama, [WEEKDAYS[0]])
     windows, _reasons = locate.locate(frame, Where(index=0))
     assert ids[0][:4] == (1, 960, 9826, 338) and frame.starts == (1,)
@@ -318,7 +318,7 @@ def test_bare_role_that_spoke_twice_is_ambiguous_when_a_later_turn_was_not_found
 
 def test_a_turn_is_found_as_itself_not_trimmed(llama):
     """seed 000:87 SPEC.md:213 [P11] — the Llama-2 template trims each content, so 'Thursday.\\n' is rendered
-    'Thursday.' and that turn is unfound: no span, and asking for it is alignment_missing. Read trimmed, the
+    'Thursday.' and that turn is unfound: no character range, and asking for it is alignment_missing. Read trimmed, the
     turn would have been found at 31..40; the seed finds each content as itself, so it is not."""
     chat = [{"role": "user", "content": "Name a weekday."}, {"role": "assistant", "content": "Thursday.\n"},
             {"role": "user", "content": "And?"}]
@@ -428,8 +428,8 @@ GENERATED = [
 ]
 
 
-def test_continuation_is_cut_at_the_first_stop_token(llama):
-    """seed 000:269 — a row is cut at its first stop token, which it keeps; one that never
+def test_continuation_ends_at_the_first_stop_token(llama):
+    """seed 000:269 — a row ends at its first stop token, which it keeps; one that never
     stopped keeps the bound. SPEC.md:319 [P37]"""
     frame = locate.frame_of_continuation(llama, GENERATED, llama.eos_token_id)
     assert frame.kind == "generated"

@@ -104,7 +104,7 @@ def test_entity_patch_tables_carry_the_metric_reads_window(llama, tmp_path):
 
 def test_chat_turn_compiles_the_seeds_sample_and_segments(llama):
     """SPEC.md:208 [P9] SPEC.md:211 [P10] SPEC.md:213 [P11] seed 000:83-87 — a list of messages is rendered
-    through the chat template (no BOS text), and each turn's content span is recorded."""
+    through the chat template (no BOS text), and each turn's content's character range is recorded."""
     step = _step(CHAT_TURN, llama)
     sample = "[INST] Name a weekday. [/INST] Thursday. </s><s>[INST] If today is Thursday, tomorrow is [/INST]"
     for forward in step.forwards:
@@ -383,7 +383,7 @@ def test_left_padding_same_last_index_each_rows_own_first_token(llama):
 
 
 def test_cli_tokens_shows_a_documents_rows_with_indices():
-    """SPEC.md:605 [R19] seed 000:175-195 (document-format §16) — `tokens --document DOC` prints each role's rows of the
+    """SPEC.md:610 [R19] seed 000:175-195 (document-format §16) — `tokens --document DOC` prints each role's rows of the
     first step as index:'piece', indices into the padded batch."""
     done = inprocess.cli("tokens", "--document", "documents/entity_patch.json")
     assert done.returncode == 0, done.stderr

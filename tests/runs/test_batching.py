@@ -1,4 +1,4 @@
-"""--batch-size: rows split into windows, each running the whole pass; results are one pass's."""
+"""--batch-size: rows split into chunks, each running the whole pass; results are one pass's."""
 from __future__ import annotations
 
 import json
@@ -24,7 +24,7 @@ def _step(llama, doc, root=DATA):
 
 @pytest.mark.parametrize("size", [1, 3])
 def test_batched_results_equal_one_pass(llama, size):
-    """SPEC.md:583 [R11] windows of rows give one pass's positions, tokens, reasons and eligibility, and
+    """SPEC.md:588 [R11] chunks of rows give one pass's positions, tokens, reasons and eligibility, and
     its values to float32 rounding."""
     step = _step(llama, ENTITY)
     whole = run.run_step(llama, step)
@@ -38,7 +38,7 @@ def test_batched_results_equal_one_pass(llama, size):
 
 
 def test_batched_decode_equals_one_pass(llama):
-    """SPEC.md:583 [R11] a decoding pass split in windows keeps its steps, tokens and generated ids."""
+    """SPEC.md:588 [R11] a decoding pass split in chunks keeps its steps, tokens and generated ids."""
     step = _step(llama, GENERATED)
     whole = run.run_step(llama, step)
     split = run.run_step(llama, step, batch_size=3)
@@ -47,7 +47,7 @@ def test_batched_decode_equals_one_pass(llama):
 
 
 def test_batched_refusals_name_the_documents_rows(llama):
-    """SPEC.md:583 [R11] a refusal in a later window names the row by the document's numbering. Compile places
+    """SPEC.md:588 [R11] a refusal in a later chunk names the row by the document's numbering. Compile places
     the prompt frame of every row (P58), so the run's own check is reached by a plan whose write anchors row 3
     to text its prompt lacks after compile."""
     step = _step(llama, ENTITY)

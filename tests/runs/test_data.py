@@ -141,7 +141,7 @@ def test_an_answer_of_several_tokens_is_refused(llama, tmp_path):
 
 
 def test_a_roles_prompts_are_one_left_padded_batch(llama):
-    """SPEC.md:538 [R2] — each role's prompts are one batch as wide as its longest row, padded on the
+    """SPEC.md:543 [R2] — each role's prompts are one batch as wide as its longest row, padded on the
     tokenizer's side (left on the fixtures) with the pad token, here the EOS set in its place."""
     tok = llama.tokenizer
     assert tok.padding_side == "left" and tok.pad_token == tok.eos_token == "</s>"
@@ -158,7 +158,7 @@ def test_a_roles_prompts_are_one_left_padded_batch(llama):
 
 
 def test_gpt2_has_no_pad_token_and_pads_with_eos():
-    """SPEC.md:538 [R2] — the GPT-2 fixture's tokenizer has no pad token; the engine sets it to EOS, and
+    """SPEC.md:543 [R2] — the GPT-2 fixture's tokenizer has no pad token; the engine sets it to EOS, and
     a batch pads on the left with that id."""
     from transformers import AutoTokenizer
 
@@ -176,9 +176,9 @@ def test_gpt2_has_no_pad_token_and_pads_with_eos():
 
 @pytest.mark.parametrize("ref", ["weekdays/" + "x" * 300, "x" * 300 + "/train", "weekdays/" + "x" * 251])
 def test_an_over_long_dataset_ref_is_refused_with_its_path(ref, capsys):
-    """SPEC.md:592 [R14] a dataset ref whose folder or table name the file system cannot take is one
-    refusal at the ref's path (from the reader and from the CLI, status 2), never an OSError; SPEC.md:1094 [S76] the
-    CLI's line cuts the long name to its first 64 characters and says its length."""
+    """SPEC.md:597 [R14] a dataset ref whose folder or table name the file system cannot take is one
+    refusal at the ref's path (from the reader and from the CLI, status 2), never an OSError; SPEC.md:1100 [S76] the
+    CLI's line shortens the long name to its first 64 characters and says its length."""
     from causalab_ref import cli
 
     with pytest.raises(Refusal) as e:
@@ -186,7 +186,7 @@ def test_an_over_long_dataset_ref_is_refused_with_its_path(ref, capsys):
     assert (e.value.path, e.value.stage) == ("steps.score.rows.base", "compile") and ref in e.value.message
     assert cli.main(["data", ref, "--data-root", str(DATA)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    shown = ref if len(ref) <= 300 else f"{ref[:64]}…({len(ref)} chars)"  # S76: a run past 300 characters is cut
+    shown = ref if len(ref) <= 300 else f"{ref[:64]}…({len(ref)} chars)"  # S76: a run past 300 characters is shortened
     assert len(err) == 1 and err[0].startswith(f"compile: ref: dataset ref '{shown}'")
 
 

@@ -29,7 +29,7 @@ def llama_eager():
 
 
 def test_explain_head_patching_prints_the_seeds_plan_lines(llama):
-    """SPEC.md:544 [R5] explain prints each point, forward and tap; features=[h]/4 is head h of four and
+    """SPEC.md:549 [R5] explain prints each point, forward and tap; features=[h]/4 is head h of four and
     lm_head carries no layer (seed 004:9-29)."""
     text = compiler.compile_document(_doc("head_patching"), llama, DATA).text()
     lines = text.splitlines()
@@ -47,7 +47,7 @@ def test_explain_head_patching_prints_the_seeds_plan_lines(llama):
 
 
 def test_a_swept_run_writes_one_directory_per_point(llama, tmp_path):
-    """SPEC.md:547 [R6] a swept run writes each point's document.json and saves under its label
+    """SPEC.md:552 [R6] a swept run writes each point's document.json and saves under its label
     (seed 004:386-395)."""
     plan = compiler.compile_document(_doc("head_patching"), llama, DATA)
     written = run.execute(plan, llama, tmp_path / "heads")

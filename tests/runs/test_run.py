@@ -67,14 +67,14 @@ def _hand_patched_logits():
 
 
 def test_patching_writes_the_four_files(written):
-    """SPEC.md:547 [R6] run writes document.json, run.json and each step's saves."""
+    """SPEC.md:552 [R6] run writes document.json, run.json and each step's saves."""
     out, paths = written
     assert [Path(p).name for p in paths] == ["document.json", "run.json", "iia.json", "logit_diff.json"]
     assert sorted(p.name for p in out.iterdir()) == ["document.json", "iia.json", "logit_diff.json", "run.json"]
 
 
 def test_metric_table_rows_have_the_fields_in_order(written):
-    """SPEC.md:549 [R7] one object per base row, keys in the documented order, ids as strings."""
+    """SPEC.md:554 [R7] one object per base row, keys in the documented order, ids as strings."""
     out, _ = written
     for name in ("iia", "logit_diff"):
         rows = json.loads((out / f"{name}.json").read_text())
@@ -85,7 +85,7 @@ def test_metric_table_rows_have_the_fields_in_order(written):
 
 
 def test_every_file_a_run_writes_is_json_dumps_indented_by_one(written):
-    """SPEC.md:1757 [Q16] each JSON file is exactly `json.dumps(obj, indent=1)` and a newline, the flat tables
+    """SPEC.md:1763 [Q16] each JSON file is exactly `json.dumps(obj, indent=1)` and a newline, the flat tables
     (this unanchored step's) included."""
     out, _ = written
     for name in ("document.json", "run.json", "iia.json", "logit_diff.json"):
@@ -104,7 +104,7 @@ VALUES = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=
 @settings(max_examples=400, deadline=None)
 @given(obj=st.one_of(st.lists(ROWS, max_size=5), st.lists(st.one_of(ROWS, VALUES), max_size=4), VALUES))
 def test_the_results_encoder_writes_json_dumps_bytes(obj):
-    """SPEC.md:1757 [Q16] tables of flat rows (keys and strings holding braces, commas, quotes and newlines; NaN,
+    """SPEC.md:1763 [Q16] tables of flat rows (keys and strings holding braces, commas, quotes and newlines; NaN,
     infinities, big ints), tables with an empty or a nested row, and any other value: the bytes json.dumps writes."""
     assert results.dumps(obj) == json.dumps(obj, indent=1)
 
@@ -117,7 +117,7 @@ def test_bare_integer_pass_reports_no_positions(written):
 
 
 def test_units_and_estimands_follow_the_kind(written):
-    """SPEC.md:571 [R8] match is a fraction (match/v1), logit_diff a logit (logit_diff/v1)."""
+    """SPEC.md:576 [R8] match is a fraction (match/v1), logit_diff a logit (logit_diff/v1)."""
     out, _ = written
     iia = json.loads((out / "iia.json").read_text())
     diff = json.loads((out / "logit_diff.json").read_text())
@@ -159,7 +159,7 @@ def test_produced_by_is_the_digest_and_ignores_the_header(written):
 
 
 def test_run_json_records_the_fixture_recipe_and_versions(written):
-    """SPEC.md:575 [R9] run.json records engine, package digest, versions, model and recipe digest."""
+    """SPEC.md:580 [R9] run.json records engine, package digest, versions, model and recipe digest."""
     out, _ = written
     record = json.loads((out / "run.json").read_text())
     assert record["engine"] == "NNterpEngine"
@@ -172,7 +172,7 @@ def test_run_json_records_the_fixture_recipe_and_versions(written):
 
 
 def test_existing_out_is_refused_without_replace(llama, written):
-    """SPEC.md:580 [R10] an existing --out is refused unless --replace is given."""
+    """SPEC.md:585 [R10] an existing --out is refused unless --replace is given."""
     out, _ = written
     plan = compiler.compile_document(PATCHING, llama, DATA)
     with pytest.raises(Refusal, match="already exists"):
@@ -182,7 +182,7 @@ def test_existing_out_is_refused_without_replace(llama, written):
 
 
 def test_a_refused_run_leaves_no_result_folder(llama, tmp_path):
-    """SPEC.md:580 [R10] a run refused mid-way leaves neither --out nor its temporary folder."""
+    """SPEC.md:585 [R10] a run refused mid-way leaves neither --out nor its temporary folder."""
     plan = compiler.compile_document(copy.deepcopy(PATCHING), llama, DATA)
     # A cut no row fits, put into the plan after compile (which would refuse it, P58), so the run refuses it
     # mid-way, where it places the write.
@@ -198,14 +198,14 @@ def test_a_refused_run_leaves_no_result_folder(llama, tmp_path):
 
 
 def test_forwards_follow_their_operands(llama):
-    """SPEC.md:541 [R3] the counterfactual forward that reads the operand runs before the patched one."""
+    """SPEC.md:546 [R3] the counterfactual forward that reads the operand runs before the patched one."""
     plan = compiler.compile_document(PATCHING, llama, DATA)
     assert [(f.model, f.input) for f in plan.steps[0].forwards] == [("original", "counterfactual"),
                                                                      ("patched", "base")]
 
 
 def test_taps_run_in_rank_order_writes_first(llama):
-    """SPEC.md:543 [R4] taps in rank order; at one address the write comes before the read."""
+    """SPEC.md:548 [R4] taps in rank order; at one address the write comes before the read."""
     doc = copy.deepcopy(PATCHING)
     doc["interventions"]["patching"]["reads"]["after"] = {"site": "target", "pos": -1, "model": "patched",
                                                            "input": "base"}
@@ -231,7 +231,7 @@ def test_a_metric_over_a_read_that_is_not_the_vocabulary_is_refused_at_compile(l
 
 
 def test_rows_scored_together_equal_each_row_scored_alone():
-    """SPEC.md:571 [R8] each kind's batched scoring gives, bit for bit, its formula on each row's vector alone."""
+    """SPEC.md:576 [R8] each kind's batched scoring gives, bit for bit, its formula on each row's vector alone."""
     from causalab_ref.documents import metrics
     gen = torch.Generator().manual_seed(8)
     logits = torch.randn(9, 32000, generator=gen) * 6

@@ -42,13 +42,13 @@ def _tables(out: pathlib.Path) -> dict:
 @pytest.mark.parametrize("batch_size", [None, 3])
 def test_a_forward_shared_by_sweep_points_runs_once_with_each_points_values(llama, monkeypatch, tmp_path,
                                                                             batch_size):
-    """SPEC.md:1664 [Q5] head_patching's four points read one counterfactual forward: 5 forwards per window
+    """SPEC.md:1670 [Q5] head_patching's four points read one counterfactual forward: 5 forwards per chunk
     instead of 8, and every table equals the point run on its own."""
     plan = compiler.compile_document(_doc("head_patching"), llama, DATA)
     calls = _counted(monkeypatch, llama)
     run.execute(plan, llama, tmp_path / "out", batch_size=batch_size, progress=False)
-    windows = 1 if batch_size is None else 2  # 4 rows in windows of 3
-    assert len(calls) == 5 * windows
+    chunks = 1 if batch_size is None else 2  # 4 rows in chunks of 3
+    assert len(calls) == 5 * chunks
     got = _tables(tmp_path / "out")
     for leaf in plan.leaves():
         alone = run.run_step(llama, leaf.steps[0], batch_size)
@@ -58,9 +58,9 @@ def test_a_forward_shared_by_sweep_points_runs_once_with_each_points_values(llam
 
 @pytest.mark.parametrize("batch_size", [None, 3])
 def test_sweep_points_on_the_same_rows_build_each_frame_once(llama, monkeypatch, tmp_path, batch_size):
-    """SPEC.md:1748 [Q15] head_patching's four points on one set of rows build the base and counterfactual
+    """SPEC.md:1754 [Q15] head_patching's four points on one set of rows build the base and counterfactual
     frames once, not at every point: compile builds the two whole-row frames (P58), one pair for all four
-    points, and the run builds neither again, in one pass or in two windows (each window takes its rows of
+    points, and the run builds neither again, in one pass or in two chunks (each chunk takes its rows of
     compile's frames, Q26); the tables are each point's own."""
     from causalab_ref.positions import locate
     plan = compiler.compile_document(_doc("head_patching"), llama, DATA)
@@ -83,7 +83,7 @@ def test_sweep_points_on_the_same_rows_build_each_frame_once(llama, monkeypatch,
 
 
 def test_explain_names_the_steps_that_share_a_forward(llama):
-    """SPEC.md:1672 [Q6] explain ends with the shared forwards and the `<point>/<step>` each serves."""
+    """SPEC.md:1678 [Q6] explain ends with the shared forwards and the `<point>/<step>` each serves."""
     lines = compiler.compile_document(_doc("layer_sweep"), llama, DATA).text().splitlines()
     assert lines[-2:] == ["  shared forwards (each runs once, its reads serve every step named):",
                           "    'original' on 'base'  (4 rows x 11 tokens): layers=0/score, layers=1/score"]
@@ -91,7 +91,7 @@ def test_explain_names_the_steps_that_share_a_forward(llama):
 
 
 def test_decoding_forwards_and_different_writes_are_not_shared(llama):
-    """SPEC.md:1675 [Q7] a forward that decodes is never shared, and two points whose writes land in different
+    """SPEC.md:1681 [Q7] a forward that decodes is never shared, and two points whose writes land in different
     places each run their own patched forward."""
     raw = _doc("generated_answer")
     raw["interventions"]["generation"]["reads"]["at_said"]["pos"]["index"] = {"sweep": [-1, -2]}
@@ -104,7 +104,7 @@ def test_decoding_forwards_and_different_writes_are_not_shared(llama):
 
 
 def test_a_read_that_cannot_be_placed_on_the_shared_rows_runs_its_own_forward(llama):
-    """SPEC.md:1675 [Q7] the point that runs a shared forward leaves out another point's read that the rows
+    """SPEC.md:1681 [Q7] the point that runs a shared forward leaves out another point's read that the rows
     refuse (index 99 past the prompt): its own values are its unshared ones, and the other point runs
     the forward itself and is refused with its own read's path."""
     raw = _doc("layer_sweep")

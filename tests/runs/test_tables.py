@@ -12,7 +12,7 @@ DATA = ROOT / "documents" / "data"
 
 
 def test_a_qualified_saves_table_names_the_metric_by_its_declared_name(tmp_path):
-    """SPEC.md:554 [R22] a step of two interventions saving `patching/logit_diff` and `plain/logit_diff` writes
+    """SPEC.md:559 [R22] a step of two interventions saving `patching/logit_diff` and `plain/logit_diff` writes
     rows whose `metric` is `logit_diff` in both files: the qualifier picks the table, not the name."""
     raw = json.loads((ROOT / "documents" / "patching.json").read_text(encoding="utf-8"))
     plain = copy.deepcopy(raw["interventions"]["patching"])
@@ -30,7 +30,7 @@ def test_a_qualified_saves_table_names_the_metric_by_its_declared_name(tmp_path)
 
 
 def test_explain_prints_outputs_before_saves_and_no_empty_saves(capsys):
-    """SPEC.md:557 [R23] mean_ablation's harvest publishes `mean` and saves mean.safetensors: metrics, then
+    """SPEC.md:562 [R23] mean_ablation's harvest publishes `mean` and saves mean.safetensors: metrics, then
     outputs, then saves; steering's harvest saves nothing and prints no `saves=[]`."""
     assert cli.main(["explain", str(ROOT / "documents" / "mean_ablation.json"), "--data-root", str(DATA)]) == 0
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("harvest:"))
@@ -41,7 +41,7 @@ def test_explain_prints_outputs_before_saves_and_no_empty_saves(capsys):
 
 
 def test_forwards_with_no_dependency_between_them_run_sorted_by_model_and_input():
-    """SPEC.md:557 [R23] LR§9.3 — three forwards on base, `steered_renormed` and `steered` both reading after
+    """SPEC.md:562 [R23] LR§9.3 — three forwards on base, `steered_renormed` and `steered` both reading after
     `original`: the order is original, steered, steered_renormed whatever order the reads are declared in."""
     from causalab_ref.runs import order
     from causalab_ref.shapes import IntervenedModel, Read, Write
@@ -64,7 +64,7 @@ def test_forwards_with_no_dependency_between_them_run_sorted_by_model_and_input(
 
 
 def test_an_untested_stack_is_named_in_one_line_and_the_tested_set_is_ci_s(monkeypatch, capsys):
-    """SPEC.md:562 [R24] TESTED is what .ci/constraints.txt pins; with another transformers installed, `run` and
+    """SPEC.md:567 [R24] TESTED is what .ci/constraints.txt pins; with another transformers installed, `run` and
     `conform` print one note naming it (and nothing when the stack is the tested one)."""
     from causalab_ref.runs import results
 
@@ -80,7 +80,7 @@ def test_an_untested_stack_is_named_in_one_line_and_the_tested_set_is_ci_s(monke
 
 
 def test_the_untested_stack_note_never_joins_a_refusal_or_a_usage_line(monkeypatch, tmp_path):
-    """SPEC.md:562 [R24] under an untested stack a refused `run` and a `conform` usage error print their one
+    """SPEC.md:567 [R24] under an untested stack a refused `run` and a `conform` usage error print their one
     line alone (D4, C20); a run that writes its results prints the note after them."""
     from causalab_ref.runs import results
     from inprocess import cli as run_cli

@@ -17,7 +17,7 @@ import fuzzing
           suppress_health_check=list(HealthCheck))
 @given(rng=st.randoms(use_true_random=False))
 def test_mutated_documents_end_in_success_or_a_refusal(rng: random.Random, tmp_path_factory):
-    """SPEC.md:19 [D4] SPEC.md:592 [R14] Whatever the document and data hold, validate, explain and run
+    """SPEC.md:19 [D4] SPEC.md:597 [R14] Whatever the document and data hold, validate, explain and run
     end with status 0 or 2 and one line; no other exception, no traceback."""
     tmp = tmp_path_factory.mktemp("fuzz")
     with fuzzing.cached_loads():
@@ -26,7 +26,7 @@ def test_mutated_documents_end_in_success_or_a_refusal(rng: random.Random, tmp_p
 
 
 def test_broken_json_and_deep_nesting_are_refusals(tmp_path):
-    """SPEC.md:19 [D4] SPEC.md:592 [R14] Broken JSON, text nested past any parser, and bytes that are not
+    """SPEC.md:19 [D4] SPEC.md:597 [R14] Broken JSON, text nested past any parser, and bytes that are not
     UTF-8 are refused at validation in one line."""
     doc = tmp_path / "doc.json"
     for body in (b'{"model": ', b"[" * 100_000 + b"]" * 100_000, b"\xff\xfe{}", b'{"a": NaN}'):
@@ -48,7 +48,7 @@ def test_a_key_holding_a_newline_is_still_one_line(tmp_path):
 
 
 def test_a_sweep_of_too_many_points_is_refused_not_built():
-    """SPEC.md:592 [R14] A range of 10**100 values is refused at validation, not expanded."""
+    """SPEC.md:597 [R14] A range of 10**100 values is refused at validation, not expanded."""
     import json
 
     from causalab_ref.documents import sweeps
@@ -65,7 +65,7 @@ def test_a_sweep_of_too_many_points_is_refused_not_built():
 
 
 def test_a_lone_surrogate_in_a_document_or_a_table_is_a_refusal(tmp_path):
-    """SPEC.md:592 [R14] `"\\ud800"` is JSON but no tokenizer's text: refused with its path, not a TypeError."""
+    """SPEC.md:597 [R14] `"\\ud800"` is JSON but no tokenizer's text: refused with its path, not a TypeError."""
     import json
     import shutil
     doc = tmp_path / "doc.json"
@@ -83,7 +83,7 @@ def test_a_lone_surrogate_in_a_document_or_a_table_is_a_refusal(tmp_path):
 
 
 def test_a_metric_of_a_read_that_is_not_logits_is_a_refusal(tmp_path):
-    """SPEC.md:592 [R14] a token-scoring metric over a residual without "view": "logits" is refused (at
+    """SPEC.md:597 [R14] a token-scoring metric over a residual without "view": "logits" is refused (at
     compile) naming the metric, not an IndexError."""
     import json
     raw = json.loads((fuzzing.REPO / "documents" / "layer_sweep.json").read_text(encoding="utf-8"))
@@ -98,7 +98,7 @@ def test_a_metric_of_a_read_that_is_not_logits_is_a_refusal(tmp_path):
 
 
 def test_the_fuzzer_writes_the_later_languages_fields(tmp_path):
-    """SPEC.md:1313 [S63] SPEC.md:114 [D36] SPEC.md:2499 [SF6] fuzzing.language makes layers "all" (and its wrong
+    """SPEC.md:1319 [S63] SPEC.md:114 [D36] SPEC.md:2505 [SF6] fuzzing.language makes layers "all" (and its wrong
     spellings) and steps-first cycles, the steps-first documents are among its sources; each such document
     validates or is refused in one line."""
     import json

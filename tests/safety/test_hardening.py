@@ -57,7 +57,7 @@ def _long_data_root(tmp_path: Path, copies: int) -> Path:
 
 
 def test_a_killed_run_leaves_no_result_folder_and_the_next_run_clears_its_staging(tmp_path):
-    """SPEC.md:596 [R15] SPEC.md:580 [R10] SIGKILL once the staging folder exists: no --out; the next run
+    """SPEC.md:601 [R15] SPEC.md:585 [R10] SIGKILL once the staging folder exists: no --out; the next run
     beside it removes the dead run's `.out.partial-*` folder and writes --out."""
     root = _long_data_root(tmp_path, 400)
     results = tmp_path / "results"
@@ -90,7 +90,7 @@ def test_a_killed_run_leaves_no_result_folder_and_the_next_run_clears_its_stagin
 
 
 def test_staging_of_a_live_run_is_left_alone(llama, tmp_path):
-    """SPEC.md:596 [R15] a staging folder whose process is alive (here: this one's parent) is kept."""
+    """SPEC.md:601 [R15] a staging folder whose process is alive (here: this one's parent) is kept."""
     live = tmp_path / f".out.partial-pid{os.getppid()}-abcd1234"
     dead = tmp_path / ".out.partial-pid999999999-abcd1234"
     live.mkdir()
@@ -100,7 +100,7 @@ def test_staging_of_a_live_run_is_left_alone(llama, tmp_path):
 
 
 def test_run_json_records_device_dtype_and_wall_time(llama, tmp_path):
-    """SPEC.md:575 [R9] run.json: versions, the fixture digest, device, dtype and wall_seconds."""
+    """SPEC.md:580 [R9] run.json: versions, the fixture digest, device, dtype and wall_seconds."""
     plan = compiler.compile_document(PATCHING, llama, DATA)
     started = time.perf_counter()
     run.execute(plan, llama, tmp_path / "out", progress=False)
@@ -123,7 +123,7 @@ def test_run_json_records_device_dtype_and_wall_time(llama, tmp_path):
 @pytest.mark.parametrize("file_path", ["../escape.json", "/tmp/abs.json", "a/../../b.json", "./x/../../y.json",
                                        "a//b.json", "run.json"])
 def test_a_save_that_would_leave_out_is_refused_with_its_path(file_path):
-    """SPEC.md:586 [R12] `..`, absolute and empty parts are refused at validation naming the file_path
+    """SPEC.md:591 [R12] `..`, absolute and empty parts are refused at validation naming the file_path
     (and a file the run writes itself is refused likewise)."""
     raw = copy.deepcopy(PATCHING)
     raw["steps"]["score"]["saves"][0]["file_path"] = file_path
@@ -132,7 +132,7 @@ def test_a_save_that_would_leave_out_is_refused_with_its_path(file_path):
 
 
 def test_a_save_through_a_link_out_of_out_is_refused(tmp_path):
-    """SPEC.md:586 [R12] a path that resolves through a link outside --out is refused with the path."""
+    """SPEC.md:591 [R12] a path that resolves through a link outside --out is refused with the path."""
     base = tmp_path / "staging"
     base.mkdir()
     (tmp_path / "elsewhere").mkdir()
@@ -144,7 +144,7 @@ def test_a_save_through_a_link_out_of_out_is_refused(tmp_path):
 
 
 def test_an_out_that_is_a_link_is_refused(llama, tmp_path):
-    """SPEC.md:586 [R12] --out itself may not be a link (replacing it would write through it)."""
+    """SPEC.md:591 [R12] --out itself may not be a link (replacing it would write through it)."""
     (tmp_path / "target").mkdir()
     os.symlink(tmp_path / "target", tmp_path / "out")
     plan = compiler.compile_document(PATCHING, llama, DATA)
@@ -155,7 +155,7 @@ def test_an_out_that_is_a_link_is_refused(llama, tmp_path):
 
 @pytest.mark.parametrize("value", ["../x", "/abs", "a/b", "..\\x", "x" * 300])
 def test_a_sweep_point_folder_that_would_leave_out_is_refused(value):
-    """SPEC.md:586 [R12] a swept string becomes the point's folder name: a separator, `..`, an absolute
+    """SPEC.md:591 [R12] a swept string becomes the point's folder name: a separator, `..`, an absolute
     path or an over-long name is refused at validation with the wrapper's path and the label."""
     raw = copy.deepcopy(PATCHING)
     raw["header"] = {}
@@ -166,14 +166,14 @@ def test_a_sweep_point_folder_that_would_leave_out_is_refused(value):
 
 @pytest.mark.parametrize("ref", ["../data/weekdays/train", "/etc/passwd", "weekdays/../../x", "weekdays/../weekdays/train"])
 def test_a_dataset_ref_that_leaves_the_data_root_is_refused(ref):
-    """SPEC.md:586 [R12] SPEC.md:31 [D9] `..` and absolute refs are refused naming the ref."""
+    """SPEC.md:591 [R12] SPEC.md:31 [D9] `..` and absolute refs are refused naming the ref."""
     with pytest.raises(Refusal) as caught:
         data.rows_of(ref, DATA, "steps.score.rows.base")
     assert caught.value.path == "steps.score.rows.base" and ref in caught.value.message
 
 
 def test_a_linked_table_that_resolves_outside_the_root_is_refused(tmp_path):
-    """SPEC.md:586 [R12] a table (or folder) that is a link out of the data root is refused."""
+    """SPEC.md:591 [R12] a table (or folder) that is a link out of the data root is refused."""
     root = tmp_path / "root"
     (root / "weekdays").mkdir(parents=True)
     outside = tmp_path / "outside"
@@ -198,7 +198,7 @@ def _copy_checkpoint(tmp_path: Path) -> Path:
 
 
 def test_a_checkpoint_with_only_pytorch_bin_weights_is_refused(tmp_path):
-    """SPEC.md:590 [R13] only safetensors weights are read: a pytorch_model.bin checkpoint is refused."""
+    """SPEC.md:595 [R13] only safetensors weights are read: a pytorch_model.bin checkpoint is refused."""
     import torch
     from safetensors.torch import load_file
     ckpt = _copy_checkpoint(tmp_path)
@@ -212,7 +212,7 @@ def test_a_checkpoint_with_only_pytorch_bin_weights_is_refused(tmp_path):
 
 
 def test_loading_never_runs_a_checkpoints_own_code(tmp_path):
-    """SPEC.md:590 [R13] a config whose auto_map names the checkpoint's own code: that code never runs."""
+    """SPEC.md:595 [R13] a config whose auto_map names the checkpoint's own code: that code never runs."""
     ckpt = _copy_checkpoint(tmp_path)
     marker = tmp_path / "ran"
     (ckpt / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('x')\n"
@@ -234,7 +234,7 @@ def test_loading_never_runs_a_checkpoints_own_code(tmp_path):
 
 
 def test_progress_shows_on_a_terminal_only(monkeypatch):
-    """SPEC.md:599 [R16] a bar over several passes on a terminal; none with --quiet, off a terminal,
+    """SPEC.md:604 [R16] a bar over several passes on a terminal; none with --quiet, off a terminal,
     or for a single pass."""
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
     bar = results.progress(4, True, "run")
@@ -247,7 +247,7 @@ def test_progress_shows_on_a_terminal_only(monkeypatch):
 
 
 def test_quiet_run_off_a_terminal_prints_no_bar(tmp_path):
-    """SPEC.md:599 [R16] stderr is not a terminal here: a many-row run writes nothing to it."""
+    """SPEC.md:604 [R16] stderr is not a terminal here: a many-row run writes nothing to it."""
     root = _long_data_root(tmp_path, 2)
     proc = inprocess.cli("run", str(ROOT / "documents" / "patching.json"), "--data-root", str(root),
                          "--out", str(tmp_path / "out"), "--batch-size", "2")

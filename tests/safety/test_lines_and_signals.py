@@ -1,7 +1,7 @@
 """Refusal lines that cannot act on a terminal, and interrupts that arrive once a verb has finished.
 
 A document's names reach the refusal line through its path and its message: the line escapes control and
-bidirectional characters and cuts a long run, saying its length (SPEC.md S76). A SIGINT or SIGTERM that arrives
+bidirectional characters and shortens a long run, saying its length (SPEC.md S76). A SIGINT or SIGTERM that arrives
 while the answer is printed or the handlers are put back prints no traceback (S77). Each is run as the command
 line, in a subprocess, as a user meets it.
 """
@@ -40,7 +40,7 @@ def _with_role(name: str) -> dict:
                                         ("\x7f", "\\x7f"), ("\x9b", "\\x9b"), ("\u2028", "\\u2028"),
                                         ("\u2066", "\\u2066"), ("\n", "\\n"), ("\r", "\\r"), ("\t", "\\t")])
 def test_a_refusal_line_escapes_control_and_bidi_characters(tmp_path, raw, shown):
-    """SPEC.md:1094 [S76] — a role named with a control or bidi character is refused in one line that holds
+    """SPEC.md:1100 [S76] — a role named with a control or bidi character is refused in one line that holds
     the character's escape, never the character (NUL, ESC and RLO were printed raw)."""
     proc = _validate(tmp_path, _with_role(f"a{raw}b"))
     line = proc.stderr.decode("utf-8")
@@ -50,7 +50,7 @@ def test_a_refusal_line_escapes_control_and_bidi_characters(tmp_path, raw, shown
 
 
 def test_a_long_name_is_cut_with_its_length_said(tmp_path):
-    """SPEC.md:1094 [S76] — a 100,000-character role name gives a line of a few hundred characters naming the
+    """SPEC.md:1100 [S76] — a 100,000-character role name gives a line of a few hundred characters naming the
     name's length (it gave a 100,000-character line)."""
     proc = _validate(tmp_path, _with_role("x" * 100_000))
     line = proc.stderr.decode("utf-8").rstrip("\n")
@@ -59,7 +59,7 @@ def test_a_long_name_is_cut_with_its_length_said(tmp_path):
 
 
 def test_ordinary_text_is_unchanged():
-    """SPEC.md:1094 [S76] — text without control characters, with backslashes, quotes, non-ASCII letters and
+    """SPEC.md:1100 [S76] — text without control characters, with backslashes, quotes, non-ASCII letters and
     names of 255 bytes in a dotted path, is printed byte for byte as it is."""
     name = "\u00e9" * 127 + "a"  # 255 bytes of UTF-8, the longest name S43 allows
     text = (f"validation: steps.{name}.reads.{name}: name '\\\\' is 'caf\u00e9 \u2026'; "
@@ -69,8 +69,8 @@ def test_ordinary_text_is_unchanged():
     assert Refusal("no path here", stage="run").line() == "run: no path here"
 
 
-def test_a_cut_run_of_control_characters_prints_at_most_its_kept_escapes():
-    """SPEC.md:1094 [S76] — a run is cut before it is escaped: 10,000 NULs print 64 escapes and the length."""
+def test_a_shortened_run_of_control_characters_prints_at_most_its_kept_escapes():
+    """SPEC.md:1100 [S76] — a run is shortened before it is escaped: 10,000 NULs print 64 escapes and the length."""
     line = printable("x: " + "\x00" * 10_000)
     assert line == "x: " + "\\x00" * 64 + "\u2026(10000 chars)"
 
@@ -106,7 +106,7 @@ sys.exit(cli.main())
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 @pytest.mark.parametrize("moment", ["print", "restore"])
 def test_an_interrupt_as_the_verb_finishes_prints_no_traceback(tmp_path, signum, moment):
-    """SPEC.md:1046 [S77] — a signal that arrives as the answer is printed (the command line, `main()`) or as
+    """SPEC.md:1052 [S77] — a signal that arrives as the answer is printed (the command line, `main()`) or as
     `main` puts the caller's handlers back (`main(argv)`) leaves the answer whole, its status the verb's, and
     nothing on stderr (a KeyboardInterrupt traceback escaped `main`'s `finally`)."""
     script = tmp_path / "late.py"
@@ -135,7 +135,7 @@ sys.exit(cli.main(["vocab"]))
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_failure_after_a_swallowed_interrupt_is_the_interrupt(tmp_path, signum):
-    """SPEC.md:1046 [S77] — an interrupt that a library caught, followed by that library's failure, ends as the
+    """SPEC.md:1052 [S77] — an interrupt that a library caught, followed by that library's failure, ends as the
     interrupt: 130 and S6's one line, never `internal error` (the interrupt fuzz surface met `module 'sympy' has
     no attribute 'core'` when a signal landed in torch's import)."""
     script = tmp_path / "swallowed.py"
@@ -146,7 +146,7 @@ def test_a_failure_after_a_swallowed_interrupt_is_the_interrupt(tmp_path, signum
 
 
 def test_a_usage_line_naming_an_argument_escapes_it(capsys):
-    """SPEC.md:1094 [S76] — argparse's `unrecognized arguments` line names the argument as given: an ESC in it
+    """SPEC.md:1100 [S76] — argparse's `unrecognized arguments` line names the argument as given: an ESC in it
     is printed as its escape, in one line (it was printed raw)."""
     from causalab_ref import cli
 
@@ -174,7 +174,7 @@ sys.exit(cli.main(["schema"]))
 
 
 def test_an_interrupt_noted_by_a_nested_call_stops_the_calling_verb(tmp_path):
-    """SPEC.md:1046 [S77] — `main` called in-process by a verb of the tool (conform's in-process check) notes an
+    """SPEC.md:1052 [S77] — `main` called in-process by a verb of the tool (conform's in-process check) notes an
     interrupt that arrives as its answer is printed and hands it to the calling tool's handler: the outer verb
     stops with S6's line and 130, rather than the interrupt being lost."""
     script = tmp_path / "nested.py"
@@ -186,7 +186,7 @@ def test_an_interrupt_noted_by_a_nested_call_stops_the_calling_verb(tmp_path):
 
 
 def test_an_interrupt_a_callback_swallowed_prints_no_ignored_traceback():
-    """SPEC.md:1046 [S77] — the handler's KeyboardInterrupt raised inside a callback CPython cannot raise from (a
+    """SPEC.md:1052 [S77] — the handler's KeyboardInterrupt raised inside a callback CPython cannot raise from (a
     weakref callback, as importlib's module-lock one, where bench/fuzz_surfaces.py's interrupt surface met it at
     2045888, case 161) is not reported (CPython's "Exception ignored" traceback is its hook's report) while the
     handler is installed; any other unraisable exception still reaches the hook that was there before, and that
@@ -225,8 +225,8 @@ def test_an_interrupt_a_callback_swallowed_prints_no_ignored_traceback():
 
 
 def test_conforms_report_escapes_a_case_files_lone_surrogate_and_control_characters():
-    """SPEC.md:1094 [S76] — a case file's text in conform's report (its name, a difference) is printed escaped, never
-    cut: a lone surrogate as `\\ud800` (before: text no UTF-8 stdout holds, fuzz surface `case` 3232) and ESC as
+    """SPEC.md:1100 [S76] — a case file's text in conform's report (its name, a difference) is printed escaped, never
+    shortened: a lone surrogate as `\\ud800` (before: text no UTF-8 stdout holds, fuzz surface `case` 3232) and ESC as
     `\\x1b`, every line encodable as UTF-8; a long difference keeps its length."""
     import io
 
