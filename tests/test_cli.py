@@ -295,7 +295,7 @@ def test_model_lands_prints_the_seeds_where_each_one_lands_table(capsys):
 
 
 def test_a_refusal_at_the_read_and_validation_stages_imports_no_torch(tmp_path):
-    """SPEC.md:1770 [Q17] malformed JSON and an unknown key are refused by a new process that never imports torch,
+    """SPEC.md:1776 [Q17] malformed JSON and an unknown key are refused by a new process that never imports torch,
     transformers, nnsight or nnterp (each refusal is the usual one line)."""
     import subprocess
     import sys
@@ -540,7 +540,7 @@ def test_validate_explain_and_run_refuse_a_write_anchored_to_absent_text_with_on
 
 
 def test_the_run_places_with_the_frames_compile_built(llama, monkeypatch, tmp_path):
-    """SPEC.md:1754 [Q15] SPEC.md:279 [P58] compile builds each role's frame (with its character map) to place the
+    """SPEC.md:1760 [Q15] SPEC.md:279 [P58] compile builds each role's frame (with its character map) to place the
     rows; the plan keeps them, and the run that follows builds none again."""
     from causalab_ref.positions import locate
     from causalab_ref.runs import compile as compiler

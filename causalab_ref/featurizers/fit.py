@@ -59,6 +59,15 @@ class Diverged(ArithmeticError):
         self.name, self.epoch, self.update, self.bad, self.total = name, epoch, update, bad, total
 
 
+class Untrainable(ValueError):
+    """An update's loss holds no gradient: no objective term depends on a featurizer the fit trains (its
+    metrics read a model no write through them reaches). run.py refuses the fit (SPEC.md S79)."""
+
+    def __init__(self, epoch: int, update: int):
+        super().__init__(f"the loss at epochs[{epoch}][{update}] holds no gradient")
+        self.epoch, self.update = epoch, update
+
+
 def _check_finite(featurizers: dict, names, epoch: int, update: int) -> None:
     for name in names:
         for leaf in featurizers[name].params():
@@ -131,6 +140,8 @@ def train(featurizers: dict, settings: Settings, updates: Iterable[list[Callable
             done += 1
             scored = {**update(), **mask_terms(gates)}
             loss = loss_of(settings.objective, scored)
+            if not loss.requires_grad:  # the model is frozen: only the trained leaves can carry a gradient
+                raise Untrainable(e, u)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()

@@ -80,6 +80,12 @@ def fit_step(engine, step, featurizers: dict, batch_size: Optional[int] = None, 
                       f"values of '{bad.name}' not finite (NaN or infinite), so the fit is refused and nothing it "
                       "trained is saved; lower the lr or the objective's weights", path=f"steps.{step.name}",
                       stage="run") from None
+    except fit.Untrainable as bad:  # nothing would be trained: refused before any update (SPEC.md S79)
+        raise Refusal(f"step '{step.name}': its objective does not depend on the featurizers it trains "
+                      f"({', '.join(step.params)}): at update epochs[{bad.epoch}][{bad.update}] no term's metric "
+                      "reads a value a write or read through them reaches, so the fit is refused and nothing is "
+                      "saved; score the objective's metrics on the intervened model whose writes go through "
+                      "them", path=f"steps.{step.name}.objective", stage="run") from None
     return Fitted(curves=curves, evaluation=last["results"])
 
 

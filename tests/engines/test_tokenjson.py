@@ -69,12 +69,12 @@ def pair(request):
 
 
 def test_the_texts_cover_the_seeds_tables_and_odd_text():
-    """SPEC.md:1964 [E14] — the compared texts hold the seeds' prose, the shipped tables' strings and ODD."""
+    """SPEC.md:1970 [E14] — the compared texts hold the seeds' prose, the shipped tables' strings and ODD."""
     assert len(TEXTS) > 500 and set(ODD) <= set(TEXTS) and "" in TEXTS
 
 
 def test_the_adapter_has_the_tokenizers_special_tokens_and_side(pair):
-    """SPEC.md:1964 [E14] — special tokens and their ids, the padding side, the length limit, the vocabulary
+    """SPEC.md:1970 [E14] — special tokens and their ids, the padding side, the length limit, the vocabulary
     and its size and the chat template are the AutoTokenizer's."""
     ours, theirs, texts = pair
     for name in ("bos_token", "eos_token", "pad_token", "unk_token", "bos_token_id", "eos_token_id", "pad_token_id",
@@ -84,7 +84,7 @@ def test_the_adapter_has_the_tokenizers_special_tokens_and_side(pair):
 
 
 def test_the_adapter_encodes_and_decodes_every_text_as_the_autotokenizer(pair):
-    """SPEC.md:1964 [E14] — each text's ids with and without special tokens, its pieces and its decode (every
+    """SPEC.md:1970 [E14] — each text's ids with and without special tokens, its pieces and its decode (every
     fifth text's with and without special tokens and clean-up too) are the AutoTokenizer's (transformers' own
     batch calls, which take each text as its single call does)."""
     ours, theirs, texts = pair
@@ -101,7 +101,7 @@ def test_the_adapter_encodes_and_decodes_every_text_as_the_autotokenizer(pair):
 
 
 def test_the_adapter_pads_batches_and_maps_characters_as_the_autotokenizer(pair):
-    """SPEC.md:1964 [E14] — left-padded batches of the texts (ids and attention masks) and their frames (content
+    """SPEC.md:1970 [E14] — left-padded batches of the texts (ids and attention masks) and their frames (content
     ranges, decoded texts, character maps, for the odd texts and every 20th other; P22's definition as well
     for the odd texts) are the AutoTokenizer's."""
     ours, theirs, texts = pair
@@ -121,7 +121,7 @@ def test_the_adapter_pads_batches_and_maps_characters_as_the_autotokenizer(pair)
 
 
 def test_a_chat_template_is_rendered_by_the_autotokenizer():
-    """SPEC.md:1983 [E16] — a conversation renders through the checkpoint's template to the AutoTokenizer's text."""
+    """SPEC.md:1989 [E16] — a conversation renders through the checkpoint's template to the AutoTokenizer's text."""
     key = "fixture:tiny-llama"
     path = builder.checkpoint_dir(key)
     raw = read_json(path / "config.json")
@@ -195,7 +195,7 @@ def test_a_cache_that_cannot_be_written_still_serves_the_adapter(tmp_path, monke
 
 
 def test_a_tokenizer_class_that_overrides_a_served_call_is_not_adapted(pair):
-    """SPEC.md:1980 [E15] — a tokenizer whose class overrides one of the calls the adapter answers is not
+    """SPEC.md:1986 [E15] — a tokenizer whose class overrides one of the calls the adapter answers is not
     derived (the caller keeps the AutoTokenizer)."""
     _ours, theirs, _texts = pair
     assert tokenjson.servable(theirs)
@@ -236,7 +236,7 @@ class Mirror(tokenjson.JsonTokenizer):
 
 
 def test_compile_and_the_run_engines_tokenizer_agree_on_every_shipped_document(monkeypatch):
-    """SPEC.md:1964 [E14] — validating every shipped document (documents/, steps_first/ too), each tokenizer call
+    """SPEC.md:1970 [E14] — validating every shipped document (documents/, steps_first/ too), each tokenizer call
     compile makes gives on the adapter what it gives on the AutoTokenizer the run engines load (ids, masks,
     decodes, pieces): the batches, and so the positions compiled with one, are the other's."""
     from inprocess import cli

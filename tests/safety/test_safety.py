@@ -396,7 +396,7 @@ def test_a_bug_while_loading_stays_an_internal_error(monkeypatch, capsys):
     """SPEC.md:1078 [S10] an exception loading does not raise for a bad checkpoint (a TypeError here) is the
     project's failure: exit 1 and `internal error`, never a refusal of model.key. The bug is in every load
     validate may make: the weightless engine's tokenizer, served from the cached tokenizer.json (tokenjson.py) or
-    loaded by transformers on a cold cache (either then leaves the compile to the meta load, SPEC.md:1931 [E9]),
+    loaded by transformers on a cold cache (either then leaves the compile to the meta load, SPEC.md:1937 [E9]),
     and the meta load."""
     def broken(*args, **kwargs):
         raise TypeError("a bug")
