@@ -68,6 +68,16 @@ class Untrainable(ValueError):
         self.epoch, self.update = epoch, update
 
 
+def _update(optimizer, loss: torch.Tensor, epoch: int, update: int) -> None:
+    """One optimizer step on the loss; a loss with no gradient is Untrainable (the model is frozen, so only
+    the trained leaves can carry one)."""
+    if not loss.requires_grad:
+        raise Untrainable(epoch, update)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+
+
 def _check_finite(featurizers: dict, names, epoch: int, update: int) -> None:
     for name in names:
         for leaf in featurizers[name].params():
@@ -140,11 +150,7 @@ def train(featurizers: dict, settings: Settings, updates: Iterable[list[Callable
             done += 1
             scored = {**update(), **mask_terms(gates)}
             loss = loss_of(settings.objective, scored)
-            if not loss.requires_grad:  # the model is frozen: only the trained leaves can carry a gradient
-                raise Untrainable(e, u)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+            _update(optimizer, loss, e, u)
             _check_finite(featurizers, settings.params, e, u)
             losses.append(loss.detach().float())
             report(e + 1, float(losses[-1]))
