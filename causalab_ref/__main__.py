@@ -1,9 +1,8 @@
 """`python -m causalab_ref` is the command line (cli.py)."""
 import signal
-import sys
 
 signal.signal(signal.SIGINT, signal.SIG_DFL)  # until main installs its own: an early interrupt ends it, silently (S77)
 
-from .cli import main  # noqa: E402
+from .cli import command_line  # noqa: E402
 
-sys.exit(main())
+command_line()

@@ -8,7 +8,9 @@ Status 1 is kept for the project's own failures. SPEC.md §4 Runs (R17-R19) and 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -541,6 +543,20 @@ def build_parser() -> argparse.ArgumentParser:
     _inspection_verbs(verbs)
     _corpus_verbs(verbs)
     return parser
+
+
+def command_line() -> None:
+    """The command line's process (`python -m causalab_ref`, `causalab-ref`): `main`'s status, its answer flushed,
+    then the process ends at once. CPython's own exit would put the signals' default actions back and run
+    libraries' finalisers, where a late signal ends the process with no status of the verb's (S77)."""
+    try:
+        status = main()
+    except SystemExit as done:  # argparse's --help (0) and usage errors (2)
+        status = done.code if isinstance(done.code, int) else 0 if done.code is None else 1
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a reader that stopped early, a stream already closed
+            stream.flush()
+    os._exit(status)
 
 
 def main(argv=None) -> int:

@@ -29,16 +29,17 @@ HANDLED = (signal.SIGINT, signal.SIGTERM)
 
 
 class Interrupts:
-    """SIGTERM is handled as SIGINT is: the run stops where it is and removes what it staged (S6). Once the verb
-    has returned or raised (`late`), a signal is only counted: the answer is printed whole and the handlers are
-    put back with nothing left to raise (S77). `raised` says an interrupt was raised in the verb, so a failure
-    after it (a library that swallowed it) is reported as the interrupt.
+    """SIGTERM is handled as SIGINT is: the run stops where it is and removes what it staged (S6), except that a
+    module being imported is imported whole first (`deferred`), the verb stopping in the code that imported it.
+    Once the verb has returned or raised (`late`), a signal is only counted: the answer is printed whole and the
+    handlers are put back with nothing left to raise (S77). `raised` says an interrupt was raised in the verb, so
+    a failure after it (a library that swallowed it) is reported as the interrupt.
 
     A trace's own threads (nnsight's mediators) fail when the main thread stops under them; that is the
     interrupt, not a second error, so from here on a thread's failure prints nothing."""
 
-    def __init__(self):
-        self.late, self.raised = False, False
+    def __init__(self) -> None:
+        self.late, self.raised, self.deferred = False, False, False
         self.hook = sys.unraisablehook
         self.noted: list[int] = []
 
@@ -46,9 +47,30 @@ class Interrupts:
         if self.late:
             self.noted.append(signum)
             return
+        importer = _importer(frame)
+        if importer is not None:  # a module is being imported: it ends first, then the code that imported it stops
+            if not self.deferred:
+                self._take_after(importer)
+            return
+        self._stop()
+
+    def _stop(self):
         threading.excepthook = _quiet_thread
         self.raised = True
         raise KeyboardInterrupt
+
+    def _take_after(self, importer) -> None:
+        """The interrupt raised in `importer` (the frame whose import is under way) at its next line or at its
+        end, however the import ended, so that no initialiser (a native library's among them) is stopped half-way
+        (S77). A frame's own trace is called only while some trace function is set, hence the placeholder one."""
+        outer = sys.gettrace()
+
+        def take(frame, event, arg):
+            sys.settrace(outer)
+            importer.f_trace, self.deferred = None, False
+            self._stop()
+        importer.f_trace, self.deferred = take, True
+        sys.settrace(outer or _untraced)
 
     def install(self) -> dict:
         """This handler for SIGINT and SIGTERM (in the main thread; elsewhere none): {signal: the one replaced}.
@@ -92,6 +114,22 @@ class Interrupts:
         for signum in dict.fromkeys(self.noted):
             if isinstance(previous.get(signum), Interrupts):
                 previous[signum](signum, None)
+
+
+def _importer(frame):
+    """The frame that started the import under way at `frame` (the caller of its outermost importlib frame), or
+    None when no import is under way."""
+    importer = None
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib._bootstrap"):
+            importer = frame.f_back
+        frame = frame.f_back
+    return importer
+
+
+def _untraced(frame, event, arg):
+    """A trace function that traces nothing: while it is set, the importer's own trace is called."""
+    return None
 
 
 def _quiet_thread(args) -> None:

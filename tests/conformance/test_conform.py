@@ -370,7 +370,7 @@ def test_every_explain_and_model_case_marks_operation_names_informative():
 
 
 def test_a_cases_files_are_the_corpus_own_and_copies_of_the_shipped_ones():
-    """SPEC.md:1554 [FZ32] every file a case names is in the corpus under files/ (nothing is taken from the
+    """SPEC.md:1562 [FZ32] every file a case names is in the corpus under files/ (nothing is taken from the
     repository), and a copy of a shipped file is byte-identical to it."""
     named = [(case["name"], rel) for case in CASES for rel in case.get("files") or ()]
     assert named

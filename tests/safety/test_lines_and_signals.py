@@ -40,7 +40,7 @@ def _with_role(name: str) -> dict:
                                         ("\x7f", "\\x7f"), ("\x9b", "\\x9b"), ("\u2028", "\\u2028"),
                                         ("\u2066", "\\u2066"), ("\n", "\\n"), ("\r", "\\r"), ("\t", "\\t")])
 def test_a_refusal_line_escapes_control_and_bidi_characters(tmp_path, raw, shown):
-    """SPEC.md:1100 [S76] — a role named with a control or bidi character is refused in one line that holds
+    """SPEC.md:1108 [S76] — a role named with a control or bidi character is refused in one line that holds
     the character's escape, never the character (NUL, ESC and RLO were printed raw)."""
     proc = _validate(tmp_path, _with_role(f"a{raw}b"))
     line = proc.stderr.decode("utf-8")
@@ -50,7 +50,7 @@ def test_a_refusal_line_escapes_control_and_bidi_characters(tmp_path, raw, shown
 
 
 def test_a_long_name_is_cut_with_its_length_said(tmp_path):
-    """SPEC.md:1100 [S76] — a 100,000-character role name gives a line of a few hundred characters naming the
+    """SPEC.md:1108 [S76] — a 100,000-character role name gives a line of a few hundred characters naming the
     name's length (it gave a 100,000-character line)."""
     proc = _validate(tmp_path, _with_role("x" * 100_000))
     line = proc.stderr.decode("utf-8").rstrip("\n")
@@ -59,7 +59,7 @@ def test_a_long_name_is_cut_with_its_length_said(tmp_path):
 
 
 def test_ordinary_text_is_unchanged():
-    """SPEC.md:1100 [S76] — text without control characters, with backslashes, quotes, non-ASCII letters and
+    """SPEC.md:1108 [S76] — text without control characters, with backslashes, quotes, non-ASCII letters and
     names of 255 bytes in a dotted path, is printed byte for byte as it is."""
     name = "\u00e9" * 127 + "a"  # 255 bytes of UTF-8, the longest name S43 allows
     text = (f"validation: steps.{name}.reads.{name}: name '\\\\' is 'caf\u00e9 \u2026'; "
@@ -70,7 +70,7 @@ def test_ordinary_text_is_unchanged():
 
 
 def test_a_shortened_run_of_control_characters_prints_at_most_its_kept_escapes():
-    """SPEC.md:1100 [S76] — a run is shortened before it is escaped: 10,000 NULs print 64 escapes and the length."""
+    """SPEC.md:1108 [S76] — a run is shortened before it is escaped: 10,000 NULs print 64 escapes and the length."""
     line = printable("x: " + "\x00" * 10_000)
     assert line == "x: " + "\\x00" * 64 + "\u2026(10000 chars)"
 
@@ -145,8 +145,83 @@ def test_a_failure_after_a_swallowed_interrupt_is_the_interrupt(tmp_path, signum
     assert proc.returncode == 130 and proc.stderr == "interrupted; nothing was written\n", proc.stderr
 
 
+# a verb that imports a module whose own body is interrupted half-way (as a library's initialiser may be)
+IMPORTING = '''import os, signal, sys
+from pathlib import Path
+from causalab_ref import cli
+folder, signum, how = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+(folder / "inner.py").write_text(
+    "import os, time\\nos.kill(os.getpid(), %d)\\ntime.sleep(0.2)\\n" % signum
+    + ("raise ValueError('the import failed')\\n" if how == "failing" else "")
+    + "open(%r, 'w').write('whole')\\n" % str(folder / "inner.done"))
+(folder / "outer.py").write_text("import inner\\nopen(%r, 'w').write('whole')\\n" % str(folder / "outer.done"))
+sys.path.insert(0, str(folder))
+def verb(args):
+    if how == "last":
+        import inner
+    else:
+        try:
+            __import__("outer" if how == "nested" else "inner")
+        except ValueError:
+            pass
+        (folder / "after").write_text("the importer's next line ran")
+        return {"text": "not reached"}
+cli.cmd_vocab = verb
+sys.argv = ["causalab-ref", "vocab"]
+sys.exit(cli.main())
+'''
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("how", ["plain", "nested", "failing", "last"])
+def test_an_interrupt_during_an_import_is_taken_when_the_import_ends(tmp_path, signum, how):
+    """SPEC.md:1052 [S77] — a signal that arrives while a module is being imported lets that import (and every
+    import inside it) run to its end, then stops the verb in the code that imported it, before its next line (or
+    at its end, or as the import's own failure reaches it): S6's line and 130, no traceback. The interrupt was
+    raised inside the module's body, which left it half-run (bench/fuzz_surfaces.py's interrupt surface, case
+    4006: an abort, exit status -6, with importlib's frames on stderr)."""
+    script = tmp_path / "importing.py"
+    script.write_text(IMPORTING, encoding="utf-8")
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path), str(int(signum)), how], capture_output=True,
+                          text=True, cwd=ROOT, env={**ENV, "PYTHONDONTWRITEBYTECODE": "1"}, timeout=300)
+    assert proc.returncode == 130 and proc.stderr == "interrupted; nothing was written\n", proc.stderr
+    assert (tmp_path / "inner.done").exists() == (how != "failing")  # the interrupted body ran to its end
+    assert (tmp_path / "outer.done").exists() == (how == "nested")
+    assert not (tmp_path / "after").exists()  # the importer stopped before its next line
+    assert proc.stdout == ""
+
+
+# the command line's own end: a verb whose answer is long and which leaves an atexit callback behind
+ENDING = '''import atexit, sys
+from pathlib import Path
+from causalab_ref import cli
+def verb(args):
+    atexit.register(lambda: Path(sys.argv[1]).write_text("the interpreter's shutdown ran"))
+    return {"text": "x" * 200_000}
+cli.cmd_vocab = verb
+sys.argv = ["causalab-ref"] + sys.argv[2:]
+cli.command_line()
+'''
+
+
+@pytest.mark.parametrize("argv, status", [(["vocab"], 0), (["--bogus"], 2), (["--help"], 0)])
+def test_the_command_line_ends_with_its_answer_flushed_and_no_shutdown(tmp_path, argv, status):
+    """SPEC.md:1052 [S77] — the command line's process ends once its answer is flushed, with the verb's status
+    (argparse's 2 and 0 too), and no interpreter shutdown runs (no atexit callback), where CPython would have put
+    the signals' default actions back: a SIGTERM there ended a finished `validate` with -15."""
+    script = tmp_path / "ending.py"
+    script.write_text(ENDING, encoding="utf-8")
+    marker = tmp_path / "shutdown"
+    proc = subprocess.run([sys.executable, str(script), str(marker), *argv], capture_output=True, text=True,
+                          cwd=ROOT, env=ENV, timeout=300)
+    assert proc.returncode == status, proc.stderr
+    assert not marker.exists()
+    assert argv != ["vocab"] or proc.stdout == "x" * 200_000 + "\n"
+    assert argv != ["--help"] or proc.stdout.startswith("usage: causalab-ref")
+
+
 def test_a_usage_line_naming_an_argument_escapes_it(capsys):
-    """SPEC.md:1100 [S76] — argparse's `unrecognized arguments` line names the argument as given: an ESC in it
+    """SPEC.md:1108 [S76] — argparse's `unrecognized arguments` line names the argument as given: an ESC in it
     is printed as its escape, in one line (it was printed raw)."""
     from causalab_ref import cli
 
@@ -225,7 +300,7 @@ def test_an_interrupt_a_callback_swallowed_prints_no_ignored_traceback():
 
 
 def test_conforms_report_escapes_a_case_files_lone_surrogate_and_control_characters():
-    """SPEC.md:1100 [S76] — a case file's text in conform's report (its name, a difference) is printed escaped, never
+    """SPEC.md:1108 [S76] — a case file's text in conform's report (its name, a difference) is printed escaped, never
     shortened: a lone surrogate as `\\ud800` (before: text no UTF-8 stdout holds, fuzz surface `case` 3232) and ESC as
     `\\x1b`, every line encodable as UTF-8; a long difference keeps its length."""
     import io
