@@ -350,7 +350,7 @@ def _grounds(args):
     """`conform --grounds`: how many of the corpus's cases rest on each kind of ground (SPEC.md C32)."""
     from .conformance import conform as runner
     folder = Path(args.cases) if args.cases else runner.CASES
-    if not folder.is_dir():
+    if not runner.is_folder(folder):
         raise Refusal(f"--cases {folder} is not a folder", path="--cases", stage="validation")
     counts = runner.grounds_counts(runner.load_cases(folder))
     text = "grounds: " + ", ".join(f"{kind} {n}" for kind, n in counts.items())

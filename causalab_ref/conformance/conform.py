@@ -456,11 +456,20 @@ def parse_jobs(text: str) -> int:
     return value
 
 
+def is_folder(path: Path) -> bool:
+    """Whether `path` names a folder; a name the system cannot look up at all (past its length, a loop of
+    links, no permission) names none (SPEC.md S9)."""
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
+
+
 def selected(options: Options) -> list[dict]:
     """The cases of the corpus folder, narrowed by --only (a comma-separated list: the cases whose name
     contains any of them); a folder that is not there is a usage error."""
     folder = Path(options.cases_dir) if options.cases_dir else CASES
-    if not folder.is_dir():
+    if not is_folder(folder):
         raise UsageError(f"--cases {str(folder)!r} is not a folder; give the corpus folder (a copy of "
                          "causalab_ref/conformance/corpus, or leave --cases out)")
     cases = load_cases(folder)

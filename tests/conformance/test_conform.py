@@ -243,7 +243,7 @@ TWO_FORMS = ("<what> is a non-empty list of distinct <feature> indices",
 
 
 def test_the_path_forms_are_the_ones_the_catalogue_lists():
-    """SPEC.md:936 [C21] the forms a catalogue path is written in are SPEC.md §13's list, each standing for the
+    """SPEC.md:937 [C21] the forms a catalogue path is written in are SPEC.md §13's list, each standing for the
     paths it names (or any path), and the matcher reads them so."""
     listed = catalogue.forms((ROOT / "SPEC.md").read_text(encoding="utf-8"))
     assert listed == catalogue.FORMS
@@ -252,7 +252,7 @@ def test_the_path_forms_are_the_ones_the_catalogue_lists():
 
 
 def test_every_catalogue_path_is_segments_names_and_forms():
-    """SPEC.md:936 [C21] a catalogue path is literal segments, `<name>`s of one segment each, and §13's forms:
+    """SPEC.md:937 [C21] a catalogue path is literal segments, `<name>`s of one segment each, and §13's forms:
     no `<where>` that two paths would fit."""
     for entry in CATALOGUE:
         for plain in catalogue.expanded("" if entry.path == catalogue.NO_PATH else entry.path):
@@ -262,7 +262,7 @@ def test_every_catalogue_path_is_segments_names_and_forms():
 
 
 def test_each_refusal_case_path_has_the_form_of_exactly_one_catalogue_line():
-    """SPEC.md:936 [C21] every refusal case's path fits, strictly (forms expanded, a `<name>` one segment), the
+    """SPEC.md:937 [C21] every refusal case's path fits, strictly (forms expanded, a `<name>` one segment), the
     path form of exactly one catalogue line with the case's stage and message."""
     cases = [c for c in CASES if "refusal" in c["expect"]]
     for case in cases:
@@ -272,7 +272,7 @@ def test_each_refusal_case_path_has_the_form_of_exactly_one_catalogue_line():
 
 
 def test_the_strict_path_match_tells_the_forms_apart():
-    """SPEC.md:936 [C21] the issue's ambiguities are decided: a metric's path is not its column field's, a site's
+    """SPEC.md:937 [C21] the issue's ambiguities are decided: a metric's path is not its column field's, a site's
     not its layers', an output's not its k's, one segment is one segment."""
     line = catalogue.Entry("compile", "<metric>", "m", "own", 0)
     assert catalogue.path_fits(line, "interventions.patching.metrics.iia")
@@ -284,7 +284,7 @@ def test_the_strict_path_match_tells_the_forms_apart():
 
 
 def test_no_two_catalogue_lines_share_a_message_and_stage_with_different_forms():
-    """SPEC.md:936 [C21] a message has one path form at its stage, but for the two §13 names, whose forms no one
+    """SPEC.md:937 [C21] a message has one path form at its stage, but for the two §13 names, whose forms no one
     path fits both of."""
     forms: dict[tuple, set] = {}
     messages: dict[tuple, str] = {}
@@ -370,7 +370,7 @@ def test_every_explain_and_model_case_marks_operation_names_informative():
 
 
 def test_a_cases_files_are_the_corpus_own_and_copies_of_the_shipped_ones():
-    """SPEC.md:1562 [FZ32] every file a case names is in the corpus under files/ (nothing is taken from the
+    """SPEC.md:1563 [FZ32] every file a case names is in the corpus under files/ (nothing is taken from the
     repository), and a copy of a shipped file is byte-identical to it."""
     named = [(case["name"], rel) for case in CASES for rel in case.get("files") or ()]
     assert named

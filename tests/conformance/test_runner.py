@@ -211,7 +211,7 @@ def test_a_lone_surrogate_in_a_case_reaches_the_implementation_escaped(tmp_path)
 
 
 def test_record_copies_no_table_a_path_outside_the_corpus_names(tmp_path):
-    """SPEC.md:1100 [S12] `--record` copies into the corpus the shipped tables a document names; a string that
+    """SPEC.md:1101 [S12] `--record` copies into the corpus the shipped tables a document names; a string that
     climbs out with `..` names none, and nothing is written outside the corpus."""
     corpus = _corpus(tmp_path / "corpus", _case("climb"))
     case = dict(_case("climb"), document={"rows": "../../documents/data/weekdays/train#train"},
@@ -224,7 +224,7 @@ def test_record_copies_no_table_a_path_outside_the_corpus_names(tmp_path):
 
 
 def test_record_takes_a_string_too_long_for_a_file_name_for_no_table(tmp_path):
-    """SPEC.md:1100 [S12] a document string with a slash in it but longer than a file name (a description
+    """SPEC.md:1101 [S12] a document string with a slash in it but longer than a file name (a description
     naming a path) names no shipped table: `--record` copies nothing for it, never an internal error."""
     corpus = _corpus(tmp_path / "corpus", _case("long"))
     text = "a" * 300 + " documents/artifacts/x.safetensors"
@@ -234,7 +234,7 @@ def test_record_takes_a_string_too_long_for_a_file_name_for_no_table(tmp_path):
 
 
 def test_record_never_writes_through_a_linked_case_file(tmp_path):
-    """SPEC.md:1096 [S11] a case file that is a link is not recorded through: that case fails in one line and the
+    """SPEC.md:1097 [S11] a case file that is a link is not recorded through: that case fails in one line and the
     file the link names is unchanged."""
     victim = tmp_path / "victim.json"
     victim.write_text(json.dumps(_case("linked")), encoding="utf-8")

@@ -125,7 +125,7 @@ def test_a_band_of_named_layers_stays_refused():
 
 
 def test_a_read_only_all_document_runs_one_forward():
-    """SPEC.md:1808 [Q32] every point's forward is one computation, marked shared by all of them (Q5)."""
+    """SPEC.md:1809 [Q32] every point's forward is one computation, marked shared by all of them (Q5)."""
     doc = _all()
     points = validate.points_of(doc)
     _engine, plan = loading.compiled(points[0].document.model,
@@ -287,7 +287,7 @@ def test_the_explain_case_of_all_is_the_layer_sweep_case_step_for_step():
 
 
 def test_plot_ticks_a_table_by_layer_with_each_rows_layer(tmp_path):
-    """SPEC.md:2454 [FG4] a table of rows by layer is drawn a bar per row ticked `<layer>/<example_id>`."""
+    """SPEC.md:2455 [FG4] a table of rows by layer is drawn a bar per row ticked `<layer>/<example_id>`."""
     from causalab_ref.figures import plot
     out = _run(tmp_path, _all(), "every")
     bars = [p for p in plot.panels(out) if p.title.startswith("top1.json")]

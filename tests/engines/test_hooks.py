@@ -296,7 +296,7 @@ def _decode_actions(eng, ids, decode):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_both_engines_decode_the_same_tokens_and_per_step_values(engines, family):
-    """SPEC.md:1926 [E6] / SPEC.md:345 [P53] — the hooks engine decodes: on a padded batch, with a write at
+    """SPEC.md:1927 [E6] / SPEC.md:345 [P53] — the hooks engine decodes: on a padded batch, with a write at
     step 2, both engines generate the same greedy ids and read the same prompt, per-step and stacked values
     (allclose 1e-6); both hold off the same stop ids, the tokenizer's EOS among them."""
     nn, hk = engines(family)
