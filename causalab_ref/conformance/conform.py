@@ -458,7 +458,7 @@ def parse_jobs(text: str) -> int:
 
 def is_folder(path: Path) -> bool:
     """Whether `path` names a folder; a name the system cannot look up at all (past its length, a loop of
-    links, no permission) names none (SPEC.md S9)."""
+    links, no permission) names none (SPEC.md C20)."""
     try:
         return path.is_dir()
     except OSError:
