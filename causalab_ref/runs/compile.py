@@ -550,14 +550,13 @@ def compile_document(raw: Any, engine, data_root: Path, points: Optional[list] =
 
     `points` are the document's lowered and validated points (`validate.points_of(raw)`) when the
     caller has them already, so that each is validated once; otherwise they are made here. The
-    document's own facts come first (points, coordinates, digest); then each point is compiled once, in
+    document's own facts come first (points, coordinates); then each point is compiled once, in
     order, on one cache of rows and batches; then the leaves are joined: folded into one plan for
     `layers: "all"`, the one leaf itself when unswept, a root over them for a sweep. Forwards that
     several steps compute identically are marked shared (share.py)."""
     if points is None or sweeps.every_layer(raw):  # layers "all" is lowered once the layer count is known (D35)
         points = validate.points_of(raw, layers=engine.num_layers)
     coordinates = sweeps.coordinates(sweeps.with_layers(raw, engine.num_layers))
-    digest = reader.digest(raw)
     cache: dict = {}  # rows and batches the points share
     leaves = [compile_point(point, engine, data_root, cache, budget) for point in points]
     if points[0].group is not None:  # layers "all": each layer a point of one shared forward, folded (D34)
@@ -566,7 +565,7 @@ def compile_document(raw: Any, engine, data_root: Path, points: Optional[list] =
         plan = leaves[0]
     else:
         rows_per_pass = min((leaf.rows_per_pass for leaf in leaves if leaf.rows_per_pass), default=0)
-        plan = Plan(label="", digest=digest, raw=raw, points=tuple(leaves), rows_per_pass=rows_per_pass)
+        plan = Plan(label="", digest=reader.digest(raw), raw=raw, points=tuple(leaves), rows_per_pass=rows_per_pass)
     return share.mark(replace(plan, coordinates=coordinates))
 
 
