@@ -93,17 +93,11 @@ def _replace(raw: Any, path: tuple, value: Any) -> Any:
 
 def points(raw: Any) -> list[tuple[str, Any]]:
     """Lower sweep wrappers: one (label, document) per point; an unswept document is [("", raw)]."""
-    return [(label, point) for label, point, _at in _lowered(raw)]
+    return [(label, point) for label, point, _at in lowered(raw)]
 
 
-def coordinates(raw: Any) -> dict[str, dict[str, Any]]:
-    """Each point's label -> its coordinates: each axis's name -> its value as the label shows it (a one-item
-    list is its item), as JSON (an axis named as an earlier one is `<name>_<its place>`); an unswept document
-    is {"": {}} (SPEC.md PY9)."""
-    return {label: at for label, _point, at in _lowered(raw)}
-
-
-def _lowered(raw: Any) -> list[tuple[str, Any, dict[str, Any]]]:
+def lowered(raw: Any) -> list[tuple[str, Any, dict[str, Any]]]:
+    """Each point as (label, document, coordinates: axis -> value as the label shows it, SPEC.md PY9)."""
     if not isinstance(raw, dict):
         _fail("", f"a document is a JSON object, got {type_name(raw)}")
     wrappers = find_wrappers(raw, ())

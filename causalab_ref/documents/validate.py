@@ -152,10 +152,13 @@ def document(raw: Any) -> PointDocument:
 @dataclass(frozen=True)
 class Point:
     """One sweep point, or the unswept document: its label (its folder under --out, "" when
-    unswept), its raw JSON (what is hashed and written as document.json) and its PointDocument."""
+    unswept), its raw JSON (what is hashed and written as document.json), its PointDocument and the
+    coordinates of the point the run writes (PY9; a layer point's are its group's: D34 writes the layer as
+    a column of the group's tables, not as a point)."""
     label: str
     raw: Any
     document: PointDocument
+    coordinates: dict = field(default_factory=dict)
     # a document with layers "all" (D34): the point of its other sweeps it belongs to (its folder, "" when none;
     # None without "all"), that point's document with "all" kept, and the layer this point reads at
     group: Optional[str] = None
@@ -170,19 +173,20 @@ def points_of(raw: Any, layers: Optional[int] = None) -> list[Point]:
     the document is checked as if the model had one layer, so its other refusals need no model (D35)."""
     names = sweeps.every_layer(raw)
     if not names:
-        return [Point(label=label, raw=point, document=document(point)) for label, point in sweeps.points(raw)]
+        return [Point(label=label, raw=point, document=document(point), coordinates=at)
+                for label, point, at in sweeps.lowered(raw)]
     count = 1 if layers is None else layers
     sweeps.with_layers(raw, count)  # its refusals: another sweep on the axis `layers`, a model of no layers
-    groups = sweeps.points(raw)  # the other sweeps: "all" is no wrapper, so it stays in each point
+    groups = sweeps.lowered(raw)  # the other sweeps: "all" is no wrapper, so it stays in each point
     sweeps.bound_layers(raw, len(groups), count)
     out: list[Point] = []
-    for glabel, graw in groups:
+    for glabel, graw, gat in groups:
         for layer, (label, point) in enumerate(sweeps.points(sweeps.with_layers(graw, count))):
             doc = document(point)
             if not out:
                 sweeps.every_layer_allows(doc, names)
-            out.append(Point(label=",".join(p for p in (glabel, label) if p), raw=point, document=doc, group=glabel,
-                             group_raw=graw, layer=layer))
+            out.append(Point(label=",".join(p for p in (glabel, label) if p), raw=point, document=doc,
+                             coordinates=gat, group=glabel, group_raw=graw, layer=layer))
     return out
 
 

@@ -546,7 +546,7 @@ def fit_plan(ctx: Context, step_name: str, step) -> FitPlan:
 def compile_document(raw: Any, engine, data_root: Path, points: Optional[list] = None,
                      budget: int = memory.DEFAULT_BUDGET) -> Plan:
     """The root plan: one leaf per sweep point (or the document itself when unswept), and each point's
-    coordinates (sweeps.coordinates, label -> coordinates).
+    coordinates (label -> coordinates, as the points carry them).
 
     `points` are the document's lowered and validated points (`validate.points_of(raw)`) when the
     caller has them already, so that each is validated once; otherwise they are made here. The
@@ -556,7 +556,7 @@ def compile_document(raw: Any, engine, data_root: Path, points: Optional[list] =
     several steps compute identically are marked shared (share.py)."""
     if points is None or sweeps.every_layer(raw):  # layers "all" is lowered once the layer count is known (D35)
         points = validate.points_of(raw, layers=engine.num_layers)
-    coordinates = sweeps.coordinates(sweeps.with_layers(raw, engine.num_layers))
+    coordinates = {point.label if point.group is None else point.group: point.coordinates for point in points}
     cache: dict = {}  # rows and batches the points share
     leaves = [compile_point(point, engine, data_root, cache, budget) for point in points]
     if points[0].group is not None:  # layers "all": each layer a point of one shared forward, folded (D34)
@@ -572,7 +572,7 @@ def compile_document(raw: Any, engine, data_root: Path, points: Optional[list] =
 def compile_read(document, engine, data_root: Path, budget: int = memory.DEFAULT_BUDGET) -> Plan:
     """A read document (validate.read: as given, lowered, its points validated) compiled: a protocol or
     steps-first document's plan keeps the document as given and that format's own digest (SPEC.md PR15,
-    SF15); its coordinates are the lowered document's."""
+    SF15); its coordinates are its points' (PY9)."""
     plan = compile_document(document.raw, engine, data_root, list(document.points), budget=budget)
     if document.format == "plan-shaped":
         return plan

@@ -230,13 +230,17 @@ def test_a_metric_of_a_read_at_one_layer_in_an_all_document_is_one_table_of_its_
 
 def test_all_beside_another_sweep_is_a_folder_per_point_of_that_sweep_each_table_by_layer(tmp_path):
     """SPEC.md:89 [D34] a sweep over layers stays what {"sweep": ...} is for: with a pos sweep beside "all", a
-    folder per pos point, each holding one table of a row per (layer, example)."""
+    folder per pos point, each holding one table of a row per (layer, example), its coordinates that sweep's
+    alone; SPEC.md:2703 [PY9] run.json lists them, the layer a column of the rows and no coordinate."""
     doc = _all()
     doc["interventions"]["lens"]["reads"]["lens"]["pos"] = {"sweep": [-1, -2]}
     out = _run(tmp_path, doc, "both")
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["pos=-1", "pos=-2"]
     for point in ("pos=-1", "pos=-2"):
         assert [r["layer"] for r in _rows(out / point, "top1.json")] == [0] * 4 + [1] * 4
+    assert json.loads((out / "run.json").read_text(encoding="utf-8"))["points"] == [
+        {"label": "pos=-1", "coordinates": {"pos": -1}, "folder": "pos=-1"},
+        {"label": "pos=-2", "coordinates": {"pos": -2}, "folder": "pos=-2"}]
 
 
 @pytest.mark.fast

@@ -202,7 +202,7 @@ def test_a_prompt_longer_than_the_models_positions_is_refused_at_compile(tmp_pat
 def test_a_command_lowers_sweeps_once_and_validates_each_point_once(monkeypatch):
     """SPEC.md:76 [D21] `validate` of a swept document lowers it once and validates each point once."""
     calls = {"points": 0, "document": 0}
-    lower, check = sweeps.points, validate.document
+    lower, check = sweeps.lowered, validate.document  # sweeps.points lowers through sweeps.lowered
 
     def counted_points(raw):
         calls["points"] += 1
@@ -211,7 +211,7 @@ def test_a_command_lowers_sweeps_once_and_validates_each_point_once(monkeypatch)
     def counted_document(raw):
         calls["document"] += 1
         return check(raw)
-    monkeypatch.setattr(sweeps, "points", counted_points)
+    monkeypatch.setattr(sweeps, "lowered", counted_points)
     monkeypatch.setattr(validate, "document", counted_document)
     sweep = fuzzing.REPO / "documents" / "layer_sweep.json"
     with fuzzing.cached_loads():
