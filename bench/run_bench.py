@@ -11,8 +11,8 @@
     fixture and on a larger seeded Llama (8 layers, hidden 512) built the same way. Target: run at
     most 1.10x the hand-written trace on the fixture, 1.05x on the larger Llama (issue 33). Printed beside it:
     the hand-written trace with `tracer.stop()` after its counterfactual read, the work the run does (SPEC Q36).
-(b) the character map: the run's linear construction (locate.linear_char_map) versus the
-    decode-prefix definition (locate.char_map), on 256 rows of 512 tokens; every row checked equal.
+(b) the character map: the run's linear construction (resolve.linear_char_map) versus the
+    decode-prefix definition (resolve.char_map), on 256 rows of 512 tokens; every row checked equal.
     Target: 10x faster, identical output.
 (c) explain on every shipped document, without weights: seconds per document after imports.
 (d) peak memory (peak RSS, VmHWM) of `run documents/patching.json` on the Llama fixture, versus a process
@@ -85,7 +85,7 @@ import torch  # noqa: E402
 from causalab_ref.runs import compile as compiler  # noqa: E402
 from causalab_ref.engines import checkpoint, loading  # noqa: E402
 from causalab_ref.fixtures import builder, recipes  # noqa: E402
-from causalab_ref.positions import locate  # noqa: E402
+from causalab_ref.positions import resolve  # noqa: E402
 from causalab_ref.runs import run  # noqa: E402
 from causalab_ref.shapes import Model  # noqa: E402
 
@@ -279,20 +279,20 @@ def bench_b(rows: int, length: int, repeats: int) -> None:
     texts = [" ".join(rng.choice(words) for _ in range(length)) for _ in range(rows)]
     batch = [tok.encode(t, add_special_tokens=False)[:length] for t in texts]
     assert all(len(r) == length for r in batch)
-    assert locate.linear_map_serves(tok)
+    assert resolve.linear_map_serves(tok)
     fallback = sum(1 for r in batch for i in r if tok.convert_ids_to_tokens(i).startswith("<0x"))
-    prefix = [locate.char_map(tok, r) for r in batch]
-    linear = [locate.linear_char_map(tok, r) for r in batch]
+    prefix = [resolve.char_map(tok, r) for r in batch]
+    linear = [resolve.linear_char_map(tok, r) for r in batch]
     same = sum(a == b for a, b in zip(prefix, linear))
-    t = side_by_side({"prefix": lambda: [locate.char_map(tok, r) for r in batch],
-                      "linear": lambda: [locate.linear_char_map(tok, r) for r in batch]}, repeats)
+    t = side_by_side({"prefix": lambda: [resolve.char_map(tok, r) for r in batch],
+                      "linear": lambda: [resolve.linear_char_map(tok, r) for r in batch]}, repeats)
     ratio = t["prefix"] / t["linear"]
     ok = ratio >= 10 and same == rows
     print(f"(b) character map, {rows} rows x {length} tokens ({fallback} byte-fallback pieces): identical on "
           f"{same}/{rows} rows; decode-prefix {t['prefix']:.3f} s, linear {t['linear']:.3f} s = {ratio:.1f}x faster "
           f"[target 10x, identical: {verdict(ok)}]")
     TABLE.append((f"(b) character map, {rows} rows x {length} tokens ({fallback:,} byte-fallback pieces): the run's "
-                  "`locate.linear_char_map` vs the decode-prefix definition `locate.char_map`",
+                  "`resolve.linear_char_map` vs the decode-prefix definition `resolve.char_map`",
                   f"identical on {same}/{rows} rows; {t['linear']:.3f} s vs {t['prefix']:.3f} s = {ratio:.1f}x faster",
                   f"10x, identical: {verdict(ok)}"))
 

@@ -182,7 +182,7 @@ def _document_tokens(args):
     index shown and left padding shifts a shorter row's first index); the pieces are
     the content after the tokenizer's special prefix. Compiled with no weights.
     """
-    from .positions import locate
+    from .positions import resolve
     if args.key is not None or args.texts:
         raise Refusal("tokens takes either KEY TEXT... or --document DOC, not both", path="--document",
                       stage="validation")
@@ -199,11 +199,11 @@ def _document_tokens(args):
         forward = by_role[role]
         # The run's own frame: pieces are sliced from the decoded content by the character map,
         # so ' Saturday' keeps the space a lone sentencepiece decode would drop.
-        frame = locate.frame_of_ids(eng.tokenizer, forward.ids, forward.mask, segments=forward.segments)
+        frame = resolve.frame_of_ids(eng.tokenizer, forward.ids, forward.mask, segments=forward.segments)
         lines.append(f"step '{step.name}', role '{role}': {len(forward.ids)} rows x {len(forward.ids[0])} tokens")
         shown = []
         for r in range(len(forward.ids)):
-            pieces = [(j, locate.tokens_of(frame, (j,), r)) for j in range(frame.starts[r], frame.ends[r])]
+            pieces = [(j, resolve.tokens_of(frame, (j,), r)) for j in range(frame.starts[r], frame.ends[r])]
             lines.append(f"  {step.example_ids[r]}: " + " ".join(f"{j}:{piece}" for j, piece in pieces))
             shown.append({"example_id": step.example_ids[r], "ids": list(forward.ids[r]),
                           "tokens": [[j, piece] for j, piece in pieces]})
@@ -213,7 +213,7 @@ def _document_tokens(args):
 
 def cmd_tokens(args):
     from .engines import loading
-    from .positions import locate
+    from .positions import resolve
     from .shapes import Model
     if args.document is not None:
         return _document_tokens(args)
@@ -222,10 +222,10 @@ def cmd_tokens(args):
     eng = loading.load(Model(key=args.key, revision=args.revision, dtype="fp32"), kind="nnterp", weights=False)
     tok = eng.tokenizer
     lines, out = [], {}
-    ids, _mask, frame = locate.frame_of_texts(tok, list(args.texts))
+    ids, _mask, frame = resolve.frame_of_texts(tok, list(args.texts))
     for r, text in enumerate(args.texts):
         # pieces sliced by the run's character map, so a piece keeps the space a lone decode drops
-        pieces = [f"{k}:{locate.tokens_of(frame, (k,), r)}" for k in range(frame.starts[r], frame.ends[r])]
+        pieces = [f"{k}:{resolve.tokens_of(frame, (k,), r)}" for k in range(frame.starts[r], frame.ends[r])]
         # the metric-column rule (space_prefixed): one space before the stripped text, no specials; it may
         # split the text otherwise than the text as given, whose pieces are the ones listed
         surface = " " + text.lstrip()

@@ -1,7 +1,7 @@
 """Shapes: the stdlib frozen dataclasses every other module speaks in.
 
 A document becomes these (validate.py), a plan is built of them (compile.py), and
-locate.py resolves a `Where` against a `Frame`. Nothing here imports torch or any
+resolve.py resolves a `Where` against a `Frame`. Nothing here imports torch or any
 model library, so the resolver and the validator can both depend on it.
 SPEC.md §1 Documents and §2.2 The cut describe the fields.
 """

@@ -542,7 +542,7 @@ def test_validate_explain_and_run_refuse_a_write_anchored_to_absent_text_with_on
 def test_the_run_places_with_the_frames_compile_built(llama, monkeypatch, tmp_path):
     """SPEC.md:1769 [Q15] SPEC.md:279 [P58] compile builds each role's frame (with its character map) to place the
     rows; the plan keeps them, and the run that follows builds none again."""
-    from causalab_ref.positions import locate
+    from causalab_ref.positions import resolve
     from causalab_ref.runs import compile as compiler
     from causalab_ref.runs import run
 
@@ -550,12 +550,12 @@ def test_the_run_places_with_the_frames_compile_built(llama, monkeypatch, tmp_pa
     plan = compiler.compile_document(raw, llama, REPO / "documents" / "data")
     assert sorted(key[-1] for key in plan.frames) == [True, True]  # base and counterfactual, character maps built
     built = []
-    frame_of_ids = locate.frame_of_ids
+    frame_of_ids = resolve.frame_of_ids
 
     def counted(*args, **kwargs):
         built.append(kwargs.get("char_map"))
         return frame_of_ids(*args, **kwargs)
-    monkeypatch.setattr(locate, "frame_of_ids", counted)
+    monkeypatch.setattr(resolve, "frame_of_ids", counted)
     run.execute(plan, llama, tmp_path / "out", progress=False)
     assert built == []
     assert len(json.loads((tmp_path / "out" / "iia.json").read_text())) == 4

@@ -1,5 +1,5 @@
 """The shape of the code, checked from the AST (SPEC.md:1933 [E7]): modules import each other without cycles, no module imports another's private
-name, no function is longer than a reader can hold, and locate.py stays runnable where a remote
+name, no function is longer than a reader can hold, and resolve.py stays runnable where a remote
 model is (stdlib, torch and shapes.py only)."""
 from __future__ import annotations
 
@@ -203,9 +203,9 @@ def test_no_function_is_longer_than_fifty_lines():
     assert long == []
 
 
-def test_locate_imports_only_the_standard_library_torch_and_shapes():
-    """locate.py must run where a remote model is: stdlib, torch and shapes.py only."""
-    tree = _modules_cached()["positions.locate"]
+def test_resolve_imports_only_the_standard_library_torch_and_shapes():
+    """resolve.py must run where a remote model is: stdlib, torch and shapes.py only."""
+    tree = _modules_cached()["positions.resolve"]
     outside = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):

@@ -22,7 +22,7 @@ from typing import Any, ContextManager, Iterator, Optional
 import torch
 
 from ..locations import address
-from ..positions import locate
+from ..positions import resolve
 from ..shapes import Action, Address, Batch, Model, Refusal
 
 
@@ -91,7 +91,7 @@ class Engine(ABC):
     `detail`.
 
     The bodies here are the ones both engines share identically: `__init__` (the pad-token fix-up,
-    `locate.with_pad`); compile's questions (`config`, `vocab_size`, `num_layers`, `locate`, `width`,
+    `resolve.with_pad`); compile's questions (`config`, `vocab_size`, `num_layers`, `locate`, `width`,
     `attention`), answered from `standard`, the nnterp StandardizedTransformer addresses are resolved on
     (an engine without one overrides them); the inputs of a forward (`inputs`, `forward_inputs`); the decode's arguments
     (`stop_ids`, `decoding`); the logits view (`viewed`); and the run record (`run_record`)."""
@@ -105,7 +105,7 @@ class Engine(ABC):
         self.recipe = recipe
         self.device_map = device_map
         self.extra = dict(extra or {})
-        self.tokenizer = locate.with_pad(tokenizer)
+        self.tokenizer = resolve.with_pad(tokenizer)
 
     # -------------------------------------------------------------- asked by compile
 

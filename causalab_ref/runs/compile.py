@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from ..featurizers import bundles, fit
 from . import data, layers, memory, order, placement, share
-from ..positions import locate
+from ..positions import resolve
 from ..documents import metrics, protocol, reader, stepsfirst, sweeps, validate
 from ..documents.steps import produced_names
 from ..locations.address import check_per_head, refuse_no_width
@@ -36,12 +36,12 @@ def _batch(tok, rows: list[dict], field: str, path: str, fits=lambda texts: None
                       "the other", path=path, stage="compile")
     if not any(chats):
         fits(values)
-        ids, mask = locate.batch_of_texts(tok, values)
+        ids, mask = resolve.batch_of_texts(tok, values)
         return ids, mask, None, ""
     texts = [data.render_chat(tok, v, path) for v in values]
     fits(texts)
-    ids, mask, frame = locate.frame_of_texts(tok, texts)
-    segments = tuple(locate.segments_of(frame.texts[k], values[k]) for k in range(len(values)))
+    ids, mask, frame = resolve.frame_of_texts(tok, texts)
+    segments = tuple(resolve.segments_of(frame.texts[k], values[k]) for k in range(len(values)))
     return ids, mask, segments, frame.texts[0]
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ..positions import locate
+from ..positions import resolve
 from .placement import Pass, Resolved, fixed_operand, operand_value, place, selection_of
 from .plan import Forward, Tap
 from ..shapes import Action, Batch, Refusal, Selection
@@ -32,7 +32,7 @@ def decode_forward(p: Pass, forward: Forward, resolved: dict, values: dict, plac
     batch = Batch(ids=forward.ids, mask=forward.mask, decode=forward.decode,
                   actions=_decode_actions(p, forward, resolved, values, placed))
     read, generated = p.on_engine(lambda: p.engine.generate(batch))
-    frame = locate.frame_of_continuation(p.engine.tokenizer, generated, p.engine.stop_ids())
+    frame = resolve.frame_of_continuation(p.engine.tokenizer, generated, p.engine.stop_ids())
     continuation = [t for t in forward.taps if t.pos.frame == "generated"]
     after = place(frame, [t for t in continuation if t.kind == "read"], True, p.path, p.offset)
     for tap in continuation:
@@ -86,7 +86,7 @@ def continuation_write(frame, steps: tuple[int, ...], rows: int) -> Resolved:
     for r in range(rows):
         inside = tuple(k for k in steps if k < frame.ends[r])
         reasons.append("" if len(inside) == len(steps) else PAST_STOP)
-        tokens.append(locate.tokens_of(frame, inside, r))
+        tokens.append(resolve.tokens_of(frame, inside, r))
     return Resolved(windows=tuple(steps for _ in range(rows)), reasons=tuple(reasons), tokens=tuple(tokens))
 
 

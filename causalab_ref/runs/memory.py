@@ -13,7 +13,7 @@ import re
 from typing import Optional
 
 from ..locations import address
-from ..positions import locate
+from ..positions import resolve
 from .plan import Forward, ObservePlan, Tap, frame_key
 from ..shapes import Refusal
 
@@ -51,7 +51,7 @@ def _positions(tap: Tap, forward: Forward, frame) -> int:
         return max(tap.stacked, 1)
     if tap.pos.scope is not None:
         return length
-    windows, _reasons = locate.locate(frame, tap.pos, tap.anchors)
+    windows, _reasons = resolve.resolve(frame, tap.pos, tap.anchors)
     return max((len(w) for w in windows), default=0)
 
 
@@ -61,7 +61,7 @@ def _head_positions(taps: list[Tap], forward: Forward, frame) -> int:
         return 1 if taps else 0  # transformers' generate keeps the last position per step (Q9)
     if any(t.pos.scope is not None for t in taps):
         return len(forward.ids[0])
-    return len({p for t in taps for w in locate.locate(frame, t.pos, t.anchors)[0] for p in w})
+    return len({p for t in taps for w in resolve.resolve(frame, t.pos, t.anchors)[0] for p in w})
 
 
 def _width(engine, tap: Tap, length: int) -> int:
@@ -79,7 +79,7 @@ def forward_cost(engine, forward: Forward, frame=None) -> tuple[int, int, str]:
     """(working set, kept reads, how) in bytes per row for one forward (SPEC.md Q10); `frame` is the forward's
     frame when compile has built it (its content ranges are what is read here), else the ranges are built."""
     if frame is None:
-        frame = locate.frame_of_ids(engine.tokenizer, forward.ids, forward.mask, segments=forward.segments,
+        frame = resolve.frame_of_ids(engine.tokenizer, forward.ids, forward.mask, segments=forward.segments,
                                     char_map=False)
     length, b = len(forward.ids[0]), 2 if engine.spec.dtype == "bf16" else 4
     hidden, vocab = _config(engine, "hidden_size", "n_embd"), _config(engine, "vocab_size")

@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import torch
 
-from ..positions import locate
+from ..positions import resolve
 from ..writes import outputs
 from ..writes.outputs import Published
 from . import share
@@ -87,7 +87,7 @@ def run_step(engine, step: ObservePlan, batch_size: Optional[int] = None, memo: 
         hi = min(lo + size, rows)
         refs = {name: outputs.chunk(value, lo, hi) for name, value in setting.published.items()}
         draw_offsets = {name: (lo, rows) if n is None else (sum(n[:lo]), sum(n)) for name, n in lengths.items()}
-        frames = {role: locate.frame_rows(frame, lo, hi) for role, frame in compiled.items()}
+        frames = {role: resolve.frame_rows(frame, lo, hi) for role, frame in compiled.items()}
         values, placed = run_pass(Pass(engine, chunk(step, lo, hi), path, lo, featurizers=setting.featurizers,
                                        grad=setting.grad, memo=memo, refs=refs, draw_offsets=draw_offsets,
                                        frames=frames))

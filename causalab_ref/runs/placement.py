@@ -2,7 +2,7 @@
 
 A `Pass` is one chunk of one observe step's rows with everything its forwards share (the engine, the
 featurizers, the memo, the published values, whether gradients flow). Placing a forward resolves each
-prompt-frame tap's positions against the model's tokenizer (locate.py) and applies the refusals of
+prompt-frame tap's positions against the model's tokenizer (resolve.py) and applies the refusals of
 SPEC.md §2.9 Eligibility: a read may skip a row, a write may not, a fixed-width cut that does not fit is
 refused. A write's operand is then a read of this pass (its windows checked row by row), a published
 value, a number, or nothing. Compile places every step's prompt frame the same way first (`check_step`,
@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import torch
 
-from ..positions import locate
+from ..positions import resolve
 from . import share
 from .plan import Forward, MetricPlan, ObservePlan, Tap, frame_key
 from ..shapes import Ref, Refusal, Selection
@@ -92,8 +92,8 @@ def place(frame, taps, dynamic: bool, path: str, offset: int = 0, stage: str = "
     `offset` is the frame's first row in the document's numbering (a --batch-size chunk)."""
     out = {}
     for tap in taps:
-        windows, reasons = locate.locate(frame, tap.pos, tap.anchors)
-        tokens = tuple(locate.tokens_of(frame, w, r) if dynamic else "" for r, w in enumerate(windows))
+        windows, reasons = resolve.resolve(frame, tap.pos, tap.anchors)
+        tokens = tuple(resolve.tokens_of(frame, w, r) if dynamic else "" for r, w in enumerate(windows))
         bad = {r + offset: reason for r, reason in enumerate(reasons) if reason}
         where = f"{path}.{tap.kind}s.{tap.name}.pos"
         if bad and not tap.pos.uneven:
@@ -157,7 +157,7 @@ def refuse_metrics_of_nothing(metrics: tuple[MetricPlan, ...], eligible: dict, p
 
 
 def build_frame(tok, forward: Forward, dynamic: bool):
-    return locate.frame_of_ids(tok, forward.ids, forward.mask, segments=forward.segments, char_map=dynamic)
+    return resolve.frame_of_ids(tok, forward.ids, forward.mask, segments=forward.segments, char_map=dynamic)
 
 
 def resolve_taps(p: Pass, forward: Forward) -> dict[str, Resolved]:

@@ -12,7 +12,7 @@ import itertools
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Optional
 
-from ..positions import locate
+from ..positions import resolve
 from ..shapes import Address, Output, Ref, Where, features_label
 
 
@@ -332,7 +332,7 @@ def _step_json(step, tok) -> dict:
 
 
 def _forward_json(forward: Forward, tok) -> dict:
-    frame = locate.frame_of_ids(tok, forward.ids, forward.mask, segments=forward.segments)
+    frame = resolve.frame_of_ids(tok, forward.ids, forward.mask, segments=forward.segments)
     segments = ([{k: None if v is None else list(v) for k, v in s.items()} for s in forward.segments]
                 if forward.segments is not None else None)
     return {"model": forward.model, "input": forward.input, "rows": len(forward.ids),
@@ -349,10 +349,10 @@ def _tap_json(tap: Tap, frame) -> dict:
              "view": tap.view, "stacked": tap.stacked,
              "operand": operand_json(tap.operand) if tap.kind == "write" else None}
     if tap.pos.frame == "prompt":
-        windows, reasons = locate.locate(frame, tap.pos, tap.anchors)
+        windows, reasons = resolve.resolve(frame, tap.pos, tap.anchors)
         entry["positions"] = [list(w) for w in windows]
         entry["reasons"] = list(reasons)
-        entry["tokens"] = [locate.tokens_of(frame, w, r) for r, w in enumerate(windows)]
+        entry["tokens"] = [resolve.tokens_of(frame, w, r) for r, w in enumerate(windows)]
     else:
         entry["positions"] = entry["reasons"] = entry["tokens"] = None
     return entry

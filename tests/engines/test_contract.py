@@ -14,7 +14,7 @@ import torch
 
 from causalab_ref.runs import compile as compiler
 from causalab_ref.engines import contract, loading, nnterp
-from causalab_ref.positions import locate
+from causalab_ref.positions import resolve
 from causalab_ref.writes import mechanisms, seam
 from causalab_ref.runs import run
 from causalab_ref.runs.plan import Tap
@@ -36,12 +36,12 @@ def hooks():
 
 
 def _batch(llama, *actions):
-    ids, mask, _frame = locate.frame_of_texts(llama.tokenizer, TEXTS)
+    ids, mask, _frame = resolve.frame_of_texts(llama.tokenizer, TEXTS)
     return Batch(ids=ids, mask=mask, actions=tuple(actions))
 
 
 def _last(llama):
-    ids, _mask, _frame = locate.frame_of_texts(llama.tokenizer, TEXTS)
+    ids, _mask, _frame = resolve.frame_of_texts(llama.tokenizer, TEXTS)
     return tuple((len(ids[0]) - 1,) for _ in ids)
 
 
@@ -149,14 +149,14 @@ def test_the_mechanism_context_holds_the_value_as_it_arrived(llama, hooks, monke
 
 def test_the_shared_parts_exist_once_in_the_contract():
     """SPEC.md:1923 [E5] — neither engine overrides the logits view, the inputs, the run record or the width;
-    the pad-token fix-up is locate.with_pad, used by both."""
+    the pad-token fix-up is resolve.with_pad, used by both."""
     for cls in (nnterp.NNterpEngine, HooksEngine):
         for name in ("viewed", "inputs", "run_record", "width"):
             assert getattr(cls, name) is getattr(contract.Engine, name), (cls.__name__, name)
 
     class NoPad:
         pad_token, eos_token = None, "</s>"
-    assert locate.with_pad(NoPad()).pad_token == "</s>"
+    assert resolve.with_pad(NoPad()).pad_token == "</s>"
 
 
 def test_the_contract_is_the_methods_an_engine_implements():

@@ -17,7 +17,7 @@ import inprocess
 from causalab_ref.locations import address
 from causalab_ref import cli
 from causalab_ref.engines import loading
-from causalab_ref.positions import locate
+from causalab_ref.positions import resolve
 from causalab_ref.runs.plan import Tap
 from causalab_ref.shapes import Action, Batch
 from causalab_ref.engines.hooks import HooksEngine
@@ -47,7 +47,7 @@ def engines():
 
 
 def _batch(tok):
-    ids, mask, frame = locate.frame_of_texts(tok, TEXTS)
+    ids, mask, frame = resolve.frame_of_texts(tok, TEXTS)
     return ids, mask, frame
 
 
@@ -223,7 +223,7 @@ SHORT, LONG = "If today is Thursday, tomorrow is", "The day after the day after 
 
 def _patched_reads(eng, texts):
     """A swap of 0.5 at block_output[0] on the last token, then the last layer's output and the logits there."""
-    ids, mask, _frame = locate.frame_of_texts(eng.tokenizer, texts)
+    ids, mask, _frame = resolve.frame_of_texts(eng.tokenizer, texts)
     last = tuple((len(ids[0]) - 1,) for _ in ids)
     items = _sorted([_write("half", eng.locate("block_output", 0), last, 0.5),
                      _read("out", eng.locate("block_output", eng.num_layers - 1), last),
@@ -300,7 +300,7 @@ def test_both_engines_decode_the_same_tokens_and_per_step_values(engines, family
     step 2, both engines generate the same greedy ids and read the same prompt, per-step and stacked values
     (allclose 1e-6); both hold off the same stop ids, the tokenizer's EOS among them."""
     nn, hk = engines(family)
-    ids, mask, _frame = locate.frame_of_texts(nn.tokenizer, [SHORT, LONG])
+    ids, mask, _frame = resolve.frame_of_texts(nn.tokenizer, [SHORT, LONG])
     batch = Batch(ids=ids, mask=mask, actions=_decode_actions(nn, ids, 5), decode=5)
     (got_nn, ids_nn), (got_hk, ids_hk) = nn.generate(batch), hk.generate(batch)
     assert ids_nn.shape == (2, 5) and torch.equal(ids_nn, ids_hk)

@@ -15,7 +15,7 @@ import pytest
 
 from causalab_ref.engines import tokenjson, weightless
 from causalab_ref.fixtures import builder
-from causalab_ref.positions import locate
+from causalab_ref.positions import resolve
 from causalab_ref.runs import data
 from causalab_ref import interrupts
 from causalab_ref.shapes import Model, read_json
@@ -65,7 +65,7 @@ def pair(request):
     adapter = weightless.fixture_tokenizer(key, str(path), raw)
     assert isinstance(adapter, tokenjson.JsonTokenizer)
     texts = TEXTS if request.param in FULL else [*ODD, *TEXTS[len(ODD)::4]]
-    return locate.with_pad(adapter), locate.with_pad(weightless.tokenizer(str(path), raw)), texts
+    return resolve.with_pad(adapter), resolve.with_pad(weightless.tokenizer(str(path), raw)), texts
 
 
 def test_the_texts_cover_the_seeds_tables_and_odd_text():
@@ -107,16 +107,16 @@ def test_the_adapter_pads_batches_and_maps_characters_as_the_autotokenizer(pair)
     ours, theirs, texts = pair
     for lo in range(0, len(texts), 64):
         batch = texts[lo: lo + 64]
-        assert locate.batch_of_texts(ours, batch) == locate.batch_of_texts(theirs, batch), batch
-    framed = [*ODD, *texts[len(ODD)::20]]  # the maps are locate's code on the decodes compared above: a sample
+        assert resolve.batch_of_texts(ours, batch) == resolve.batch_of_texts(theirs, batch), batch
+    framed = [*ODD, *texts[len(ODD)::20]]  # the maps are resolve's code on the decodes compared above: a sample
     for lo in range(0, len(framed), 24):
         batch = framed[lo: lo + 24]
-        assert locate.frame_of_texts(ours, batch) == locate.frame_of_texts(theirs, batch), batch
+        assert resolve.frame_of_texts(ours, batch) == resolve.frame_of_texts(theirs, batch), batch
     for text in ODD:
         ids = theirs.encode(text, add_special_tokens=True)
-        assert locate.char_map(ours, ids) == locate.char_map(theirs, ids), text
-    assert locate.linear_map_serves(ours) == locate.linear_map_serves(theirs)
-    assert locate.decodes_by_pieces(ours) == locate.decodes_by_pieces(theirs)
+        assert resolve.char_map(ours, ids) == resolve.char_map(theirs, ids), text
+    assert resolve.linear_map_serves(ours) == resolve.linear_map_serves(theirs)
+    assert resolve.decodes_by_pieces(ours) == resolve.decodes_by_pieces(theirs)
     assert data.characters_per_token(ours) == data.characters_per_token(theirs)
 
 
@@ -245,7 +245,7 @@ def test_compile_and_the_run_engines_tokenizer_agree_on_every_shipped_document(m
 
     def mirrored(key, path, raw, digest=None):
         if path not in mirrors:
-            mirrors[path] = Mirror(real(key, path, raw, digest), locate.with_pad(weightless.tokenizer(path, raw)))
+            mirrors[path] = Mirror(real(key, path, raw, digest), resolve.with_pad(weightless.tokenizer(path, raw)))
         return mirrors[path]
 
     monkeypatch.setattr(weightless, "fixture_tokenizer", mirrored)

@@ -1,6 +1,6 @@
 """The linear character map (SPEC.md §11 Performance, Q1-Q4) against the decode-prefix definition (P22).
 
-`locate.char_map` is the definition and the oracle; `locate.linear_char_map` is what the run builds. Identity
+`resolve.char_map` is the definition and the oracle; `resolve.linear_char_map` is what the run builds. Identity
 is checked on both fixture tokenizers (Llama sentencepiece with byte fallback, the byte-level BPE) over
 generated text: byte-fallback pieces, emoji, combining marks, CJK, whitespace runs and special-token text.
 """
@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from causalab_ref.fixtures import builder
-from causalab_ref.positions import locate
+from causalab_ref.positions import resolve
 
 pytestmark = pytest.mark.fast  # the edit-test loop's subset: `pytest -m fast` (README)
 
@@ -30,7 +30,7 @@ def tok(request):
 
 def test_both_fixture_tokenizers_are_served(tok):
     """SPEC.md:1670 [Q2] — the sentencepiece and the byte-level BPE fixtures take the linear map."""
-    assert locate.linear_map_serves(tok)
+    assert resolve.linear_map_serves(tok)
 
 
 @SETTINGS
@@ -39,8 +39,8 @@ def test_the_linear_map_is_the_definition_on_generated_text(tok, text, end):
     """SPEC.md:1663 [Q1] SPEC.md:1677 [Q3] — identical offsets on a whole row and on the same row truncated anywhere
     (truncated mid-character, it ends in bytes that never make a character)."""
     ids = tok.encode(text, add_special_tokens=False)
-    assert locate.linear_char_map(tok, ids) == locate.char_map(tok, ids)
-    assert locate.linear_char_map(tok, ids[:end]) == locate.char_map(tok, ids[:end])
+    assert resolve.linear_char_map(tok, ids) == resolve.char_map(tok, ids)
+    assert resolve.linear_char_map(tok, ids[:end]) == resolve.char_map(tok, ids[:end])
 
 
 @SETTINGS
@@ -48,7 +48,7 @@ def test_the_linear_map_is_the_definition_on_generated_text(tok, text, end):
 def test_the_linear_map_is_the_definition_on_any_ids(tok, ids):
     """SPEC.md:1663 [Q1] SPEC.md:1677 [Q3] — ids no encoder produced (stray byte pieces, special tokens anywhere)
     map as the definition maps them, as a continuation's do."""
-    assert locate.linear_char_map(tok, ids) == locate.char_map(tok, ids)
+    assert resolve.linear_char_map(tok, ids) == resolve.char_map(tok, ids)
 
 
 class _Counting:
@@ -75,11 +75,11 @@ def test_the_run_maps_a_long_row_in_linear_work(tok, monkeypatch):
     text = " ".join(["If today is Thursday, 日本語 é 😀 tomorrow is"] * 16)
     ids = tok.encode(text, add_special_tokens=False)
     assert len(ids) > 300
-    want = locate.char_map(tok, ids)
+    want = resolve.char_map(tok, ids)
     counting = _Counting(tok.backend_tokenizer)
     monkeypatch.setattr(tok, "_tokenizer", counting)
-    monkeypatch.setattr(locate, "char_map", lambda *a: pytest.fail("the definition was used"))
-    frame = locate.frame_of_ids(tok, [ids], [[1] * len(ids)])
+    monkeypatch.setattr(resolve, "char_map", lambda *a: pytest.fail("the definition was used"))
+    frame = resolve.frame_of_ids(tok, [ids], [[1] * len(ids)])
     assert frame.offsets[0] == want
     assert counting.ids <= 20 * len(ids) < len(ids) ** 2 // 2
 
@@ -91,10 +91,10 @@ def test_a_byte_piece_that_never_makes_a_character_is_placed_as_the_definition_p
     byte = next(i for i in range(1000) if tok.decode([i]) == "\ufffd")
     ids = tok.encode("If today", add_special_tokens=False) + [byte] + tok.encode(" is", add_special_tokens=False)
     text, k = tok.decode(ids), len(tok.encode("If today", add_special_tokens=False))
-    want = locate.char_map(tok, ids)
+    want = resolve.char_map(tok, ids)
     assert "\ufffd" in text and want[k + 1] > want[k]
-    monkeypatch.setattr(locate, "char_map", lambda *a: pytest.fail("the whole-row definition was used"))
-    assert locate.linear_char_map(tok, ids) == want
+    monkeypatch.setattr(resolve, "char_map", lambda *a: pytest.fail("the whole-row definition was used"))
+    assert resolve.linear_char_map(tok, ids) == want
 
 
 def test_other_tokenizers_get_the_definition():
@@ -106,18 +106,18 @@ def test_other_tokenizers_get_the_definition():
     wordpiece = Tokenizer(models.WordPiece({"[UNK]": 0, "hel": 1, "##lo": 2, "world": 3, ",": 4}, unk_token="[UNK]"))
     wordpiece.pre_tokenizer, wordpiece.decoder = pre_tokenizers.BertPreTokenizer(), decoders.WordPiece()
     tok = PreTrainedTokenizerFast(tokenizer_object=wordpiece)
-    assert not locate.linear_map_serves(tok)
+    assert not resolve.linear_map_serves(tok)
     ids = tok.encode("hello, world")
-    assert locate.frame_of_ids(tok, [ids], [[1] * len(ids)]).offsets[0] == locate.char_map(tok, ids)
+    assert resolve.frame_of_ids(tok, [ids], [[1] * len(ids)]).offsets[0] == resolve.char_map(tok, ids)
 
     class Overriding(PreTrainedTokenizerFast):
         def _decode(self, token_ids, **kwargs):
             return super()._decode(token_ids, **kwargs).upper()
 
     llama = Tokenizer.from_str(builder.tokenizer("fixture:tiny-llama").backend_tokenizer.to_str())
-    assert locate.linear_map_serves(PreTrainedTokenizerFast(tokenizer_object=llama))
-    assert not locate.linear_map_serves(Overriding(tokenizer_object=llama))
-    assert not locate.linear_map_serves(object())
+    assert resolve.linear_map_serves(PreTrainedTokenizerFast(tokenizer_object=llama))
+    assert not resolve.linear_map_serves(Overriding(tokenizer_object=llama))
+    assert not resolve.linear_map_serves(object())
 
 
 class _Words:
@@ -137,27 +137,27 @@ def test_stretches_that_do_not_rebuild_the_row_fall_back_to_the_definition():
     pieces miss the marker and do not rebuild the text, so the row is mapped by the definition (the stretches
     alone would place every long prefix, which the definition does not)."""
     tok, ids = _Words(after=" END", above=11), list(range(20))
-    assert locate.linear_char_map(tok, ids) == locate.char_map(tok, ids)
+    assert resolve.linear_char_map(tok, ids) == resolve.char_map(tok, ids)
 
 
 def test_a_stretch_that_does_not_extend_its_head_falls_back_to_the_definition():
     """SPEC.md:1682 [Q4] — a quote marker a decode of three ids writes: once the stretch starts past the first
     clean prefix, a stretch of three no longer starts with its head of two, and the row is mapped by the definition."""
     tok, ids = _Words(before="> ", above=2), list(range(20))
-    assert locate.linear_char_map(tok, ids) == locate.char_map(tok, ids)
+    assert resolve.linear_char_map(tok, ids) == resolve.char_map(tok, ids)
 
 
 def test_a_sentencepiece_row_is_mapped_from_its_pieces_with_one_decode(monkeypatch):
     """SPEC.md:1757 [Q14] — on the Llama fixture (the sentencepiece decoder) a frame of a long row with byte
     pieces decodes that row's ids once, for its text, and nothing else; the offsets are the definition's."""
     tok = builder.tokenizer("fixture:tiny-llama")
-    assert locate.decodes_by_pieces(tok) and not locate.decodes_by_pieces(builder.tokenizer("fixture:tiny-gpt2"))
+    assert resolve.decodes_by_pieces(tok) and not resolve.decodes_by_pieces(builder.tokenizer("fixture:tiny-gpt2"))
     ids = tok.encode(" ".join(["If today is Thursday, 日本語 鿰 é 😀 tomorrow is"] * 12), add_special_tokens=False)
     assert any(tok.convert_ids_to_tokens(i).startswith("<0x") for i in ids)
-    want = locate.char_map(tok, ids)
+    want = resolve.char_map(tok, ids)
     counting = _Counting(tok.backend_tokenizer)
     monkeypatch.setattr(tok, "_tokenizer", counting)
-    frame = locate.frame_of_ids(tok, [ids], [[1] * len(ids)])
+    frame = resolve.frame_of_ids(tok, [ids], [[1] * len(ids)])
     assert frame.offsets[0] == want and counting.ids == len(ids)
 
 
@@ -170,10 +170,10 @@ def test_the_rows_of_one_frame_share_their_pieces_and_each_is_the_definition():
     width = max(map(len, rows))
     ids = [[0] * (width - len(r)) + r for r in rows]
     mask = [[0] * (width - len(r)) + [1] * len(r) for r in rows]
-    frame = locate.frame_of_ids(tok, ids, mask)
-    assert [frame.offsets[k] for k in range(len(rows))] == [locate.char_map(tok, r) for r in rows]
+    frame = resolve.frame_of_ids(tok, ids, mask)
+    assert [frame.offsets[k] for k in range(len(rows))] == [resolve.char_map(tok, r) for r in rows]
     known: dict = {}
     for r in rows:
         text = tok.backend_tokenizer.decode(r, skip_special_tokens=False)
-        assert locate.pieces_char_map(tok, r, text, known) == locate.char_map(tok, r)
+        assert resolve.pieces_char_map(tok, r, text, known) == resolve.char_map(tok, r)
     assert set(known) == {i for r in rows for i in r}

@@ -15,7 +15,7 @@ import torch
 
 from causalab_ref.runs import compile as compiler
 from causalab_ref.fixtures import builder
-from causalab_ref.positions import locate
+from causalab_ref.positions import resolve
 from causalab_ref.runs import run
 from causalab_ref.documents import validate
 from causalab_ref.shapes import Anchor, Refusal, Where
@@ -183,10 +183,10 @@ def test_continuation_map_is_built_from_the_decoded_ids(llama):
     """SPEC.md:322 [P38] the continuation's offsets come from decoding prefixes of the generated ids."""
     generated, _ = _greedy(llama, 6)
     tok = llama.tokenizer
-    frame = locate.frame_of_continuation(tok, generated, tok.eos_token_id)
+    frame = resolve.frame_of_continuation(tok, generated, tok.eos_token_id)
     for r in range(4):
         ids = generated[r].tolist()
-        assert frame.offsets[r] == locate.char_map(tok, ids)
+        assert frame.offsets[r] == resolve.char_map(tok, ids)
         assert frame.texts[r] == tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
@@ -195,12 +195,12 @@ def test_eos_resolves_over_hand_made_ids(llama):
     and eos is that token; a row that never stopped has no eos (seed 000:322)."""
     tok = llama.tokenizer
     eos = tok.eos_token_id
-    frame = locate.frame_of_continuation(tok, [[450, 1095, 29889, eos, 450, 1095], [450, 1095, 29889, 450, 1095, 2]
+    frame = resolve.frame_of_continuation(tok, [[450, 1095, 29889, eos, 450, 1095], [450, 1095, 29889, 450, 1095, 2]
                                                [:5] + [450]], eos)
     assert frame.ends == (4, 6)
-    windows, reasons = locate.locate(frame, Where(frame="generated", index=-1, scope=Anchor(segment="eos")))
+    windows, reasons = resolve.resolve(frame, Where(frame="generated", index=-1, scope=Anchor(segment="eos")))
     assert windows == ((3,), ()) and reasons == ("", "alignment_missing")
-    last, _ = locate.locate(frame, Where(frame="generated", index=-1))
+    last, _ = resolve.resolve(frame, Where(frame="generated", index=-1))
     assert last == ((3,), (5,))
 
 

@@ -14,7 +14,7 @@ import pytest
 from causalab_ref.runs import compile as compiler
 from causalab_ref.runs import data
 from causalab_ref.engines import loading
-from causalab_ref.positions import locate
+from causalab_ref.positions import resolve
 from causalab_ref.documents import validate
 from causalab_ref.shapes import Model, Refusal
 
@@ -92,8 +92,8 @@ def test_rows_pair_by_index_and_metric_columns_come_from_the_base_rows(llama, tm
     step = compiler.compile_document(_doc(counterfactual="t/other"), llama, root).steps[0]
     tok = llama.tokenizer
     cf_texts = [r["counterfactual_inputs"][0] for r in other]
-    assert _forward(step, "counterfactual").ids == locate.frame_of_texts(tok, cf_texts)[0]
-    assert _forward(step, "base").ids == locate.frame_of_texts(tok, [r["input"] for r in base])[0]
+    assert _forward(step, "counterfactual").ids == resolve.frame_of_texts(tok, cf_texts)[0]
+    assert _forward(step, "base").ids == resolve.frame_of_texts(tok, [r["input"] for r in base])[0]
     answers = dict(next(m for m in step.metrics if m.name == "iia").answers)
     assert answers["expected"] == tuple(tok.encode(r["cf_answer"], add_special_tokens=False)[0] for r in base)
 
@@ -169,7 +169,7 @@ def test_gpt2_has_no_pad_token_and_pads_with_eos():
     gpt2 = loading.load(Model(key="fixture:tiny-gpt2", revision="seeded", dtype="fp32"), weights=False)
     tok = gpt2.tokenizer
     assert tok.pad_token == tok.eos_token == "<|endoftext|>" and tok.padding_side == "left"
-    ids, mask, _frame = locate.frame_of_texts(tok, ["If today is Thursday, tomorrow is", "Monday"])
+    ids, mask, _frame = resolve.frame_of_texts(tok, ["If today is Thursday, tomorrow is", "Monday"])
     pad = len(mask[1]) - sum(mask[1])
     assert pad > 0 and ids[1][:pad] == (tok.eos_token_id,) * pad and mask[0] == (1,) * len(mask[0])
 

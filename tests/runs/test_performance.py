@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from causalab_ref.positions import locate
+from causalab_ref.positions import resolve
 from causalab_ref.runs import scoring
 from causalab_ref.shapes import Batch
 
@@ -59,13 +59,13 @@ def test_a_frames_rows_are_the_frame_of_those_rows_alone(llama):
     """SPEC.md:1795 [Q26] rows lo..hi of the frame of a padded batch (anchored rows of different lengths, char maps
     built) equal the frame `frame_of_ids` builds from those rows alone at the same width, for every chunk."""
     forward = _entity_plan(llama).steps[0].forwards[0]
-    whole = locate.frame_of_ids(llama.tokenizer, forward.ids, forward.mask)
+    whole = resolve.frame_of_ids(llama.tokenizer, forward.ids, forward.mask)
     rows = len(forward.ids)
     assert rows >= 4 and len({sum(m) for m in forward.mask}) > 1  # rows of different lengths
     for lo in range(rows):
         for hi in range(lo + 1, rows + 1):
-            alone = locate.frame_of_ids(llama.tokenizer, forward.ids[lo:hi], forward.mask[lo:hi])
-            assert locate.frame_rows(whole, lo, hi) == alone, (lo, hi)
+            alone = resolve.frame_of_ids(llama.tokenizer, forward.ids[lo:hi], forward.mask[lo:hi])
+            assert resolve.frame_rows(whole, lo, hi) == alone, (lo, hi)
 
 
 def test_a_chunked_run_builds_no_frame_and_writes_what_it_wrote_building_them(llama, tmp_path, monkeypatch):
@@ -91,8 +91,8 @@ def test_a_chunked_run_builds_no_frame_and_writes_what_it_wrote_building_them(ll
 
 def _general_pieces_map(tok, ids, text):
     """Q14's one pass over every piece, byte or not (the path a row with byte pieces takes)."""
-    entries = [locate._piece(tok.backend_tokenizer, i) for i in ids]
-    spelled, lengths = locate._spelled([p for p, _b in entries], [b for _p, b in entries])
+    entries = [resolve._piece(tok.backend_tokenizer, i) for i in ids]
+    spelled, lengths = resolve._spelled([p for p, _b in entries], [b for _p, b in entries])
     strip = 1 if spelled.startswith(" ") else 0
     assert spelled[strip:] == text
     offsets = [0]
@@ -116,8 +116,8 @@ def test_a_row_without_byte_pieces_has_its_pieces_running_lengths_as_offsets():
         ids = tok.encode(text, add_special_tokens=False)
         assert not any(tok.convert_ids_to_tokens(i).startswith("<0x") for i in ids), text
         decoded = tok.backend_tokenizer.decode(ids, skip_special_tokens=False)
-        got = locate.pieces_char_map(tok, ids, decoded)
-        assert got == _general_pieces_map(tok, ids, decoded) == locate.char_map(tok, ids), text
+        got = resolve.pieces_char_map(tok, ids, decoded)
+        assert got == _general_pieces_map(tok, ids, decoded) == resolve.char_map(tok, ids), text
 
 
 @pytest.mark.fast
@@ -138,7 +138,7 @@ def test_the_tokens_over_a_span_found_by_bisection_are_the_scans():
         end = offsets[-1]
         for lo in range(-1, end + 2):
             for hi in range(lo, end + 3):
-                assert locate._tokens_over(offsets, lo, hi) == scan(offsets, lo, hi), (offsets, lo, hi)
+                assert resolve._tokens_over(offsets, lo, hi) == scan(offsets, lo, hi), (offsets, lo, hi)
 
 
 # ---------------------------------------------------------------- the results folder
@@ -242,11 +242,11 @@ def test_a_frames_texts_are_each_rows_own_decode():
     texts = ["If today is Thursday, tomorrow is", "日本語 鿰 é 😀 then</s><s> more", "x", " lead", "a\nb\tc  d"]
     for key in ("fixture:tiny-llama", "fixture:tiny-gpt2", "fixture:weekday-llama"):
         tok = builder.tokenizer(key)
-        ids, mask, frame = locate.frame_of_texts(tok, texts)
-        assert locate.linear_map_serves(tok), key
+        ids, mask, frame = resolve.frame_of_texts(tok, texts)
+        assert resolve.linear_map_serves(tok), key
         for r, row in enumerate(ids):
             content = list(row[frame.starts[r]:frame.ends[r]])
-            assert frame.texts[r] == locate._decode(tok, content), (key, r)
+            assert frame.texts[r] == resolve._decode(tok, content), (key, r)
 
 
 @pytest.mark.fast

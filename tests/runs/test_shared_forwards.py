@@ -62,17 +62,17 @@ def test_sweep_points_on_the_same_rows_build_each_frame_once(llama, monkeypatch,
     frames once, not at every point: compile builds the two whole-row frames (P58), one pair for all four
     points, and the run builds neither again, in one pass or in two chunks (each chunk takes its rows of
     compile's frames, Q26); the tables are each point's own."""
-    from causalab_ref.positions import locate
+    from causalab_ref.positions import resolve
     plan = compiler.compile_document(_doc("head_patching"), llama, DATA)
     assert len(plan.leaves()) == 4 and all(leaf.frames is plan.leaves()[0].frames for leaf in plan.leaves())
     assert len(plan.leaves()[0].frames) == 2
     built = []
-    frame_of_ids = locate.frame_of_ids
+    frame_of_ids = resolve.frame_of_ids
 
     def counted(*args, **kwargs):
         built.append(args[1])
         return frame_of_ids(*args, **kwargs)
-    monkeypatch.setattr(locate, "frame_of_ids", counted)
+    monkeypatch.setattr(resolve, "frame_of_ids", counted)
     run.execute(plan, llama, tmp_path / "out", batch_size=batch_size, progress=False)
     assert built == []
     got = _tables(tmp_path / "out")

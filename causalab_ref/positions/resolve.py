@@ -1,4 +1,4 @@
-"""Locate: the position resolver — a `Where` and a row's own ids in, integer windows out.
+"""Resolve: the position resolver — a `Where` and a row's own ids in, integer windows out.
 
 It owns the frame (each row's content range inside the padded batch, its decoded
 text and character map), the chat-turn segments of a rendered prompt, the
@@ -9,7 +9,7 @@ and a reason ('alignment_missing', 'alignment_ambiguous', 'out_of_range'); wheth
 that is a refusal is the caller's decision, never this module's.
 
     ids, mask, frame = frame_of_texts(tok, ["If today is Monday, tomorrow is"])
-    windows, reasons = locate(frame, Where(index=-1))   # per row: (its last token's index,), ""
+    windows, reasons = resolve(frame, Where(index=-1))  # per row: (its last token's index,), ""
 
 A character map is defined by `char_map` (each token starts where the decoded prefix before it
 ends, P22); `linear_char_map` and `pieces_char_map` are optimisations of it, equal to it (SPEC.md §11).
@@ -490,7 +490,7 @@ def _cut(n: int, where: shapes.Where):
     return (tuple(range(n)), "") if n else ((), "out_of_range")
 
 
-def locate(frame: shapes.Frame, where: shapes.Where, anchors=None):
+def resolve(frame: shapes.Frame, where: shapes.Where, anchors=None):
     """Resolve `where` on every row: (windows, reasons), one tuple entry per row.
 
     A window holds absolute indices — into the padded sequence for the prompt frame,
