@@ -326,7 +326,7 @@ def _where_each_lands(eng, layer: int):
     `locate`): rank, io and module (or operation) of every name."""
     from .locations import address
     lines, out = [], {}
-    for name, a in address.where_each_lands(None, layer, resolve=eng.locate):
+    for name, a in address.where_each_lands(None, layer, located_by=eng.locate):
         if isinstance(a, str):
             lines.append(f"{name:22s} --   {a}")
             out[name] = {"resolves": False, "why": a}

@@ -572,20 +572,20 @@ def width(address: Address, path: str = "") -> int:
     return address.width
 
 
-def where_each_lands(model, layer: int = 0, extra=None, resolve=None) -> list[tuple[str, Any]]:
+def where_each_lands(model, layer: int = 0, extra=None, located_by=None) -> list[tuple[str, Any]]:
     """[(name, Address or the refusal's message)] for every row, at `layer` for per-layer
     rows (the seed's "where each one lands" printout; the `model --lands` verb).
 
-    `resolve(name, layer)`, when given, is used in place of `locate` on `model`: an
+    `located_by(name, layer)`, when given, is used in place of `locate` on `model`: an
     engine's own `.locate`, which adds the refusals of that engine (the hooks engine's).
     """
-    if resolve is None:
-        def resolve(name, at):
+    if located_by is None:
+        def located_by(name, at):
             return locate(model, name, at, extra=extra)
     out = []
     for name, row in TABLE.items():
         try:
-            out.append((name, resolve(name, layer if row.layered else None)))
+            out.append((name, located_by(name, layer if row.layered else None)))
         except Refusal as r:
             out.append((name, r.message))
     return out
