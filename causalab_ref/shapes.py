@@ -334,17 +334,21 @@ class Observe:
     saves: tuple[Save, ...] = ()
     kind: str = "observe"
     outputs: tuple[tuple[str, Output], ...] = ()
+    # each intervention's (name, the saves of its child step as (value, file_path)): what it produces, bare
+    child_saves: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
 
 
 @dataclass(frozen=True)
 class Featurizer:
-    """A declared featurizer: its kind, rank, initial seed or the bundle it is loaded from (SPEC.md FZ18)."""
+    """A declared featurizer: its kind, rank, initial seed or the bundle it is loaded from (SPEC.md FZ18), and
+    the one site its reads and writes name ("" until the document's interventions are read)."""
 
     kind: str
     k: Optional[int] = None
     parametrization: str = "cayley"
     seed: Optional[int] = None
     file_path: Optional[str] = None
+    site: str = ""
 
 
 @dataclass(frozen=True)

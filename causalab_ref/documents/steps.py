@@ -121,7 +121,18 @@ def observe_step(raw: Any, path: str, interventions: dict, roles: tuple) -> Obse
     produced = produced_names(names, interventions, declared_outputs)
     step_saves = saves(raw.get("saves", []), f"{path}.saves", f"step '{step}'", sorted(produced),
                        tensors=tuple(k for k, v in produced.items() if v == "tensor"))
-    return Observe(rows=step_rows, interventions=names, saves=step_saves, outputs=declared_outputs)
+    child = tuple((n, _child_saves(step_saves, n, interventions, declared_outputs)) for n in names)
+    return Observe(rows=step_rows, interventions=names, saves=step_saves, outputs=declared_outputs,
+                   child_saves=child)
+
+
+def _child_saves(step_saves: tuple, name: str, interventions: dict, declared_outputs: tuple) -> tuple:
+    """The saves of one intervention's child step: what it produces (metrics, outputs, generated ids; M19),
+    bare or as `<intervention>/<name>`, each as (value, file_path) with the value bare."""
+    mine = produced_names((name,), interventions, declared_outputs)
+    return tuple((s.value.split("/", 1)[1] if s.value.startswith(f"{name}/") else s.value, s.file_path)
+                 for s in step_saves
+                 if s.value in mine or (s.value.startswith(f"{name}/") and s.value.split("/", 1)[1] in mine))
 
 
 def hoisted(steps: Any, declared: Any) -> tuple[Any, Any]:

@@ -136,7 +136,8 @@ def document(raw: Any) -> PointDocument:
     interventions = tuple((k, intervention_parts.intervention(v, f"interventions.{k}", dict(sites), role_names,
                                                               declared))
                           for k, v in interventions_raw.items())
-    featurizer_sites(declared, interventions)
+    sites_of = featurizer_sites(declared, interventions)
+    declared = {k: replace(f, site=sites_of[k]) for k, f in declared.items()}
     steps_raw = mapping(steps_raw, "steps")
     if not steps_raw:
         _fail("steps", "a document has at least one step")
@@ -152,18 +153,22 @@ def document(raw: Any) -> PointDocument:
 @dataclass(frozen=True)
 class Point:
     """One sweep point, or the unswept document: its label (its folder under --out, "" when
-    unswept), its raw JSON (what is hashed and written as document.json), its PointDocument and the
-    coordinates of the point the run writes (PY9; a layer point's are its group's: D34 writes the layer as
-    a column of the group's tables, not as a point)."""
+    unswept), its raw JSON (what is written as document.json) and its digest (produced_by, D19), its
+    PointDocument and the coordinates of the point the run writes (PY9; a layer point's are its group's:
+    D34 writes the layer as a column of the group's tables, not as a point)."""
     label: str
     raw: Any
     document: PointDocument
+    digest: str = ""
     coordinates: dict = field(default_factory=dict)
     # a document with layers "all" (D34): the point of its other sweeps it belongs to (its folder, "" when none;
-    # None without "all"), that point's document with "all" kept, and the layer this point reads at
+    # None without "all"), that point's document with "all" kept and its digest, the layer this point reads at,
+    # and the sites whose layers are "all"
     group: Optional[str] = None
     group_raw: Any = None
+    group_digest: str = ""
     layer: Optional[int] = None
+    every_layer: tuple[str, ...] = ()
 
 
 def points_of(raw: Any, layers: Optional[int] = None) -> list[Point]:
@@ -173,7 +178,7 @@ def points_of(raw: Any, layers: Optional[int] = None) -> list[Point]:
     the document is checked as if the model had one layer, so its other refusals need no model (D35)."""
     names = sweeps.every_layer(raw)
     if not names:
-        return [Point(label=label, raw=point, document=document(point), coordinates=at)
+        return [Point(label=label, raw=point, document=document(point), digest=reader.digest(point), coordinates=at)
                 for label, point, at in sweeps.lowered(raw)]
     count = 1 if layers is None else layers
     sweeps.with_layers(raw, count)  # its refusals: another sweep on the axis `layers`, a model of no layers
@@ -181,12 +186,14 @@ def points_of(raw: Any, layers: Optional[int] = None) -> list[Point]:
     sweeps.bound_layers(raw, len(groups), count)
     out: list[Point] = []
     for glabel, graw, gat in groups:
+        group_digest = reader.digest(graw)
         for layer, (label, point) in enumerate(sweeps.points(sweeps.with_layers(graw, count))):
             doc = document(point)
             if not out:
                 sweeps.every_layer_allows(doc, names)
             out.append(Point(label=",".join(p for p in (glabel, label) if p), raw=point, document=doc,
-                             coordinates=gat, group=glabel, group_raw=graw, layer=layer))
+                             digest=reader.digest(point), coordinates=gat, group=glabel, group_raw=graw,
+                             group_digest=group_digest, layer=layer, every_layer=tuple(names)))
     return out
 
 
@@ -197,7 +204,9 @@ def points_of(raw: Any, layers: Optional[int] = None) -> list[Point]:
 class Document:
     """A read and validated document: as given (`given`), lowered to the plan-shaped form (`raw`), its
     format (plan-shaped, protocol or steps-first), its points (Point, each validated once) and where it came
-    from (a path, or `<dict>`). `repath` maps a path of the lowered document back to the given one's."""
+    from (a path, or `<dict>`). `repath` maps a path of the lowered document back to the given one's;
+    `digest` is a protocol or steps-first document's own produced_by (SPEC.md PR15, SF15), "" for a
+    plan-shaped one, whose points carry theirs."""
 
     given: Any
     raw: Any
@@ -205,6 +214,7 @@ class Document:
     points: tuple
     source: str
     repath: Optional[Callable[[str], str]] = field(default=None, compare=False, repr=False)
+    digest: str = ""
 
     @property
     def model(self):
@@ -239,7 +249,8 @@ def read(document: Any) -> Document:
     read_so_far = Document(given=given, raw=raw, format=form, points=(), source=source, repath=repath)
     with own_paths(read_so_far):
         points = tuple(points_of(raw))
-    return replace(read_so_far, points=points)
+    own = {"protocol": protocol.digest, "steps-first": stepsfirst.digest}.get(form)
+    return replace(read_so_far, points=points, digest=own(given) if own else "")
 
 
 def lowered(given: Any) -> tuple[str, Any, Optional[Callable[[str], str]]]:

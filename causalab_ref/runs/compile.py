@@ -15,8 +15,7 @@ from typing import Any, Optional
 from ..featurizers import bundles, fit
 from . import data, layers, memory, order, placement, share
 from ..positions import resolve
-from ..documents import metrics, protocol, reader, stepsfirst, sweeps, validate
-from ..documents.steps import produced_names
+from ..documents import metrics, reader, sweeps, validate
 from ..locations.address import check_per_head, refuse_no_width
 from ..writes import outputs
 from .plan import FeaturizerPlan, FitPlan, Forward, MetricPlan, ObservePlan, Plan, Tap, WeightsPlan, narrowed_width
@@ -298,7 +297,7 @@ def compile_point(point: validate.Point, engine, data_root: Path, cache: Optiona
     for name, site in doc.sites:
         addresses[name] = engine.locate(site.component, site.layer, site=name)
         _check_selection(addresses[name], site, name)
-    digest = reader.digest(raw)
+    digest = point.digest
     ctx = Context(doc=doc, engine=engine, data_root=data_root, cache={} if cache is None else cache,
                   addresses=addresses, featurizers={}, digest=digest, budget=budget)
     ctx.featurizers = featurizer_plans(ctx, digest)
@@ -317,8 +316,7 @@ def compile_point(point: validate.Point, engine, data_root: Path, cache: Optiona
             published: dict = {}
             for i_name in step.interventions:
                 name = step_name if len(step.interventions) == 1 else f"{step_name}/{i_name}"
-                steps.append(observe_plan(ctx, name, i_name, rows, _saves_of(step, i_name, dict(doc.interventions)),
-                                          (step_name, step)))
+                steps.append(observe_plan(ctx, name, i_name, rows, dict(step.child_saves)[i_name], (step_name, step)))
                 published.update(dict(steps[-1].sources))
             ctx.bound(steps[first:], step_name)
             if len(step.interventions) == 1:  # a step listing several publishes to itself only (M13)
@@ -326,15 +324,6 @@ def compile_point(point: validate.Point, engine, data_root: Path, cache: Optiona
     return Plan(label=point.label, digest=digest, raw=raw, steps=tuple(steps),
                 featurizers=tuple(ctx.featurizers.values()), rows_per_pass=ctx.rows_per_pass,
                 frames=ctx.cache.get("frames", {}))
-
-
-def _saves_of(step: Observe, i_name: str, interventions: dict) -> tuple:
-    """The saves of one intervention's child step: what it produces (metrics, outputs, generated ids; M19),
-    bare or as `<intervention>/<name>`."""
-    mine = produced_names((i_name,), interventions, step.outputs)
-    return tuple((s.value.split("/", 1)[1] if s.value.startswith(f"{i_name}/") else s.value, s.file_path)
-                 for s in step.saves
-                 if s.value in mine or (s.value.startswith(f"{i_name}/") and s.value.split("/", 1)[1] in mine))
 
 
 def _forwards(ctx: Context, intervention, rows: StepRows, ipath: str) -> list:
@@ -467,8 +456,8 @@ def _groups(address: Address, site) -> tuple[Optional[int], Optional[tuple[int, 
     return None, None
 
 
-def _featurizer_plan(ctx: Context, name: str, spec, site_name: str, digest: str) -> FeaturizerPlan:
-    doc, path = ctx.doc, f"featurizers.{name}"
+def _featurizer_plan(ctx: Context, name: str, spec, digest: str) -> FeaturizerPlan:
+    doc, path, site_name = ctx.doc, f"featurizers.{name}", spec.site
     site, address = dict(doc.sites)[site_name], ctx.addresses[site_name]
     d = narrowed_width(address.width, *_groups(address, site))
     if d is None:
@@ -492,8 +481,7 @@ def _featurizer_plan(ctx: Context, name: str, spec, site_name: str, digest: str)
 
 def featurizer_plans(ctx: Context, digest: str) -> dict:
     """Every declared featurizer at its one site: width, rank and seed checked, a bundle loaded and checked."""
-    sites_of = validate.featurizer_sites(dict(ctx.doc.featurizers), ctx.doc.interventions)
-    return {name: _featurizer_plan(ctx, name, spec, sites_of[name], digest) for name, spec in ctx.doc.featurizers}
+    return {name: _featurizer_plan(ctx, name, spec, digest) for name, spec in ctx.doc.featurizers}
 
 
 MAX_UPDATES = 1_000_000  # a fit's epochs x its updates per epoch (SPEC.md S49)
@@ -550,22 +538,24 @@ def compile_document(raw: Any, engine, data_root: Path, points: Optional[list] =
 
     `points` are the document's lowered and validated points (`validate.points_of(raw)`) when the
     caller has them already, so that each is validated once; otherwise they are made here. The
-    document's own facts come first (points, coordinates); then each point is compiled once, in
-    order, on one cache of rows and batches; then the leaves are joined: folded into one plan for
-    `layers: "all"`, the one leaf itself when unswept, a root over them for a sweep. Forwards that
-    several steps compute identically are marked shared (share.py)."""
+    document's own facts come first (points, the coordinates of the points the run writes, the root's
+    digest where there is a root); then each point is compiled once, in order, on one cache of rows and
+    batches; then the leaves are joined: folded into one plan for `layers: "all"`, the one leaf itself
+    when unswept, a root over them for a sweep. Forwards that several steps compute identically are
+    marked shared (share.py)."""
     if points is None or sweeps.every_layer(raw):  # layers "all" is lowered once the layer count is known (D35)
         points = validate.points_of(raw, layers=engine.num_layers)
     coordinates = {point.label if point.group is None else point.group: point.coordinates for point in points}
+    digest = reader.digest(raw) if list(coordinates) != [""] else ""  # a root's, over its points
     cache: dict = {}  # rows and batches the points share
     leaves = [compile_point(point, engine, data_root, cache, budget) for point in points]
     if points[0].group is not None:  # layers "all": each layer a point of one shared forward, folded (D34)
-        plan = layers.fold(raw, list(zip(points, leaves)))
-    elif len(points) == 1 and points[0].label == "":
+        plan = layers.fold(raw, digest, list(zip(points, leaves)))
+    elif not digest:  # unswept: the one point is the plan
         plan = leaves[0]
     else:
         rows_per_pass = min((leaf.rows_per_pass for leaf in leaves if leaf.rows_per_pass), default=0)
-        plan = Plan(label="", digest=reader.digest(raw), raw=raw, points=tuple(leaves), rows_per_pass=rows_per_pass)
+        plan = Plan(label="", digest=digest, raw=raw, points=tuple(leaves), rows_per_pass=rows_per_pass)
     return share.mark(replace(plan, coordinates=coordinates))
 
 
@@ -576,5 +566,4 @@ def compile_read(document, engine, data_root: Path, budget: int = memory.DEFAULT
     plan = compile_document(document.raw, engine, data_root, list(document.points), budget=budget)
     if document.format == "plan-shaped":
         return plan
-    own = protocol.digest if document.format == "protocol" else stepsfirst.digest
-    return with_digest(plan, own(document.given), document.given)
+    return with_digest(plan, document.digest, document.given)

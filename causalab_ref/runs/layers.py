@@ -5,22 +5,22 @@ compiles each (one shared forward, Q32) and `fold` makes each point of the other
 are its layers' steps, layer by layer, each step and each metric of a read at an "all" site carrying its
 layer, so the run writes one table per metric with a row per (layer, example). SPEC.md §1 (D34):
 
-    plan = fold(raw, [(point, compile_point(point, engine, data_root)) for point in points])
+    plan = fold(raw, digest, [(point, compile_point(point, engine, data_root)) for point in points])
 """
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import Any
 
-from ..documents import reader, sweeps
 from .plan import Plan
 
 
-def fold(raw: Any, compiled: list) -> Plan:
+def fold(raw: Any, digest: str, compiled: list) -> Plan:
     """(point, its compiled leaf) of every layer point, in order -> the plan: one leaf per point of the other
-    sweeps (the root itself when there is none), its produced_by that point's with "all" as written (D19); a
-    metric of a read at no "all" site is saved once, from layer 0."""
-    names = set(sweeps.every_layer(raw))
+    sweeps under a root (the document `raw`, its `digest`), or that one leaf itself when there are none; a
+    leaf's produced_by is its point's with "all" as written (D19); a metric of a read at no "all" site is
+    saved once, from layer 0."""
+    names = set(compiled[0][0].every_layer)
     groups: dict[str, list] = {}
     for point, leaf in compiled:
         groups.setdefault(point.group, []).append((point, leaf))
@@ -34,12 +34,12 @@ def fold(raw: Any, compiled: list) -> Plan:
                 parts = tuple(replace(m, layer=point.layer) if m.name in layered else m for m in step.metrics)
                 steps.append(replace(step, layer=point.layer, metrics=parts,
                                      saves=tuple((v, f) for v, f in step.saves if point.layer == 0 or v in layered)))
-        group_raw = members[0][0].group_raw
-        leaves.append(Plan(label=label, digest=reader.digest(group_raw), raw=group_raw, steps=tuple(steps),
+        group = members[0][0]
+        leaves.append(Plan(label=label, digest=group.group_digest, raw=group.group_raw, steps=tuple(steps),
                            rows_per_pass=min((leaf.rows_per_pass for _, leaf in members if leaf.rows_per_pass),
                                              default=0),
                            frames=members[0][1].frames))
     if len(leaves) == 1 and leaves[0].label == "":
         return leaves[0]
     rows_per_pass = min((leaf.rows_per_pass for leaf in leaves if leaf.rows_per_pass), default=0)
-    return Plan(label="", digest=reader.digest(raw), raw=raw, points=tuple(leaves), rows_per_pass=rows_per_pass)
+    return Plan(label="", digest=digest, raw=raw, points=tuple(leaves), rows_per_pass=rows_per_pass)
