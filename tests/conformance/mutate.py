@@ -169,11 +169,11 @@ MUTANTS = [
     ("the chat template's BOS text kept", "P10", "runs/data.py",
      "    if bos and text.startswith(bos):", "    if False and bos and text.startswith(bos):"),
     # Rules added or sharpened after the corpus was first written (D16, D20, L3, L26, P32, P36, P42).
-    ("qualified save names resolved to whichever intervention has the metric", "D16", "runs/compile.py",
-     '    return tuple((s.value.split("/", 1)[1] if s.value.startswith(f"{i_name}/") else s.value, s.file_path)\n'
-     '                 for s in step.saves\n'
-     '                 if s.value in mine or (s.value.startswith(f"{i_name}/") and s.value.split("/", 1)[1] in mine))',
-     '    return tuple((s.value.split("/", 1)[-1], s.file_path) for s in step.saves\n'
+    ("qualified save names resolved to whichever intervention has the metric", "D16", "documents/steps.py",
+     '    return tuple((s.value.split("/", 1)[1] if s.value.startswith(f"{name}/") else s.value, s.file_path)\n'
+     '                 for s in step_saves\n'
+     '                 if s.value in mine or (s.value.startswith(f"{name}/") and s.value.split("/", 1)[1] in mine))',
+     '    return tuple((s.value.split("/", 1)[-1], s.file_path) for s in step_saves\n'
      '                 if s.value.split("/", 1)[-1] in mine)'),
     ("an ambiguous bare metric name accepted", "D16", "documents/steps.py",
      "for k, v in per[n].items() if bare.count(k) == 1})", "for k, v in per[n].items()})"),
