@@ -200,7 +200,8 @@ def test_a_prompt_longer_than_the_models_positions_is_refused_at_compile(tmp_pat
 
 
 def test_a_command_lowers_sweeps_once_and_validates_each_point_once(monkeypatch):
-    """SPEC.md:76 [D21] `validate` of a swept document lowers it once and validates each point once."""
+    """SPEC.md:76 [D21] `validate` of a swept document, which reads and compiles it, lowers it once (its
+    points and their coordinates from one lowering) and validates each point once."""
     calls = {"points": 0, "document": 0}
     lower, check = sweeps.lowered, validate.document  # sweeps.points lowers through sweeps.lowered
 
