@@ -159,8 +159,8 @@ class Point:
     label: str
     raw: Any
     document: PointDocument
-    digest: str = ""
-    coordinates: dict = field(default_factory=dict)
+    digest: str
+    coordinates: dict
     # a document with layers "all" (D34): the point of its other sweeps it belongs to (its folder, "" when none;
     # None without "all"), that point's document with "all" kept and its digest, the layer this point reads at,
     # and the sites whose layers are "all"

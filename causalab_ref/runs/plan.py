@@ -248,7 +248,7 @@ class Plan:
     points: tuple["Plan", ...] = ()
     featurizers: tuple[FeaturizerPlan, ...] = ()
     rows_per_pass: int = 0  # rows per pass when --batch-size is not given: the memory budget's (0: no bound; Q11)
-    coordinates: dict = field(default_factory=dict)  # the root's: each point's label -> its coordinates (S44)
+    coordinates: dict = field(default_factory=dict)  # the root's: each point's label -> its coordinates (PY9)
     # the frames compile built to place the prompt frame (placement.check_step), by the run's key; not data of
     # the plan, a cache the run's memo starts from (SPEC.md Q15)
     frames: dict = field(default_factory=dict, compare=False, repr=False)

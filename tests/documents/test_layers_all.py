@@ -78,6 +78,18 @@ def test_compile_lowers_all_with_the_engines_layer_count():
     assert [(step.name, step.layer) for step in plan.leaves()[0].steps] == [("score", 0)]
 
 
+def test_the_plans_coordinates_are_the_points_the_run_writes():
+    """SPEC.md:89 [D34] SPEC.md:2703 [PY9] a plan's coordinates are those of the points the run writes: layers
+    "all" alone is one point with none; beside a pos sweep, each pos point with its pos alone (no layer)."""
+    alone, beside = _all(), _all()
+    beside["interventions"]["lens"]["reads"]["lens"]["pos"] = {"sweep": [-1, -2]}
+    for doc, want in ((alone, {"": {}}), (beside, {"pos=-1": {"pos": -1}, "pos=-2": {"pos": -2}})):
+        _engine, plan = loading.compiled(validate.points_of(doc)[0].document.model,
+                                         lambda e: compiler.compile_document(doc, e, DATA))
+        assert plan.coordinates == want
+        assert [leaf.label for leaf in plan.leaves()] == [label for label in want]
+
+
 @pytest.mark.fast
 @pytest.mark.parametrize("doc, path, words", [
     (_all(component="lm_head"), "sites.resid", "lm_head"),
