@@ -325,11 +325,21 @@ def _tracing_document() -> dict:
     return doc
 
 
+def _by_layer_document() -> dict:
+    """documents/layer_sweep.json read at every layer ("all") beside a sweep of its read's position: a point per
+    position, each holding its tables by layer (D34), which plot draws with the layer as an axis (FG2)."""
+    doc = json.loads((PATCHING.parent / "layer_sweep.json").read_text(encoding="utf-8"))
+    doc["sites"]["resid"] = {"component": "block_output", "layers": "all"}
+    doc["interventions"]["lens"]["reads"]["lens"]["pos"] = {"sweep": [-1, -2]}
+    return doc
+
+
 def results_bases(tmp: pathlib.Path) -> list[pathlib.Path]:
-    """Two results folders a run wrote (run once per session): a swept patching run and a fit's run."""
+    """Three results folders a run wrote (run once per session): a swept patching run, a fit's run, and a sweep
+    beside a read at every layer."""
     fit = json.loads((CORPUS / "run_tiny_das_fit.json").read_text(encoding="utf-8"))["document"]
     bases = []
-    for name, doc in (("tracing", _tracing_document()), ("fit", fit)):
+    for name, doc in (("tracing", _tracing_document()), ("fit", fit), ("by_layer", _by_layer_document())):
         out = tmp / "results" / name
         if not (out / "run.json").exists():
             path = tmp / "results" / f"{name}.json"
@@ -350,7 +360,8 @@ def _damage_entry(rng: random.Random, entry: pathlib.Path, sentinel: pathlib.Pat
             raw = json.loads(entry.read_text(encoding="utf-8"))
         except ValueError:
             raw = None
-        raw = fuzzing.mutate_tree(rng, raw, fuzzing._keys(raw) + ["value", "eligible", "metric", "steps", "saves"])
+        raw = fuzzing.mutate_tree(rng, raw, fuzzing._keys(raw) + ["value", "eligible", "metric", "layer", "steps",
+                                                                  "saves"])
         entry.write_bytes(fuzzing._text(rng, raw).encode("utf-8", "surrogatepass"))
     elif op == 1 and entry.is_file():
         raw = entry.read_bytes()
@@ -380,7 +391,8 @@ def _remove_entry(entry: pathlib.Path) -> None:
 
 def _hostile_table(rng: random.Random, folder: pathlib.Path) -> None:
     """One metric table of a results copy rewritten with values a figure must still take: integers past a
-    float's range, [token, probability] lists, signed or out-of-[0, 1] numbers under any unit, many rows."""
+    float's range, [token, probability] lists, signed or out-of-[0, 1] numbers under any unit, a row's layer
+    of any kind, many rows."""
     tables = sorted(f for f in folder.rglob("*.json") if f.is_file() and not f.is_symlink()
                     and f.name not in ("document.json", "run.json"))
     if not tables:
@@ -393,9 +405,12 @@ def _hostile_table(rng: random.Random, folder: pathlib.Path) -> None:
     if not (isinstance(rows, list) and rows and all(isinstance(r, dict) for r in rows)):
         return
     values = [10 ** 400, -10 ** 400, [[" Monday", 0.5]], [], -3.5, 7.25, 0.074, 1e308, 10 ** 308]
+    layers = [0, 1, 99, -1, 1.5, "x", None, [0], {"layer": 0}, 10 ** 400]
     edited = [dict(r, value=rng.choice(values) if rng.random() < 0.5 else r.get("value"),
                    unit=rng.choice([r.get("unit"), "fraction", "probability", "logit", "nat", 3, None]))
               for r in rows]
+    if rng.random() < 0.3:  # a table by layer (D34) whose layers are anything (FG2 makes them an axis)
+        edited = [dict(r, layer=rng.choice(layers) if rng.random() < 0.5 else r.get("layer", 0)) for r in edited]
     if rng.random() < 0.3:
         edited = [dict(edited[k % len(edited)], example_id=str(k)) for k in range(rng.choice([150, 3000]))]
     table.write_text(json.dumps(edited), encoding="utf-8")

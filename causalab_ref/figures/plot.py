@@ -246,6 +246,35 @@ def _heatmap(points, rows_of: dict, landed: dict) -> Panel:
                  xticks=xticks, yticks=yticks if len(names) == 2 else (), unit=str(first.get("unit", "")))
 
 
+def _layered(rows_of: dict) -> bool:
+    """A table of rows by layer (a metric of a read at every layer, D34): every row of every point carries one."""
+    rows = [r for point_rows in rows_of.values() for r in point_rows]
+    return bool(rows) and all("layer" in r for r in rows)
+
+
+def _by_layer(out: Path, points, rows_of: dict, landed: dict) -> tuple:
+    """(points, rows_of, landed) with the rows' `layer` as one more axis after the sweep's, in the order the
+    layers first come; a cell is then one point's rows at one layer (FG2). Beside two sweep axes it would be
+    three, and is refused."""
+    if len(points[0][0]) + 1 > MOST_AXES:
+        raise _fail(f"{out} is a sweep over {len(points[0][0])} axes and a table by layer, {len(points[0][0]) + 1} "
+                    f"axes in all; plot draws at most {MOST_AXES} (a heatmap); sweep fewer fields, or plot each "
+                    "point's folder")
+    grouped: dict[tuple, dict[str, list]] = {}  # each point's rows by their layer, spelled as a label spells it
+    for values, rows in rows_of.items():
+        for r in rows:
+            grouped.setdefault(values, {}).setdefault(json.dumps(r["layer"], separators=(",", ":")), []).append(r)
+    layers = list(dict.fromkeys(layer for groups in grouped.values() for layer in groups))
+    by_layer, tokens, layered = {}, {}, []
+    for axes, folder in points:
+        label, values = ",".join(f"{a}={v}" for a, v in axes), tuple(v for _a, v in axes)
+        for layer in layers:
+            layered.append((axes + (("layer", layer),), folder))
+            by_layer[values + (layer,)] = grouped.get(values, {}).get(layer, [])
+            tokens[f"{label},layer={layer}"] = landed.get(label, [])
+    return layered, by_layer, tokens
+
+
 def _bars(table: str, rows: list[dict]) -> Panel:
     """A bar per row, of the first MOST_BARS rows; the title counts the eligible rows of all (FG4, FG9)."""
     first = rows[0]
@@ -296,7 +325,9 @@ def panels(out: Path, plan: Optional[list[dict]] = None) -> list[Panel]:
         found.extend(_means(read[()]))
     for table in names:
         rows_of = {values: tables.get(table, []) for values, tables in read.items()}
-        if points[0][0]:
+        if points[0][0] and _layered(rows_of):
+            found.append(_heatmap(*_by_layer(out, points, rows_of, plan_tokens(plan or []))))
+        elif points[0][0]:
             found.append(_heatmap(points, rows_of, plan_tokens(plan or [])))
         else:
             found.append(_bars(table, rows_of[()]))

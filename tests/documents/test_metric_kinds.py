@@ -528,7 +528,7 @@ def test_the_fuzzers_readout_mutation_meets_no_internal_error(seed, tmp_path):
 
 
 def test_the_originals_readout_runs_and_plot_draws_no_list_table(tmp_path):
-    """SPEC.md:153 [D28] SPEC.md:2455 [FG4] documents/steps_first/readout.json runs: top3.json is 4 rows of 3
+    """SPEC.md:153 [D28] SPEC.md:2459 [FG4] documents/steps_first/readout.json runs: top3.json is 4 rows of 3
     [token, probability] pairs (unit '[token, probability] list', top_k/v1), its summary line gives the first
     row's pairs and no mean; plot draws p_answer alone, and a folder of top3 alone is one refusal naming why."""
     import shutil
