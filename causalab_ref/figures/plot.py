@@ -5,8 +5,8 @@ is a heatmap of its mean over eligible rows (two sweep axes: the first down, the
 a single row, or, for a table of rows by layer, the layer across); a metric of a run with no sweep is a bar
 per row, and one metric held by several tables of such a run (a method beside its controls) is first drawn
 as one bar per table, its mean. A sweep axis that moves the positions a table reports is labelled by each
-point's decoded tokens as well as its value. Nothing
-here writes inside the results folder; the figure goes to its own file, whole or not at all.
+point's decoded tokens as well as its value. Nothing here writes inside the results folder; the figure goes
+to its own file, whole or not at all.
 
     from causalab_ref.figures import plot
     fig = plot.figure(Path("out"))                  # a matplotlib Figure, nothing written
