@@ -13,9 +13,10 @@ surface and checks one invariant per case:
   conform's --list with --only and --cases;
 * cache: a copy of a built fixture folder under a temporary $CAUSALAB_REF_CACHE with files added,
   removed, truncated or replaced by links, and its derived tokenizer forged with its record rewritten to match;
-* results: a copy of a run's results folder (a swept patching run, a fit with its loss curve) with
-  its tables, document.json, run.json, tensor files and point folders edited, broken, removed or
-  replaced by links (a table's values past a float's range, lists, any unit, many rows), drawn by `plot` to a figure path that may be a link, a folder or a file;
+* results: a copy of a run's results folder (a swept patching run, a fit with its loss curve, a sweep beside a
+  read at every layer) with its tables, document.json, run.json, tensor files and point folders edited, broken,
+  removed or replaced by links (a table's values past a float's range, lists, any unit, a layer of any kind, many
+  rows), drawn by `plot` to a figure path that may be a link, a folder or a file;
 * table: a damaged copy of those results folders (the same damages, and run.json's points edited: labels and
   folders that climb out, name a link, a file or nothing), read by `table` with --csv, --json or --metric;
 * env: $CAUSALAB_REF_LLAMA_TOKENIZER, $HF_HUB_OFFLINE, $CAUSALAB_REF_CACHE and $CONFORM_CHECKPOINTS set to
