@@ -312,18 +312,20 @@ def test_one_model_serves_two_documents_as_two_fresh_processes(models, tmp_path,
 
     def no_load(*args, **kwargs):
         raise AssertionError("a model was loaded again")
-    for name in ("patching", "layer_sweep"):
-        path = DOCS / f"{name}.json"
+    names = ("patching", "layer_sweep")
+    fresh = {name: subprocess.Popen([sys.executable, "-m", "causalab_ref", "run", str(DOCS / f"{name}.json"),
+                                     "--out", str(tmp_path / name), "--data-root", str(DATA), "--quiet"],
+                                    cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                    env={**os.environ, "PYTHONPATH": str(REPO)})
+             for name in names}  # the fresh processes start while this one runs both documents
+    for name in names:
         with monkeypatch.context() as patched:
             patched.setattr(loading, "load", no_load)
             patched.setattr(checkpoint, "load", no_load)
-            results = cr.run(path, model, data_root=DATA, progress=False)
-        out = tmp_path / name
-        done = subprocess.run([sys.executable, "-m", "causalab_ref", "run", str(path), "--out", str(out),
-                               "--data-root", str(DATA), "--quiet"], cwd=REPO, capture_output=True, text=True,
-                              timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
-        assert done.returncode == 0, done.stderr
-        points, tables = api.read_folder(out)
+            results = cr.run(DOCS / f"{name}.json", model, data_root=DATA, progress=False)
+        _out, err = fresh[name].communicate(timeout=300)
+        assert fresh[name].returncode == 0, err
+        points, tables = api.read_folder(tmp_path / name)
         assert [(r["point"], r["file"], r["example_id"], r["value"]) for r in api.tidy(points, tables)] == \
             [(r["point"], r["file"], r["example_id"], r["value"]) for r in results.table()]
 
