@@ -249,8 +249,7 @@ def _heatmap(points, rows_of: dict, landed: dict) -> Panel:
 
 def _layered(rows_of: dict) -> bool:
     """A table of rows by layer (a metric of a read at every layer, D34): every row of every point carries one."""
-    rows = [r for point_rows in rows_of.values() for r in point_rows]
-    return bool(rows) and all("layer" in r for r in rows)
+    return any(rows_of.values()) and all("layer" in r for rows in rows_of.values() for r in rows)
 
 
 def _by_layer(out: Path, points, rows_of: dict, landed: dict) -> tuple:
