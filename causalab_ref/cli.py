@@ -322,7 +322,7 @@ def _component_line(label: str, answer: dict) -> str:
 
 
 def _where_each_lands(eng, layer: int):
-    """The seed's "where each one lands" printout (address.where_each_lands through the engine's own
+    """L18's "where each one lands" printout (address.where_each_lands through the engine's own
     `locate`): rank, io and module (or operation) of every name."""
     from .locations import address
     lines, out = [], {}

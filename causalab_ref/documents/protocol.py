@@ -1,4 +1,4 @@
-"""Protocol: the seeds' second authoring format (protocol_version "3"), read as a narrow subset.
+"""Protocol: the language's second authoring format (protocol_version "3"), read as a narrow subset.
 
 `shape(raw)` tells the formats apart by their top level: a `method` (or a `data` block with no
 `steps`) is the protocol format, a `data` block beside `steps` is the later steps-first format

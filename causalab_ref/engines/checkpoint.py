@@ -410,8 +410,8 @@ def renaming_known(raw, kw: dict[str, Any]) -> bool:
 def plain_misses():
     """Inside: an nnsight envoy asked for a name that is neither its alias nor its module's raises the
     AttributeError nnsight raises, naming the envoy's path instead of printing its whole subtree (SPEC.md Q41).
-    nnsight's aliasing asks every envoy for every name of nnterp's rename table and drops each miss, so a load
-    printed the model's tree about 1,250 times on the 2-layer fixture. Every other lookup is nnsight's own."""
+    nnsight's aliasing asks every envoy for every name of nnterp's rename table and drops each miss, so the
+    miss's message is never read. Every other lookup is nnsight's own."""
     from nnsight.intervention.envoy import Envoy
 
     original = Envoy.__getattr__

@@ -1,14 +1,13 @@
 """Address: the component table, and `locate`, which turns a name into a `shapes.Address`.
 
-This module owns the 21 component names (SPEC.md §3 Locations; seed 004 "The component
-list") as plain data: one frozen `Component` row per name saying what the tensor is,
-whether it is one per layer or one per model, whether it is per head and over which head
-count, whether it needs eager attention, whether it is read-only, which model attribute
-its width is, its default module / io side / order, and how a trace reaches it (`reach`,
-which the engines dispatch on).  `describe()` hands that table out as plain dicts (the
-`vocab` verb prints it).
+This module owns the 21 component names (SPEC.md L5, the component table) as plain data: one frozen
+`Component` row per name saying what the tensor is, whether it is one per layer or one per model,
+whether it is per head and over which head count, whether it needs eager attention, whether it is
+read-only, which model attribute its width is, its default module / io side / order, and how a trace
+reaches it (`reach`, which the engines dispatch on). `describe()` hands that table out as plain
+dicts (the `vocab` verb prints it).
 
-`locate(model, name, layer, ...)` resolves a name against a loaded nnterp
+`locate(model, name, layer, ...)` looks a name up in a loaded nnterp
 StandardizedTransformer (a meta load is enough: only the config and the module tree
 are read), or against the same tree held as data (families.py: the weightless engine's).
 The family and block differences are decided from the module tree (GPT-2 spells the norms
@@ -37,7 +36,7 @@ from .families import Node
 
 # ---------------------------------------------------------------- the table
 
-#: the needle naming the attention call every interior hangs off (seed 004 "Inside a forward")
+#: the needle naming the attention call every interior hangs off (SPEC.md L12)
 NEEDLE = "attention_interface("
 
 #: the residual-stream components (where a read may say `"view": "logits"`)
@@ -49,7 +48,7 @@ class Component:
     module boundary read at its output, residual-stream wide, not per head, sequence axis 1."""
 
     tensor: str              # one line: what the tensor is
-    accessor: str            # nnterp's accessor name in the seed's vocab, or "interior"
+    accessor: str            # nnterp's accessor name (SPEC.md L5), or "interior"
     order: int               # rank order inside its layer slot (forward order)
     module: Optional[str] = None   # default module (Llama spelling), relative to the layer or the model
     io: Optional[str] = "output"   # default side: "input" / "output" / None (interior)
@@ -574,7 +573,7 @@ def width(address: Address, path: str = "") -> int:
 
 def where_each_lands(model, layer: int = 0, extra=None, located_by=None) -> list[tuple[str, Any]]:
     """[(name, Address or the refusal's message)] for every row, at `layer` for per-layer
-    rows (the seed's "where each one lands" printout; the `model --lands` verb).
+    rows (SPEC.md L18's "where each one lands"; the `model --lands` verb).
 
     `located_by(name, layer)`, when given, is used in place of `locate` on `model`: an
     engine's own `.locate`, which adds the refusals of that engine (the hooks engine's).

@@ -1,8 +1,8 @@
 """Select: gather and scatter the part of a tensor a `shapes.Selection` names (pure torch).
 
-This module owns the one slicing rule every read and write uses (SPEC.md §3 Locations;
-seed 004 "Heads and units"): positions along `selection.seq_axis`, one window per
-row, and the feature axis viewed as `(groups, -1)` keeping the groups in `take`.
+This module owns the one slicing rule every read and write uses (SPEC.md L13): positions
+along `selection.seq_axis`, one window per row, and the feature axis viewed as `(groups, -1)`
+keeping the groups in `take`.
 
 The tensor is first put in a canonical `(batch, seq, features)` view:
 

@@ -65,9 +65,6 @@ def special_prefix(tok) -> tuple[int, ...]:
     return tuple(int(i) for i in tok("", add_special_tokens=True)["input_ids"])
 
 
-_special_prefix = special_prefix  # the seed's spelling
-
-
 def char_map(tok, ids: Sequence[int]) -> tuple[int, ...]:
     """offsets[k] = the character where token k starts, from decoding growing prefixes (SPEC.md P22).
 

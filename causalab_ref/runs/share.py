@@ -37,8 +37,7 @@ def _observes(leaf: Plan) -> list[ObservePlan]:
 def _rows_digest(rows: tuple) -> str:
     """The sha256 of a batch's rows of ints (ids or a mask): their count, each row's length, then every entry,
     as 8-byte integers in row order, a spelling from which the rows can be read back, so other rows give
-    another digest (SPEC.md Q38). Their repr, which it replaces, took most of the time of marking a step of 256 rows of
-    ~400 tokens."""
+    another digest (SPEC.md Q38)."""
     lengths = array("q", [len(rows), *map(len, rows)])
     try:
         entries = array("q", chain.from_iterable(rows))
