@@ -232,26 +232,26 @@ def observe(case: dict, impl, tmp: Path, cap: int = CAP) -> dict:
     """What the implementation did on this case, in the shape of a case's `expect`."""
     argv, out = _prepare(case, tmp)
     status, stdout, stderr = impl(argv, tmp)
-    got: dict[str, Any] = {"status": status}
+    observed: dict[str, Any] = {"status": status}
     if status == 2:
         lines = [ln for ln in stderr.splitlines() if ln.strip()]
-        got["refusal"] = catalogue.split_line(lines[-1] if lines else "")
-        return got
+        observed["refusal"] = catalogue.split_line(lines[-1] if lines else "")
+        return observed
     if status != 0:
-        got["stderr"] = stderr.strip()[-2000:]
-        return got
+        observed["stderr"] = stderr.strip()[-2000:]
+        return observed
     verb = case["verb"]
     if verb == "run":
-        got["tables"] = _tables(out, cap)
-        return got
+        observed["tables"] = _tables(out, cap)
+        return observed
     try:
         if verb == "explain":
-            got["plan"] = json.loads(stdout)["plan"]
+            observed["plan"] = json.loads(stdout)["plan"]
         elif verb == "model":
-            got["components"] = json.loads(stdout)["components"]
+            observed["components"] = json.loads(stdout)["components"]
     except (ValueError, KeyError, TypeError, RecursionError) as error:
-        got["stdout_unreadable"] = f"{type(error).__name__}: {str(error)[:200]}"
-    return got
+        observed["stdout_unreadable"] = f"{type(error).__name__}: {str(error)[:200]}"
+    return observed
 
 
 def _key(case: dict) -> str:
@@ -283,21 +283,21 @@ def check(case: dict, impl, record: bool = False, recipes: Optional[dict[str, st
             return "fail", bad, {}
     with tempfile.TemporaryDirectory(prefix="conform-") as tmp:
         try:
-            got = observe(case, impl, Path(tmp), cap)
+            observed = observe(case, impl, Path(tmp), cap)
         except CaseError as error:
             return "fail", [str(error)], {}
-    if got["status"] == NOT_APPLICABLE:
-        return "n/a", [], got
+    if observed["status"] == NOT_APPLICABLE:
+        return "n/a", [], observed
     if record:
-        return "pass", [], got
+        return "pass", [], observed
     want = case.get("expect")
     if want is None:
-        return "fail", ["the case has no `expect` (record it with --record)"], got
-    if "refusal" in want and got.get("status") == want.get("status"):
-        diffs = compare_refusal(want["refusal"], got.get("refusal"))
-        return _verdict(diffs), diffs, got
-    diffs = compare(want, got, float(case.get("tolerance", 1e-5)), informative_fields=case.get("informative", ()))
-    return _verdict(diffs), diffs, got
+        return "fail", ["the case has no `expect` (record it with --record)"], observed
+    if "refusal" in want and observed.get("status") == want.get("status"):
+        diffs = compare_refusal(want["refusal"], observed.get("refusal"))
+        return _verdict(diffs), diffs, observed
+    diffs = compare(want, observed, float(case.get("tolerance", 1e-5)), informative_fields=case.get("informative", ()))
+    return _verdict(diffs), diffs, observed
 
 
 def _verdict(diffs: list[str]) -> str:
@@ -307,15 +307,16 @@ def _verdict(diffs: list[str]) -> str:
 # ---------------------------------------------------------------- recording
 
 
-def recorded(got: dict, entries: list) -> dict:
+def recorded(observed: dict, entries: list) -> dict:
     """An observation as a case's `expect`: a refusal's message becomes its catalogue template."""
-    if "refusal" not in got:
-        return got
-    entry = catalogue.entry_for(got["refusal"], entries)
+    if "refusal" not in observed:
+        return observed
+    entry = catalogue.entry_for(observed["refusal"], entries)
     if entry is None:
-        raise SystemExit(f"no catalogue entry (SPEC.md §13) states the refusal {got['refusal']}; add one first")
-    return {"status": got["status"], "refusal": {"stage": got["refusal"]["stage"], "path": got["refusal"]["path"],
-                                                 "message": entry.message}}
+        raise SystemExit(f"no catalogue entry (SPEC.md §13) states the refusal {observed['refusal']}; add one first")
+    refusal = observed["refusal"]
+    return {"status": observed["status"],
+            "refusal": {"stage": refusal["stage"], "path": refusal["path"], "message": entry.message}}
 
 
 ORDER = ("name", "rules", "fixture", "verb", "document", "data", "files", "tolerance", "informative", "confirmed",
@@ -378,10 +379,10 @@ def completed(case: dict) -> dict:
     return case
 
 
-def _record(case: dict, got: dict, entries: list) -> None:
+def _record(case: dict, observed: dict, entries: list) -> None:
     """Write the case file again with what causalab_ref answered; never through a link (S11)."""
     stored = {k: case[k] for k in ORDER if k in case}
-    stored["expect"] = recorded(got, entries)
+    stored["expect"] = recorded(observed, entries)
     text = json.dumps(stored, indent=1, ensure_ascii=False) + "\n"
     try:
         fd = os.open(case["_file"], os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
@@ -531,8 +532,8 @@ def _checked(cases: list[dict], impl, recipes: Optional[dict[str, str]], options
     def one(case: dict) -> tuple[dict, str, list[str], dict, float]:
         case = completed(case) if options.record and "_broken" not in case else case
         t = time.time()
-        verdict, diffs, got = check(case, impl, record=options.record, recipes=recipes, cap=options.cap)
-        return case, verdict, diffs, got, time.time() - t
+        verdict, diffs, observed = check(case, impl, record=options.record, recipes=recipes, cap=options.cap)
+        return case, verdict, diffs, observed, time.time() - t
 
     if options.jobs <= 1 or not isinstance(impl, Subprocess) or len(cases) <= 1:
         yield from map(one, cases)
@@ -565,11 +566,11 @@ def conform(impl_command: Optional[str] = None, options: Options = Options(),
         entries = catalogue.entries((ROOT / "SPEC.md").read_text(encoding="utf-8")) if options.record else []
         print(f"conform: {len(cases)} case(s) against {impl.name}", file=stream)
         try:
-            for case, verdict, diffs, got, seconds in _checked(cases, impl, recipes, options):
+            for case, verdict, diffs, observed, seconds in _checked(cases, impl, recipes, options):
                 counts[verdict] += 1
                 if options.record and verdict == "pass":
                     try:
-                        _record(case, got, entries)
+                        _record(case, observed, entries)
                     except CaseError as error:
                         verdict, diffs = "fail", [str(error)]
                         counts["pass"], counts["fail"] = counts["pass"] - 1, counts["fail"] + 1

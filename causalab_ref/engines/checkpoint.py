@@ -417,11 +417,11 @@ def plain_misses():
     original = Envoy.__getattr__
 
     def lookup(self, name: str):
-        held = self.__dict__
-        if "_alias" in held and "_module" in held:
-            alias = held["_alias"]
-            if (alias is None or name not in alias.alias_to_name) and not hasattr(held["_module"], name):
-                raise AttributeError(f"envoy '{held.get('path', '')}' has no attribute {name}")
+        fields = self.__dict__
+        if "_alias" in fields and "_module" in fields:
+            alias = fields["_alias"]
+            if (alias is None or name not in alias.alias_to_name) and not hasattr(fields["_module"], name):
+                raise AttributeError(f"envoy '{fields.get('path', '')}' has no attribute {name}")
         return original(self, name)
 
     Envoy.__getattr__ = lookup  # type: ignore[method-assign]

@@ -512,16 +512,16 @@ def fit_plan(ctx: Context, step_name: str, step) -> FitPlan:
     """A fit step: its first epoch's updates planned now (every row is in one), its later epochs when the run
     reaches them, and the eval pass over the eval rows (SPEC.md FZ12, S49)."""
     path, i_name = f"steps.{step_name}", step.interventions[0]
-    train, held = ctx.rows(step.rows, f"{path}.rows"), ctx.rows(step.eval_rows, f"{path}.eval.rows")
-    data.disjoint(train, held, dict(step.rows) == dict(step.eval_rows), f"{path}.eval.rows")
+    train, eval_rows = ctx.rows(step.rows, f"{path}.rows"), ctx.rows(step.eval_rows, f"{path}.eval.rows")
+    data.disjoint(train, eval_rows, dict(step.rows) == dict(step.eval_rows), f"{path}.eval.rows")
     n = len(next(iter(train.values())))
     if step.epochs * -(-n // step.pairs) > MAX_UPDATES:
         raise Refusal(f"step '{step_name}': {step.epochs} epochs x {-(-n // step.pairs)} updates ({n} rows, "
                       f"{step.pairs} pairs each) is more than {MAX_UPDATES:,} updates; fit fewer epochs or larger "
                       "pairs", path=f"{path}.epochs", stage="compile")
     first = _epoch(ctx, step, (i_name, path), 0, next(fit.epochs_of(n, step.pairs, step.seed)))
-    held_rows = StepRows(held, ctx.batches(held, tuple(step.eval_rows), f"{path}.eval.rows"))
-    evaluation = observe_plan(ctx, "evaluation", i_name, held_rows,
+    eval_step_rows = StepRows(eval_rows, ctx.batches(eval_rows, tuple(step.eval_rows), f"{path}.eval.rows"))
+    evaluation = observe_plan(ctx, "evaluation", i_name, eval_step_rows,
                               tuple((s.value, s.file_path) for s in step.eval_saves))
     own = replace(ctx, sources=dict(ctx.sources))  # what later steps publish is not this fit's to read
     return FitPlan(name=step_name, intervention=i_name, params=step.params, objective=step.objective, lr=step.lr,

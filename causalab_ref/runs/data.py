@@ -80,14 +80,14 @@ def _parse_table(text: str, ref: str, file: Path, path: str) -> list:
     return rows
 
 
-def disjoint(train: dict, held: dict, same: bool, path: str) -> None:
+def disjoint(train: dict, eval_rows: dict, same: bool, path: str) -> None:
     """A fit's rows and its eval rows from different refs (`same`: one ref) share no base row, compared as
     sorted-key JSON; refused at `path`, the eval rows'."""
     if same:
         return
     role = "base" if "base" in train else next(iter(train))
     seen = {json.dumps(r, sort_keys=True) for r in train[role]}
-    shared = sum(json.dumps(r, sort_keys=True) in seen for r in held[role])
+    shared = sum(json.dumps(r, sort_keys=True) in seen for r in eval_rows[role])
     if shared:
         _refuse(f"the eval rows share {shared} row(s) with the fitted rows; the two must be endpoint-disjoint", path)
 
@@ -288,10 +288,10 @@ def answer_ids(tok, rows: list, eligible: tuple, column: str, path: str, token_f
     for r, (row, ok) in enumerate(zip(rows, eligible)):
         text: Any = row[column] if ok else None  # the row's own value: answer_id refuses a non-string
         if ok and (not isinstance(text, str) or text not in known):
-            got = answer_id(tok, text, path, f"row {r}, column '{column}'", token_form)
+            answer = answer_id(tok, text, path, f"row {r}, column '{column}'", token_form)
             if isinstance(text, str):
-                known[text] = got
-            out.append(got)
+                known[text] = answer
+            out.append(answer)
         else:
             out.append(known[text] if ok else None)
     return tuple(out)

@@ -6,7 +6,7 @@ whole pass: its forwards in dependency order at the batch's full padded width, e
 run once for all of them (share.py). The chunks are stitched back in row order, scored (scoring.py) and
 the step's outputs published (writes/outputs.py). SPEC.md §4 Runs, §11 Performance (Q5-Q11):
 
-    result = run_step(engine, plan.steps[0], batch_size=2)
+    result = run_step(engine, plan.steps[0], rows_per_pass=2)
     result.scores["iia"]          # one float (or None) per row
     result.values["logits"]       # (rows, 1, V): what the read `logits` read
 """
@@ -59,11 +59,11 @@ class Setting:
     bar: Any = None
 
 
-def run_step(engine, step: ObservePlan, batch_size: Optional[int] = None, memo: Optional[share.Memo] = None,
+def run_step(engine, step: ObservePlan, rows_per_pass: Optional[int] = None, memo: Optional[share.Memo] = None,
              score_as_you_go: bool = False, setting: Optional[Setting] = None) -> StepResult:
     """One observe step: forwards, then metrics, then the step's outputs.
 
-    With `batch_size`, the rows are split into chunks of that many and each chunk runs the
+    With `rows_per_pass`, the rows are split into chunks of that many and each chunk runs the
     whole pass (its forwards, in order) at the batch's full padded width, so positions and
     values are those of one pass; row numbers in refusals are the document's. Each chunk takes
     its rows of an unreduced published value and the whole of a reduced one (SPEC.md M17). With
@@ -77,7 +77,7 @@ def run_step(engine, step: ObservePlan, batch_size: Optional[int] = None, memo: 
     for forward in step.forwards:
         check_tokenizer(engine.tokenizer, forward, path)
     rows = len(step.example_ids)
-    size = batch_size or rows
+    size = rows_per_pass or rows
     scored_only = _scored_only(step) if score_as_you_go else set()
     parts: list = []
     scored: dict[str, list] = {m.name: [] for m in step.metrics if set(m.reads) <= scored_only}

@@ -32,7 +32,7 @@ class Walk:
     """What every step of one run shares: the engine, the rows per pass, the memo of shared forwards."""
 
     engine: Any
-    batch_size: Optional[int] = None
+    rows_per_pass: Optional[int] = None
     memo: Optional[share.Memo] = None
 
 
@@ -53,7 +53,7 @@ def metric_vectors(step: ObservePlan, result: StepResult) -> dict[str, torch.Ten
 # ---------------------------------------------------------------- fit and weights steps (SPEC.md §9)
 
 
-def fit_step(engine, step, featurizers: dict, batch_size: Optional[int] = None, report=None) -> Fitted:
+def fit_step(engine, step, featurizers: dict, rows_per_pass: Optional[int] = None, report=None) -> Fitted:
     """A fit: every update an observe pass with gradient, the eval pass after each epoch (fit.train).
     Returns the curves and the last eval pass's results; `report(epoch, loss)` is called after each update
     (its loss) and each eval (None)."""
@@ -64,11 +64,11 @@ def fit_step(engine, step, featurizers: dict, batch_size: Optional[int] = None, 
     last: dict[str, StepResult] = {}
 
     def update(plan):
-        return lambda: metric_vectors(plan, run_step(engine, plan, batch_size,
+        return lambda: metric_vectors(plan, run_step(engine, plan, rows_per_pass,
                                                      setting=Setting(featurizers=featurizers, grad=True)))
 
     def evaluate():
-        last["results"] = run_step(engine, step.evaluation, batch_size, setting=Setting(featurizers=featurizers))
+        last["results"] = run_step(engine, step.evaluation, rows_per_pass, setting=Setting(featurizers=featurizers))
         return metric_vectors(step.evaluation, last["results"])
     epochs = ([update(p) for p in epoch] for epoch in step.updates())  # each planned when it is reached
     try:
@@ -98,11 +98,11 @@ def _leaf_step(walk: Walk, leaf: Plan, step, setting: Setting, report=None) -> l
         stamps = {f.name: dict(f.stamp) for f in leaf.featurizers}
         return [(path, ({"weight": featurizers[name].tensors()["weight"]}, stamps[name])) for name, path in step.saves]
     if step.kind == "fit":
-        fitted = fit_step(walk.engine, step, featurizers, walk.batch_size, report)
+        fitted = fit_step(walk.engine, step, featurizers, walk.rows_per_pass, report)
         files: list[tuple[str, Any]] = [(path, ({"weight": fitted.curves[name]}, {})) for name, path in step.saves]
         return files + [(path, metric_table(step.evaluation, fitted.evaluation, name, leaf.digest))
                         for name, path in step.evaluation.saves]
-    result = run_step(walk.engine, step, walk.batch_size, walk.memo, score_as_you_go=True, setting=setting)
+    result = run_step(walk.engine, step, walk.rows_per_pass, walk.memo, score_as_you_go=True, setting=setting)
     if step.publishes:
         setting.published.update(result.outputs)
     return [(path, _saved(step, result, name, leaf.digest)) for name, path in step.saves]
@@ -176,15 +176,15 @@ def compute(plan: Plan, engine, batch_size: Optional[int] = None, progress=True)
     """Run every leaf of the plan, writing nothing; `progress`: True a bar when stderr is a terminal, "always"
     a bar, False none (results.progress; SPEC.md R16, PY11)."""
     started = time.perf_counter()
-    given, batch_size = batch_size, batch_size or plan.rows_per_pass or None  # --batch-size wins (SPEC.md Q11)
+    rows_per_pass = batch_size or plan.rows_per_pass or None  # --batch-size wins (SPEC.md Q11)
     leaves = plan.leaves()
     points = leaf_points(plan)
-    passes = sum(-(-len(step.example_ids) // (batch_size or len(step.example_ids) or 1))
+    passes = sum(-(-len(step.example_ids) // (rows_per_pass or len(step.example_ids) or 1))
                  for leaf in leaves for step in leaf.steps if isinstance(step, ObservePlan))
     passes += sum(step.epochs * (len(step.first) + 1) for leaf in leaves for step in leaf.steps
                   if step.kind == "fit")  # an update or an eval is one tick (fit_step's report)
     bar = results.progress(passes, progress, "run")
-    walk = Walk(engine, batch_size, share.Memo(plan))
+    walk = Walk(engine, rows_per_pass, share.Memo(plan))
     files: list[tuple[str, Any, str]] = [("document.json", plan.raw, "")]
     try:
         for n, leaf in enumerate(leaves):
@@ -199,7 +199,8 @@ def compute(plan: Plan, engine, batch_size: Optional[int] = None, progress=True)
                 report = _fit_report(bar, where, step) if step.kind == "fit" else None
                 for file_path, content in _leaf_step(walk, leaf, step, setting, report):
                     _add(files, _within(leaf.label, file_path), content, f"steps.{step.name}.saves")
-        record = engine.run_record(given) | {"rows_per_pass": batch_size, "causalab_ref": results.package_digest(),
+        record = engine.run_record(batch_size) | {"rows_per_pass": rows_per_pass,
+                                                  "causalab_ref": results.package_digest(),
                                                   "versions": results.versions()}
         record["dtype"] = record.get("served_dtype") or record.get("model", {}).get("dtype")
         record["points"] = [p.as_json() for p in points]

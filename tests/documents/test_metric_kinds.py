@@ -412,7 +412,7 @@ def tables(llama):
     plan = compiler.compile_document(_four(), llama, DATA)
     step = plan.leaves()[0].steps[0]
     return (step, passes.run_step(llama, step, score_as_you_go=True),
-            passes.run_step(llama, step, batch_size=2, score_as_you_go=True))
+            passes.run_step(llama, step, rows_per_pass=2, score_as_you_go=True))
 
 
 def test_the_four_kinds_run_with_their_units_and_versions(tables):

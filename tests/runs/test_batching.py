@@ -28,7 +28,7 @@ def test_batched_results_equal_one_pass(llama, size):
     its values to float32 rounding."""
     step = _step(llama, ENTITY)
     whole = run.run_step(llama, step)
-    split = run.run_step(llama, step, batch_size=size)
+    split = run.run_step(llama, step, rows_per_pass=size)
     assert split.positions == whole.positions
     assert split.eligible == whole.eligible
     for name in whole.values:
@@ -41,7 +41,7 @@ def test_batched_decode_equals_one_pass(llama):
     """SPEC.md:588 [R11] a decoding pass split in chunks keeps its steps, tokens and generated ids."""
     step = _step(llama, GENERATED)
     whole = run.run_step(llama, step)
-    split = run.run_step(llama, step, batch_size=3)
+    split = run.run_step(llama, step, rows_per_pass=3)
     assert split.positions == whole.positions
     assert torch.equal(split.values["original.generated"], whole.values["original.generated"])
 
@@ -55,6 +55,6 @@ def test_batched_refusals_name_the_documents_rows(llama):
     taps = tuple(replace(t, anchors=t.anchors[:3] + ("Tuesday",)) if t.name == "patch" else t for t in base.taps)
     step = replace(step, forwards=tuple(replace(f, taps=taps) if f is base else f for f in step.forwards))
     with pytest.raises(Refusal) as refusal:
-        run.run_step(llama, step, batch_size=2)
+        run.run_step(llama, step, rows_per_pass=2)
     assert refusal.value.stage == "run"
     assert refusal.value.message.startswith("write 'patch' has nothing to write on row(s) {3: 'alignment_missing'}")

@@ -229,7 +229,7 @@ def test_the_metrics_of_one_read_ask_its_finiteness_once_and_score_as_each_alone
     together = {m.name: scoring.score(m, values, got.placed, got.eligible[m.name], 0, shared) for m in step.metrics}
     assert together == alone and all(v[1] is None for v in alone.values()) and list(shared) == ["logits"]
     calls.clear()
-    run.run_step(llama, step, batch_size=2, score_as_you_go=True)
+    run.run_step(llama, step, rows_per_pass=2, score_as_you_go=True)
     assert len(calls) == -(-len(step.example_ids) // 2)
 
 

@@ -206,7 +206,7 @@ def test_gaussian_noise_does_not_depend_on_the_batch_size(llama):
     doc = _document("llama", "prompt", ["gaussian"])
     plan = compiler.compile_document(doc, llama, DATA)
     whole = run.run_step(llama, plan.steps[0]).values["after_gaussian"]
-    chunked = run.run_step(llama, plan.steps[0], batch_size=1).values["after_gaussian"]
+    chunked = run.run_step(llama, plan.steps[0], rows_per_pass=1).values["after_gaussian"]
     torch.testing.assert_close(chunked, whole, atol=1e-6, rtol=0)
     assert not torch.allclose(whole[0], whole[1])
 
