@@ -90,8 +90,28 @@ def _ties(name: str, step: dict, steps: dict) -> tuple[list[str], list[str]]:
     return same, earlier
 
 
+def stages_by_rounds(steps: dict) -> Optional[dict[str, int]]:
+    """The definition (SPEC.md SF8): raise each step to the stage its ties and reduce values need, round after
+    round, until nothing moves; None when it never settles (a pass that needs its own value). `stages` is its
+    optimisation (SPEC.md Q39), and a test checks the two agree."""
+    stage = {name: 0 for name in steps}
+    for _round in range(len(steps) + 2):
+        changed = False
+        for name, step in steps.items():
+            same, earlier = _ties(name, step, steps)
+            want = max([stage[name]] + [stage[s] for s in same] + [stage[r] + 1 for r in earlier])
+            for other in [name, *same]:
+                if stage[other] != want:
+                    stage[other], changed = want, True
+        if not changed:
+            return stage
+    return None
+
+
 def stages(steps: dict) -> dict[str, int]:
-    """Each step's stage (SF8): a forward step that swaps in a reduce step's value runs a stage after the forward
+    """An optimisation of `stages_by_rounds`, equal to it, refusing where it never settles (SPEC.md Q39).
+
+    Each step's stage (SF8): a forward step that swaps in a reduce step's value runs a stage after the forward
     that value reduces; a step it takes a read from, a metric, and a reduce run in the stage of their read. Tied
     steps are one group; a group's stage is the longest chain of reduce values it waits on, found in one pass
     over the groups in dependency order (SPEC.md SF8, Q39); a group that waits on itself is refused."""

@@ -429,8 +429,17 @@ def _search(text: str, lo: int, hi: int, value: str):
     return None, "alignment_missing"
 
 
+def tokens_over_plain(offsets: tuple[int, ...], lo: int, hi: int) -> tuple[int, int]:
+    """The definition (SPEC.md P23): the content tokens k with offsets[k] < hi and offsets[k + 1] > lo, as a
+    half-open token range from the first to one past the last, by a scan of every token; (0, 0) when none."""
+    inside = [k for k in range(len(offsets) - 1) if offsets[k] < hi and offsets[k + 1] > lo]
+    return (inside[0], inside[-1] + 1) if inside else (0, 0)
+
+
 def _tokens_over(offsets: tuple[int, ...], lo: int, hi: int) -> tuple[int, int]:
-    """The content tokens overlapping characters [lo, hi), as a half-open token range.
+    """An optimisation of `tokens_over_plain`, equal to it on non-decreasing offsets (SPEC.md Q28).
+
+    The content tokens overlapping characters [lo, hi), as a half-open token range.
 
     Token k covers offsets[k]:offsets[k + 1] and overlaps [lo, hi) exactly when
     offsets[k] < hi and offsets[k + 1] > lo (SPEC.md P23). A token that covers no

@@ -273,23 +273,6 @@ def test_a_wrong_type_of_data_field_or_saves_and_no_forward_are_one_refusal(tmp_
 # ---------------------------------------------------------------- stages: the plain definition
 
 
-def _stages_by_rounds(steps: dict) -> dict | None:
-    """SF8's stages by their plain definition: raise each step to the stage its ties and reduce values need,
-    round after round, until nothing moves (None when it never settles: a pass that needs its own value)."""
-    stage = {name: 0 for name in steps}
-    for _round in range(len(steps) + 2):
-        changed = False
-        for name, step in steps.items():
-            same, earlier = stepstages._ties(name, step, steps)
-            want = max([stage[name]] + [stage[s] for s in same] + [stage[r] + 1 for r in earlier])
-            for other in [name, *same]:
-                if stage[other] != want:
-                    stage[other], changed = want, True
-        if not changed:
-            return stage
-    return None
-
-
 @st.composite
 def step_graphs(draw):
     """Forward, reduce and metric steps each naming earlier ones (`of`, `against`, operands)."""
@@ -317,7 +300,7 @@ def step_graphs(draw):
 def test_stages_are_the_plain_definitions(steps):
     """SPEC.md:2529 [SF8] SPEC.md:1853 [Q39] the grouped, one-pass stages equal the round-by-round fixpoint,
     and a graph that never settles is refused."""
-    want = _stages_by_rounds(steps)
+    want = stepstages.stages_by_rounds(steps)
     if want is None:
         with pytest.raises(Refusal, match="swaps in a reduce step's value and, in the same pass"):
             stepstages.stages(steps)

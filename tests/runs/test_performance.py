@@ -127,10 +127,6 @@ def test_the_tokens_over_a_span_found_by_bisection_are_the_scans():
     gives (P23)."""
     import random
 
-    def scan(offsets, lo, hi):
-        inside = [k for k in range(len(offsets) - 1) if offsets[k] < hi and offsets[k + 1] > lo]
-        return (inside[0], inside[-1] + 1) if inside else (0, 0)
-
     rng = random.Random(0)
     for _ in range(200):
         steps = [rng.choice((0, 0, 1, 2, 5)) for _ in range(rng.randint(0, 12))]
@@ -138,7 +134,8 @@ def test_the_tokens_over_a_span_found_by_bisection_are_the_scans():
         end = offsets[-1]
         for lo in range(-1, end + 2):
             for hi in range(lo, end + 3):
-                assert resolve._tokens_over(offsets, lo, hi) == scan(offsets, lo, hi), (offsets, lo, hi)
+                assert resolve._tokens_over(offsets, lo, hi) == resolve.tokens_over_plain(offsets, lo, hi), (
+                    offsets, lo, hi)
 
 
 # ---------------------------------------------------------------- the results folder
@@ -147,22 +144,31 @@ def test_the_tokens_over_a_span_found_by_bisection_are_the_scans():
 @pytest.mark.fast
 def test_stale_cleanup_among_many_runs_removes_what_a_scan_of_every_entry_removes(tmp_path):
     """SPEC.md:1811 [Q29] beside --out `res`: other runs' folders and files (`0`..`299`, `.res2.partial-pid…`, `res.x`,
-    `.res.lock`) and a dead run's staging folder of each kind; exactly the entries `writer_of` names as a dead
-    run's of `res` go, as a scan of every entry decides, and the rest stay."""
+    `.res.lock`), a dead run's staging folder of each kind, and a file and a symlink named as one; with --out there
+    and missing, exactly the entries the scan of every entry (`clean_stale_plain`) removes or puts back go, and the
+    rest stay."""
     from causalab_ref.runs import results
-    from causalab_ref.interrupts import writer_of
 
     dead = 999999999
     names = [str(k) for k in range(300)] + [f".res2.partial-pid{dead}-abcd1234", "res.x", ".res.lock",
                                              f".res.partial-pid{dead}-abcd1234", f".res.partial-pid{dead}-abc",
                                              f".res.old-pid{dead}-zzzz0000", f".res.partial-pid{dead}-abcd1234.x"]
-    for name in names:
-        (tmp_path / name).mkdir()
-    (tmp_path / "res").mkdir()  # --out exists: an `old` folder is removed, not put back
-    scanned = {e for e in names for kind in ("partial", "old") if writer_of(e, "res", kind) is not None}
-    assert scanned == {f".res.partial-pid{dead}-abcd1234", f".res.old-pid{dead}-zzzz0000"}
-    results.clean_stale(tmp_path / "res")
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(set(names) - scanned | {"res"})
+    named = [f".res.partial-pid{dead}-ffff0000", f".res.old-pid{dead}-eeee0000"]  # a file and a symlink: kept
+    gone = {f".res.partial-pid{dead}-abcd1234", f".res.old-pid{dead}-zzzz0000"}
+    for out_exists in (True, False):  # an `old` folder is removed, or put back as --out
+        left = []
+        for clean in (results.clean_stale_plain, results.clean_stale):
+            folder = tmp_path / f"{clean.__name__}-{out_exists}"
+            for name in names:
+                (folder / name).mkdir(parents=True)
+            (folder / f".res.old-pid{dead}-zzzz0000" / "mark").touch()
+            (folder / named[0]).touch()
+            (folder / named[1]).symlink_to(folder / "0")
+            if out_exists:
+                (folder / "res").mkdir()
+            clean(folder / "res")
+            left.append((sorted(p.name for p in folder.iterdir()), (folder / "res" / "mark").exists()))
+        assert left[0] == left[1] == (sorted(set(names) - gone | {"res", *named}), not out_exists), out_exists
 
 
 # ---------------------------------------------------------------- the match metric
