@@ -156,8 +156,8 @@ class Where:
         return "all"
 
     @property
-    def width(self) -> Optional[int]:
-        """How many positions the cut names, or None when only a row knows."""
+    def per_row(self) -> Optional[int]:
+        """How many positions the cut names in each row, or None when only a row knows."""
         if self.index is not None:
             return 1
         if self.last is not None:
@@ -171,10 +171,10 @@ class Where:
 
     @property
     def uneven(self) -> bool:
-        """Whether some row may keep a window of its run the other rows do not have: the width is left to the
+        """Whether some row may keep a window of its run the other rows do not have: the count is left to the
         row, or the run is anchored. In the prompt frame that is a window of positions; in the continuation,
         the decode steps a row keeps once the decode has finished (SPEC.md P47)."""
-        return self.width is None or self.scope is not None
+        return self.per_row is None or self.scope is not None
 
     @property
     def ragged(self) -> bool:

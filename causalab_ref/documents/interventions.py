@@ -151,7 +151,7 @@ def _check_write(w: str, write: Write, within: Within) -> None:
     if operand.view == "logits":
         _fail(f"{wp}.operand", f"{prefix}write '{w}': operand '{write.operand}' is a logits view, which is "
                                "vocabulary-wide and cannot be written back at a site")
-    want, have = write.pos.width, operand.pos.width
+    want, have = write.pos.per_row, operand.pos.per_row
     if want is not None and have is not None and want != have:
         _fail(f"{wp}.pos", f"{prefix}write '{w}' covers {want} position(s) but its operand "
                            f"'{write.operand}' was read over {have}; the windows must match")
@@ -189,9 +189,9 @@ def _check_metric_read(m: str, name: str, field: str, within: Within) -> None:
     if read.featurizer != "identity":
         _fail(path, f"{prefix}metric '{m}' reads '{name}' via featurizer '{read.featurizer}', whose features are "
                     "not the vocabulary's logits; a metric's read is via 'identity'")
-    width = read.pos.width
-    if width != 1:
-        _fail(path, f"{prefix}metric '{m}' reads '{name}', a window of {'varying' if width is None else width} "
+    per_row = read.pos.per_row
+    if per_row != 1:
+        _fail(path, f"{prefix}metric '{m}' reads '{name}', a window of {'varying' if per_row is None else per_row} "
                     "positions; a metric scores one position per row")
 
 

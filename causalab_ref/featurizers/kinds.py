@@ -13,7 +13,7 @@ the maps themselves, each a small object with
 `identity` is the implicit featurizer (`(x, None)` and back, in the model's dtype). Every
 declared kind computes in float32 with autocast off; `x` keeps the model's dtype until
 the scatter casts the result back. `change_features` applies a mechanism to the `features`
-dimensions only (`slice_features` slices an operand to them); `change_through` is featurize ->
+dimensions only (`take_features` narrows an operand to them); `change_through` is featurize ->
 change -> inverse. No model, no document: compile builds these from a site width, a `k`, a
 seed or the tensors of a bundle (bundles.py reads and checks the file).
 """
@@ -236,9 +236,9 @@ def expected_shapes(kind: str, d: int, k: int) -> dict[str, tuple[int, ...]]:
 # ---------------------------------------------------------------- the write seam's middle
 
 
-def slice_features(value, width: int, index: Optional[torch.Tensor]):
-    """An operand (or renormalize's f0) in the write's feature space, sliced to the `features` dimensions
-    when it is a tensor as wide as the space; a literal or an already-sliced tensor is used as given."""
+def take_features(value, width: int, index: Optional[torch.Tensor]):
+    """An operand (or renormalize's f0) in the write's feature space, narrowed to the `features` dimensions
+    when it is a tensor as wide as the space; a literal or an already narrowed tensor is used as given."""
     if index is None or not isinstance(value, torch.Tensor) or value.dim() == 0 or value.shape[-1] != width:
         return value
     return value[..., index.to(value.device)]  # (..., width) -> (..., len(index))
@@ -252,14 +252,14 @@ def _landed(value, like: torch.Tensor) -> torch.Tensor:
 
 def change_features(f: torch.Tensor, features: Optional[tuple[int, ...]], change: Callable, *operands) -> torch.Tensor:
     """`change(part, *operands)` on the `features` dimensions of f (all of f without them); the other
-    dimensions pass through untouched. Each operand is sliced to those dimensions as `slice_features` says."""
+    dimensions pass through untouched. Each operand is narrowed to those dimensions as `take_features` says."""
     if features is None:
         return _landed(change(f, *operands), f)
     index = torch.tensor(features, dtype=torch.long, device=f.device)
     width = f.shape[-1]
     part = f[..., index]  # (..., width) -> (..., len(features)): gathered
     out = f.clone()
-    changed = change(part, *(slice_features(value, width, index) for value in operands))
+    changed = change(part, *(take_features(value, width, index) for value in operands))
     out[..., index] = _landed(changed, part)  # scattered
     return out
 

@@ -203,11 +203,11 @@ def _axis_ticks(points, axis: int, landed: dict[str, list[tuple[tuple, str]]]) -
     moving = next((key for key in keys if len({seen[v].get(key) for v in values}) > 1
                    and all(key in seen[v] for v in values)), None)
     if moving is None:
-        return values, tuple(_cut(v) for v in values)
+        return values, tuple(_shorten(v) for v in values)
     return values, tuple(tick(v, seen[v][moving]) for v in values)
 
 
-def _cut(text: str) -> str:
+def _shorten(text: str) -> str:
     """`text`, or its first TOKEN_CHARS - 1 characters and an ellipsis."""
     return text if len(text) <= TOKEN_CHARS else text[:TOKEN_CHARS - 1] + "\u2026"
 
@@ -225,13 +225,13 @@ def _short(value: str) -> str:
     anchor = next((scope[k] for k in ("variable", "segment") if isinstance(scope, dict)
                    and isinstance(scope.get(k), str)), "")
     index = pos.get("index") if anchor else None
-    return _cut(f"{anchor}[{index}]" if isinstance(index, int) else anchor)
+    return _shorten(f"{anchor}[{index}]" if isinstance(index, int) else anchor)
 
 
 def tick(value: str, tokens: str) -> str:
     """A moved position's tick: its short name (if any) over the decoded tokens, shortened to TOKEN_CHARS (FG3)."""
     name = _short(value)
-    return f"{name}\n{_cut(tokens)}" if name else _cut(tokens)
+    return f"{name}\n{_shorten(tokens)}" if name else _shorten(tokens)
 
 
 def _heatmap(points, rows_of: dict, landed: dict) -> Panel:

@@ -90,7 +90,7 @@ def _check(selection: Selection, canon: torch.Tensor) -> None:
 
 
 def shared_slice(selection: Selection, seq: int) -> Optional[tuple[int, int]]:
-    """(lo, hi) when every window is the same run of consecutive positions lo..hi-1 inside a sequence of `seq`
+    """(lo, hi) when every window is the same consecutive positions lo..hi-1 inside a sequence of `seq`
     positions (the last token of a left-padded batch, a decode step's one position), else None (SPEC.md Q13)."""
     windows = selection.windows
     first = windows[0] if windows else ()
@@ -104,19 +104,20 @@ def gather(tensor: torch.Tensor, selection: Selection, dense: bool = False) -> t
     """The part of `tensor` the selection names, flat over features; with `dense`, laid out contiguously.
 
     Rectangular: (rows, w, len(take) * per_group); ragged: (total, len(take) * per_group).
-    Without groups the whole feature axis is kept. Windows that are all one run of positions (`shared_slice`) are
-    taken as a slice, a view of `tensor` where its layout allows (Q13): callers never write into a gathered
-    value (a read clones it, a mechanism computes a new tensor, `scatter` writes a copy). What a featurizer
-    or a mechanism computes must not depend on that layout: the seam gathers for them `dense`.
+    Without groups the whole feature axis is kept. Windows that are all the same consecutive positions
+    (`shared_slice`) are taken as a slice, a view of `tensor` where its layout allows (Q13): callers never
+    write into a gathered value (a read clones it, a mechanism computes a new tensor, `scatter` writes a
+    copy). What a featurizer or a mechanism computes must not depend on that layout: the seam gathers for
+    them `dense`.
     """
     canon = _canonical(tensor, selection.seq_axis)
     _check(selection, canon)
-    run = shared_slice(selection, canon.shape[1])
-    if run is None:
+    shared = shared_slice(selection, canon.shape[1])
+    if shared is None:
         rows, pos = _index(selection, canon.device)
         flat = canon[rows, pos]  # (P, F), or (P,) with no feature axis
     else:
-        n, (lo, hi) = len(selection.windows), run
+        n, (lo, hi) = len(selection.windows), shared
         flat = canon[:n, lo:hi].reshape(n * (hi - lo), *canon.shape[2:])  # (N, W, F) -> (P, F), P = N * W
     if selection.groups is not None:
         take = torch.tensor(selection.take, dtype=torch.long, device=canon.device)  # (K,)
@@ -134,9 +135,9 @@ def scatter(tensor: torch.Tensor, selection: Selection, values: torch.Tensor) ->
     canon = _canonical(tensor, selection.seq_axis)
     _check(selection, canon)
     out = canon.clone()  # (B, T, F), or (B, T)
-    run = shared_slice(selection, canon.shape[1]) if selection.groups is None else None
-    if run is not None:  # every window the same run lo..hi-1: a slice names the positions the index would (Q35)
-        n, (lo, hi) = len(selection.windows), run
+    shared = shared_slice(selection, canon.shape[1]) if selection.groups is None else None
+    if shared is not None:  # every window the same positions lo..hi-1: a slice names what the index would (Q35)
+        n, (lo, hi) = len(selection.windows), shared
         out[:n, lo:hi] = values.to(dtype=out.dtype, device=out.device).reshape(n, hi - lo, *out.shape[2:])
         return _restore(out, tensor, selection.seq_axis)
     rows, pos = _index(selection, canon.device)  # (P,), (P,)

@@ -301,8 +301,8 @@ def texts_and_maps(tok, contents: list[list[int]]) -> tuple[tuple[str, ...], tup
     return texts, tuple(row_map(tok, c, linear, t, by_pieces, known) for c, t in zip(contents, texts))
 
 
-def frame_rows(frame: shapes.Frame, lo: int, hi: int) -> shapes.Frame:
-    """Rows lo..hi of a frame: what `frame_of_ids` builds from those rows alone at the same width, since each
+def frame_chunk(frame: shapes.Frame, lo: int, hi: int) -> shapes.Frame:
+    """Rows lo..hi of a frame: what `frame_of_ids` builds from those rows alone at the same padded length: each
     row's content range, text, offsets and segments are its own (a --batch-size chunk's frame, SPEC.md Q26)."""
     if (lo, hi) == (0, len(frame.starts)):
         return frame

@@ -186,7 +186,7 @@ def _published(step_name: str, kept: tuple, forwards: list, rows: int) -> tuple:
     for name, output in kept:
         tap = taps[output.read]
         source = outputs.Source(step=step_name, output=output, rows=rows,
-                                per_row=None if tap.pos.ragged else tap.pos.width, width=_feature_width(tap))
+                                per_row=None if tap.pos.ragged else tap.pos.per_row, width=_feature_width(tap))
         outputs.check_pca(step_name, name, source, f"steps.{step_name}.outputs.{name}")
         out.append((name, source))
     return tuple(out)
@@ -198,7 +198,7 @@ def _check_refs(step_name: str, forwards: list, sources: dict, rows: int, path: 
         for tap in forward.taps:
             if tap.kind != "write" or not isinstance(tap.operand, Ref):
                 continue
-            want = 1 if tap.pos.frame == "generated" else (None if tap.pos.ragged else tap.pos.width)
+            want = 1 if tap.pos.frame == "generated" else (None if tap.pos.ragged else tap.pos.per_row)
             landing = outputs.Landing(step=step_name, write=tap.name, rows=rows, per_row=want,
                                       width=_feature_width(tap))
             outputs.check_ref(landing, tap.operand.name, sources[tap.operand.name],

@@ -35,11 +35,11 @@ def table_path(ref: str, root: Path, path: str = "") -> tuple[Path, Optional[str
         _refuse(f"dataset ref '{ref}': a folder or table name over 255 bytes is not a file name", path)
     file = (root / (name + ".json"))
     try:
-        resolved, base = file.resolve(), root.resolve()
+        canonical, base = file.resolve(), root.resolve()
     except (OSError, RuntimeError) as error:  # Python 3.11 raises RuntimeError for a link loop (SPEC.md S53)
         cause = "a symbolic link loop" if isinstance(error, RuntimeError) else error.strerror or type(error).__name__
         _refuse(f"dataset ref '{ref}': cannot resolve {file} ({cause})", path)
-    if base not in resolved.parents:
+    if base not in canonical.parents:
         _refuse(f"dataset ref '{ref}' leaves the data root {root}", path)
     return file, (split or None)
 

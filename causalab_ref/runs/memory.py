@@ -116,12 +116,12 @@ def rows_per_pass(engine, passes: list, budget: int, path: str, frames: Optional
     `pass_cost`."""
     fit = 0
     for step in passes:
-        per_row, how = pass_cost(engine, step, frames)
-        if per_row > budget:
-            raise Refusal(f"step '{path.split('.')[1]}': one row of this pass needs about {per_row} bytes "
-                          f"({per_row / MIB:.1f} MiB; {how}), above the memory budget of {budget} bytes "
+        bytes_per_row, how = pass_cost(engine, step, frames)
+        if bytes_per_row > budget:
+            raise Refusal(f"step '{path.split('.')[1]}': one row of this pass needs about {bytes_per_row} bytes "
+                          f"({bytes_per_row / MIB:.1f} MiB; {how}), above the memory budget of {budget} bytes "
                           f"({budget / MIB:.1f} MiB); raise --memory-budget, read fewer positions or a narrower "
                           "site, or use shorter rows", path=path, stage="compile")
-        if per_row:
-            fit = budget // per_row if not fit else min(fit, budget // per_row)
+        if bytes_per_row:
+            fit = budget // bytes_per_row if not fit else min(fit, budget // bytes_per_row)
     return fit

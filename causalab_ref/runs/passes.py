@@ -87,7 +87,7 @@ def run_step(engine, step: ObservePlan, rows_per_pass: Optional[int] = None, mem
         hi = min(lo + size, rows)
         refs = {name: outputs.chunk(value, lo, hi) for name, value in setting.published.items()}
         draw_offsets = {name: (lo, rows) if n is None else (sum(n[:lo]), sum(n)) for name, n in lengths.items()}
-        frames = {role: resolve.frame_rows(frame, lo, hi) for role, frame in compiled.items()}
+        frames = {role: resolve.frame_chunk(frame, lo, hi) for role, frame in compiled.items()}
         values, placed = run_pass(Pass(engine, chunk(step, lo, hi), path, lo, featurizers=setting.featurizers,
                                        grad=setting.grad, memo=memo, refs=refs, draw_offsets=draw_offsets,
                                        frames=frames))

@@ -112,16 +112,16 @@ def untested_note() -> str:
 
 
 def confined(base: Path, file_path: str, path: str, root: Path, folder: str = "--out",
-             resolved: Optional[Path] = None) -> Path:
+             canonical: Optional[Path] = None) -> Path:
     """A save's file (or a sweep point's folder) under `base`, never outside `root` (SPEC.md R12).
 
     The name itself was judged at validation (names.inside_out: no absolute path, `..`,
     empty or over-long part); what only the disk knows is a link that resolves outside.
-    `folder` is what `root` is called in the refusal; `resolved` is `root.resolve()`, when the
+    `folder` is what `root` is called in the refusal; `canonical` is `root.resolve()`, when the
     caller has it."""
     target = base / file_path
     try:
-        inside = (resolved or root.resolve()) in target.resolve().parents
+        inside = (canonical or root.resolve()) in target.resolve().parents
     except (OSError, RuntimeError, ValueError):
         inside = False
     if not inside:
@@ -338,7 +338,7 @@ class Folder:
             check_out(out, replace)  # again, now that no other run can change it
             self.replacing = out.exists()
             self.staging = Path(tempfile.mkdtemp(prefix=staged_prefix(out.name, "partial"), dir=out.parent))
-            self.resolved = self.staging.resolve()  # made here, by this run: what every save must stay under
+            self.canonical = self.staging.resolve()  # made here, by this run: what every save must stay under
         except OSError as error:
             self._release()
             raise fault(error, f"write --out {out}") from None
@@ -360,7 +360,7 @@ class Folder:
 
     def confine(self, relative: str, path: str) -> Path:
         """Where `relative` lands in the folder, refused (at `path`) if a link takes it outside."""
-        return confined(self.staging, relative, path, self.staging, resolved=self.resolved)
+        return confined(self.staging, relative, path, self.staging, canonical=self.canonical)
 
     def write(self, relative: str, obj: Any, path: str = "", at: Optional[int] = None) -> None:
         """Write one JSON file; `at` puts it at that place in the list of written files."""

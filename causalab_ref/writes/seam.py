@@ -73,7 +73,7 @@ def write(current: torch.Tensor, action: Action, arrived: torch.Tensor, step: in
     with torch.autocast(device_type=x.device.type, enabled=False):
         f, err = featurizer.featurize(x)  # (..., F') -> (..., k)
         index = None if features is None else torch.tensor(features)
-        context = mechanisms.Context(f0=lambda: kinds.slice_features(
+        context = mechanisms.Context(f0=lambda: kinds.take_features(
             featurizer.featurize(select.gather(arrived, action.selection, dense=True))[0], f.shape[-1], index),
             step=step, draw_offset=action.draw_offset)
         landed = kinds.change_features(f, features, lambda part, o: row.formula(part, o, params, context),
@@ -124,14 +124,14 @@ def apply(current: torch.Tensor, actions, step: int = 0, grad: bool = False) -> 
 
 def groups(actions) -> Iterator[tuple[Any, list[Action]]]:
     """Consecutive actions at one address, with the address: the unit an engine reaches once."""
-    run: list[Action] = []
+    group: list[Action] = []
     for action in actions:
-        if run and _key(run[0]) != _key(action):
-            yield run[0].address, run
-            run = []
-        run.append(action)
-    if run:
-        yield run[0].address, run
+        if group and _key(group[0]) != _key(action):
+            yield group[0].address, group
+            group = []
+        group.append(action)
+    if group:
+        yield group[0].address, group
 
 
 def _key(action: Action):

@@ -34,7 +34,7 @@ MUTANTS = [
      "                    if a.address.component in address.HEAD else a for a in batch.actions)",
      "                    if False else a for a in batch.actions)"),
     ("the memory budget doubled before a row is refused", "Q12", "runs/memory.py",
-     "        if per_row > budget:", "        if per_row > 2 * budget:"),
+     "        if bytes_per_row > budget:", "        if bytes_per_row > 2 * budget:"),
     # Featurizer maps and the fit (SPEC.md §9): each caught by a run_* case of a featurizer.
     ("subspace inverse drops the base's complement", "FZ2", "featurizers/kinds.py",
      "return f @ q.T + (x - (x @ q) @ q.T)", "return f @ q.T"),
@@ -125,7 +125,7 @@ MUTANTS = [
     ("eos allowed in the prompt frame", "P14", "documents/places.py",
      'if segment == "eos" and frame == "prompt":', 'if False and segment == "eos" and frame == "prompt":'),
     ("a metric over a varying window is accepted", "P49", "documents/interventions.py",
-     "    if width != 1:", "    if width is not None and width != 1:"),
+     "    if per_row != 1:", "    if per_row is not None and per_row != 1:"),
     ("write/operand width mismatch accepted", "P50", "documents/interventions.py",
      "if want is not None and have is not None and want != have:", "if False:"),
     ("input_ids writable", "L8", "documents/interventions.py",

@@ -380,22 +380,22 @@ def test_mixed_sign_span_is_accepted_with_no_width():
     """SPEC.md:203 [P7] A span may mix signs; its width waits for a row (A10); seed 000:58."""
     pos = places.where({"span": [2, -1]}, "p")
     assert pos.span == (2, -1)
-    assert pos.width is None and pos.ragged
+    assert pos.per_row is None and pos.ragged
 
 
 def test_width_of_each_cut():
     """SPEC.md:359 [P46] width: 1 for index, n for last n, b-a for a same-signed span, none for all (A10)."""
-    assert places.where(-1, "p").width == 1
-    assert places.where({"last": 3}, "p").width == 3
-    assert places.where({"span": [1, 4]}, "p").width == 3
-    assert places.where({"span": [-3, -1]}, "p").width == 2
-    assert places.where({"all": True}, "p").width is None
+    assert places.where(-1, "p").per_row == 1
+    assert places.where({"last": 3}, "p").per_row == 3
+    assert places.where({"span": [1, 4]}, "p").per_row == 3
+    assert places.where({"span": [-3, -1]}, "p").per_row == 2
+    assert places.where({"all": True}, "p").per_row is None
 
 
 def test_scope_makes_a_width_one_cut_ragged():
     """SPEC.md:361 [P47] Ragged when the width is none or there is a scope; seed 000:328."""
     pos = places.where({"index": -1, "scope": {"variable": "entity"}}, "p")
-    assert pos.width == 1 and pos.ragged
+    assert pos.per_row == 1 and pos.ragged
     assert not places.where(-1, "p").ragged
 
 
@@ -454,7 +454,7 @@ def test_metric_over_a_ragged_width_one_read_is_accepted():
     patching = _patching(validate.document(raw))
     logits = dict(patching.reads)["logits"]
     assert logits.pos == Where(index=-1, scope=Anchor(variable="entity"))
-    assert logits.pos.ragged and logits.pos.width == 1
+    assert logits.pos.ragged and logits.pos.per_row == 1
     assert [(m, metric.of) for m, metric in patching.metrics] == [("iia", "logits"), ("logit_diff", "logits")]
 
 
@@ -474,7 +474,7 @@ def test_ragged_write_width_is_left_to_the_run():
     patch, v_cf = dict(patching.writes)["patch"], dict(patching.reads)["v_cf"]
     assert patch.operand == "v_cf"
     assert patch.pos == v_cf.pos == Where(all=True, scope=Anchor(variable="entity"))
-    assert patch.pos.width is None and v_cf.pos.width is None
+    assert patch.pos.per_row is None and v_cf.pos.per_row is None
 
 
 # ================================================================ the generated frame (A9)

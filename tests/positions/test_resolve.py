@@ -353,15 +353,15 @@ def test_variable_inside_a_segment_is_unique(chat):
 # ---------------------------------------------------------------- cuts, width and ragged
 
 
-def test_width_of_each_cut():
+def test_positions_per_row_of_each_cut():
     """seed 000:58,326-328 — 1 for index, n for last, b-a for same-sign spans, None otherwise.
     SPEC.md:359 [P46]"""
-    assert Where(index=-1).width == 1
-    assert Where(last=3).width == 3
-    assert Where(span=(-4, -1)).width == 3
-    assert Where(span=(1, 4)).width == 3
-    assert Where(all=True).width is None
-    assert Where(span=(1, -1)).width is None
+    assert Where(index=-1).per_row == 1
+    assert Where(last=3).per_row == 3
+    assert Where(span=(-4, -1)).per_row == 3
+    assert Where(span=(1, 4)).per_row == 3
+    assert Where(all=True).per_row is None
+    assert Where(span=(1, -1)).per_row is None
 
 
 def test_ragged_iff_width_unknown_or_scoped():

@@ -65,7 +65,7 @@ def test_a_frames_rows_are_the_frame_of_those_rows_alone(llama):
     for lo in range(rows):
         for hi in range(lo + 1, rows + 1):
             alone = resolve.frame_of_ids(llama.tokenizer, forward.ids[lo:hi], forward.mask[lo:hi])
-            assert resolve.frame_rows(whole, lo, hi) == alone, (lo, hi)
+            assert resolve.frame_chunk(whole, lo, hi) == alone, (lo, hi)
 
 
 def test_a_chunked_run_builds_no_frame_and_writes_what_it_wrote_building_them(llama, tmp_path, monkeypatch):
