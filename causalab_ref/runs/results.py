@@ -130,11 +130,10 @@ def confined(base: Path, file_path: str, path: str, root: Path, folder: str = "-
     return target
 
 
-def clean_stale_plain(out: Path) -> None:
-    """The definition (SPEC.md S7): of every entry beside --out, each folder (not a symlink) `writer_of` names as
-    a staging or old folder of --out, of a process not alive, is removed, or put back when old and --out is
-    missing. `clean_stale` is its optimisation (SPEC.md Q29), and a test checks the two agree."""
-    for entry in sorted(os.listdir(out.parent)):
+def _clean(out: Path, entries) -> None:
+    """Of `entries` (names beside --out), each folder (not a symlink) `writer_of` names as a staging or old
+    folder of --out, of a process not alive, is removed, or put back when old and --out is missing (SPEC.md S7)."""
+    for entry in entries:
         for kind in ("partial", "old"):
             pid = writer_of(entry, out.name, kind)
             if pid is None:
@@ -146,28 +145,23 @@ def clean_stale_plain(out: Path) -> None:
                 os.rename(old, out)
             else:
                 shutil.rmtree(old, ignore_errors=True)
+
+
+def clean_stale_plain(out: Path) -> None:
+    """The definition (SPEC.md S7): every entry beside --out is looked at. `clean_stale` is its optimisation
+    (SPEC.md Q29), and a test checks the two agree."""
+    _clean(out, sorted(os.listdir(out.parent)))
 
 
 def clean_stale(out: Path) -> None:
-    """An optimisation of `clean_stale_plain`, equal to it, parsing only the names starting `.<out>.` (SPEC.md Q29).
+    """An optimisation of `clean_stale_plain`, equal to it, looking only at the names starting `.<out>.`, as
+    every name writer_of matches does, so a folder of many runs is not parsed entry by entry (SPEC.md Q29).
 
-    What a killed run left beside --out is never a result: its staging folder is removed, and an old
-    result it had moved aside is put back if --out is missing, else removed Only this tool's
-    folders, matched by their exact names, of a process that is not alive, are touched (SPEC.md S7)."""
-    mine = f".{out.name}."  # every name writer_of matches starts so: a folder of many runs is not parsed entry by entry
-    for entry in sorted(e for e in os.listdir(out.parent) if e.startswith(mine)):
-        for kind in ("partial", "old"):
-            pid = writer_of(entry, out.name, kind)
-            if pid is None:
-                continue
-            old = out.parent / entry
-            if not old.is_dir() or old.is_symlink() or (pid != os.getpid() and alive(pid)):
-                continue
-            if kind == "old" and not (out.exists() or out.is_symlink()):
-                os.rename(old, out)
-            else:
-                shutil.rmtree(old, ignore_errors=True)
-
+    What a killed run left beside --out is never a result: its staging folder is removed, and an old result it
+    had moved aside is put back if --out is missing, else removed. Only this tool's folders, matched by their
+    exact names, of a process that is not alive, are touched (SPEC.md S7)."""
+    mine = f".{out.name}."
+    _clean(out, sorted(e for e in os.listdir(out.parent) if e.startswith(mine)))
 
 
 def progress(total: int, show, what: str):
