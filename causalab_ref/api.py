@@ -153,7 +153,7 @@ class Results:
         self._computed = computed
         self.points = list(computed.points)
         self.record = computed.record
-        self.files = {where: content for where, content, _path in computed.files}
+        self.files = {file_path: content for file_path, content, _path in computed.files}
 
     def __repr__(self) -> str:
         return f"<Results: {len(self.points)} point(s), {len(self.metrics())} metric(s)>"
@@ -167,8 +167,8 @@ class Results:
         found = []
         for point in self.points:
             prefix = "" if point.folder == "." else point.folder + "/"
-            found += [(point.label, where[len(prefix):], content) for where, content in self.files.items()
-                      if isinstance(content, list) and where.startswith(prefix)]
+            found += [(point.label, file_path[len(prefix):], content) for file_path, content in self.files.items()
+                      if isinstance(content, list) and file_path.startswith(prefix)]
         return found
 
     def table(self, metric: Optional[str] = None) -> list[dict]:
@@ -194,8 +194,8 @@ class Results:
         want = name if name.endswith(".safetensors") else name + ".safetensors"
         found = {}
         for point in self.points:
-            where = want if point.folder == "." else f"{point.folder}/{want}"
-            content = self.files.get(where)
+            file_path = want if point.folder == "." else f"{point.folder}/{want}"
+            content = self.files.get(file_path)
             if isinstance(content, tuple):
                 found[point.label] = content[0]["weight"]
         if not found:

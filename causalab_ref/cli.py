@@ -48,9 +48,9 @@ def _compile(document: str, data_root: str, memory_budget=None, engine: str = "n
 def cmd_validate(args):
     compiled = _compile(args.document, args.data_root, args.memory_budget, args.engine, device_map=args.device_map)
     steps = sum(len(leaf.steps) for leaf in compiled.plan.leaves())
-    form = compiled.document.format
-    text = f"ok: {args.document} is a valid {form} document, {steps} step{'s' if steps != 1 else ''}"
-    return {"text": text, "ok": True, "format": form}
+    format_name = compiled.document.format
+    text = f"ok: {args.document} is a valid {format_name} document, {steps} step{'s' if steps != 1 else ''}"
+    return {"text": text, "ok": True, "format": format_name}
 
 
 def cmd_explain(args):

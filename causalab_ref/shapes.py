@@ -449,7 +449,7 @@ def features_label(groups: Optional[int], take: Optional[tuple[int, ...]]) -> st
 # ---------------------------------------------------------------- what crosses into an engine (SPEC.md §12)
 
 
-class Basis(Protocol):
+class FeatureMap(Protocol):
     """A change of basis around a write: `featurize(x) -> (f, err)`, `inverse(f', err, x) -> x'`
     (SPEC.md E3; featurizers plug in here, identity is the default)."""
 
@@ -470,7 +470,7 @@ class Action:
     selection: Selection
     operand: Any = None
     steps: tuple[int, ...] = (0,)
-    featurizer: Optional[Basis] = None
+    featurizer: Optional[FeatureMap] = None
     draw_offset: Optional[tuple[int, int]] = None  # gaussian: (offset, total) of this chunk in the whole pass's draw
 
     @property

@@ -512,11 +512,11 @@ def _nothing_checked(counts: dict, total: int, options: Options) -> Optional[str
     """Why a run that passed no case is not a pass (None when some case passed)."""
     if counts["pass"]:
         return None
-    where = options.cases_dir or str(CASES)
+    cases_at = options.cases_dir or str(CASES)
     if total == 0 and options.only:
-        return f"conform: no case was checked: --only {options.only!r} matches no case in {where}"
+        return f"conform: no case was checked: --only {options.only!r} matches no case in {cases_at}"
     if total == 0:
-        return f"conform: no case was checked: {where} holds no case file (*.json)"
+        return f"conform: no case was checked: {cases_at} holds no case file (*.json)"
     if counts["n/a"] == total:
         return (f"conform: no case was checked: the implementation answered 3 (not applicable) to all {total} "
                 "case(s)")

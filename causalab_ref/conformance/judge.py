@@ -57,21 +57,21 @@ class _Rule:
     def diffs(self, want: Any, got: Any, segs: tuple, floor: float = FLOOR) -> list[str]:
         if informative(segs, self.informative):
             return []
-        where = _shown(segs)
+        shown_at = _shown(segs)
         if isinstance(want, float) and isinstance(got, (int, float)) and not isinstance(got, bool):
             if agrees(want, got, self.tolerance, floor):
                 return []
-            return [f"{where}: expected {want!r}, got {got!r} (relative tolerance {self.tolerance})"]
+            return [f"{shown_at}: expected {want!r}, got {got!r} (relative tolerance {self.tolerance})"]
         if isinstance(want, dict) and isinstance(got, dict):
             return self._dict(want, got, segs)
         if isinstance(want, list) and isinstance(got, list):
             if len(want) != len(got):
-                return [f"{where}: expected {len(want)} items {_short(want)}, got {len(got)} {_short(got)}"]
+                return [f"{shown_at}: expected {len(want)} items {_short(want)}, got {len(got)} {_short(got)}"]
             return [d for k, (w, g) in enumerate(zip(want, got)) for d in self.diffs(w, g, segs + (k,), floor)]
         if type(want) is not type(got) and not (isinstance(want, int) and isinstance(got, float)
                                                 and not isinstance(want, bool)):
-            return [f"{where}: expected {_short(want)}, got {_short(got)}"]
-        return [] if want == got else [f"{where}: expected {_short(want)}, got {_short(got)}"]
+            return [f"{shown_at}: expected {_short(want)}, got {_short(got)}"]
+        return [] if want == got else [f"{shown_at}: expected {_short(want)}, got {_short(got)}"]
 
     def _dict(self, want: dict, got: dict, segs: tuple) -> list[str]:
         """Key by key, then the key order; a metric row's `value` has its unit's floor (FLOORS)."""

@@ -34,12 +34,12 @@ def record(raw: Any, path: str, allowed: tuple, required: tuple = ()) -> dict:
         _fail(path, f"expected an object, got {type_name(raw)}")
     for key in raw:
         if key not in allowed:
-            where = f"{path}.{key}" if path else str(key)
-            _fail(where, f"unknown key '{key}'; allowed here: {sorted(allowed)}{nearest(key, sorted(allowed))}")
+            key_path = f"{path}.{key}" if path else str(key)
+            _fail(key_path, f"unknown key '{key}'; allowed here: {sorted(allowed)}{nearest(key, sorted(allowed))}")
     for key in required:
         if key not in raw:
-            where = f"{path}.{key}" if path else key
-            _fail(where, "required field is missing")
+            key_path = f"{path}.{key}" if path else key
+            _fail(key_path, "required field is missing")
     return raw
 
 

@@ -1,6 +1,6 @@
 """Protocol: the language's second authoring format (protocol_version "3"), read as a narrow subset.
 
-`shape(raw)` tells the formats apart by their top level: a `method` (or a `data` block with no
+`format_of(raw)` tells the formats apart by their top level: a `method` (or a `data` block with no
 `steps`) is the protocol format, a `data` block beside `steps` is the later steps-first format
 (read by stepsfirst.py), anything else is plan-shaped. `lower(raw)` checks a protocol document
 against the subset SPEC.md §10 states and rewrites it as the plan-shaped document it
@@ -53,7 +53,7 @@ def _fail(path: str, message: str) -> NoReturn:
     raise Refusal(message, path=path, stage="validation")
 
 
-def shape(raw: Any) -> str:
+def format_of(raw: Any) -> str:
     """'protocol', 'steps-first' or 'plan-shaped', from the document's top level alone (PR1)."""
     if not isinstance(raw, dict):
         return "plan-shaped"

@@ -204,18 +204,18 @@ def json_text(document: dict) -> str:
     string, a set, an object) is refused at its dotted path, as the reader refuses a text's faults."""
     stack: list[tuple[str, Any]] = [("", document)]
     while stack:
-        where, value = stack.pop()
+        at, value = stack.pop()
         if isinstance(value, dict):
             for key, item in value.items():
                 if not isinstance(key, str):
                     raise Refusal(f"the key {key!r} is a {type(key).__name__}; a document's keys are strings",
-                                  path=where or "document", stage="validation")
-                stack.append((f"{where}.{key}" if where else key, item))
+                                  path=at or "document", stage="validation")
+                stack.append((f"{at}.{key}" if at else key, item))
         elif isinstance(value, list):
-            stack.extend((f"{where}.{k}" if where else str(k), item) for k, item in enumerate(value))
+            stack.extend((f"{at}.{k}" if at else str(k), item) for k, item in enumerate(value))
         elif not (value is None or isinstance(value, (str, bool, int, float))):
             raise Refusal(f"a {type(value).__name__} is not a JSON value; a document holds objects, lists, "
-                          "strings, numbers, booleans and null", path=where or "document", stage="validation")
+                          "strings, numbers, booleans and null", path=at or "document", stage="validation")
     try:
         return json.dumps(document, ensure_ascii=False)  # NaN and Infinity come out as the reader refuses them
     except (RecursionError, ValueError) as error:

@@ -352,28 +352,28 @@ def _saves(build: _Build, raw: Any, stage: dict) -> dict[int, list]:
         keyed = True
     out: dict[int, list] = {}
     for k, (value, file_path) in enumerate(_keys(raw, "steps.saves", tuple(raw)).items()):
-        where = f"steps.saves.{value}" if keyed else f"steps.saves.{k}"
+        save_path = f"steps.saves.{value}" if keyed else f"steps.saves.{k}"
         kind = build.steps.get(value, {}).get("kind")
         if kind not in ("metric", "reduce", "generate"):
-            _fail(where, f"save '{value}' names no metric, reduce or generate step; those are what a steps-first "
+            _fail(save_path, f"save '{value}' names no metric, reduce or generate step; those are what a steps-first "
                          f"document saves (steps: {sorted(build.steps)}){nearest(value, sorted(build.steps))}")
         saves = out.setdefault(stage[value], [])
-        build.origin[f"steps.stage{stage[value] + 1}.saves.{len(saves)}"] = (where, {})
+        build.origin[f"steps.stage{stage[value] + 1}.saves.{len(saves)}"] = (save_path, {})
         if kind == "generate" and not _writes(build.steps[value]):
-            _one_original(build, value, stage, where)
+            _one_original(build, value, stage, save_path)
         if kind == "generate":
             value = f"{value if _writes(build.steps[value]) else 'original'}.generated"
         saves.append({"value": value, "file_path": file_path})
     return out
 
 
-def _one_original(build: _Build, name: str, stage: dict, where: str) -> None:
+def _one_original(build: _Build, name: str, stage: dict, save_path: str) -> None:
     """A saved generate step that writes nothing saves the original model's ids, `original.generated`, which
     name one forward only when no other such step of its pass runs on other rows (SF20)."""
     other = next((n for n, s in build.runs.items() if s["kind"] == "generate" and not _writes(s)
                   and stage[n] == stage[name] and build.role_of[n] != build.role_of[name]), None)
     if other is not None:
-        _fail(where, f"generate step '{name}' writes nothing, so its ids are the original model's "
+        _fail(save_path, f"generate step '{name}' writes nothing, so its ids are the original model's "
                      f"('original.generated'), and so are those of step '{other}' in the same pass on other rows "
                      f"(field '{build.steps[other]['field']}'); a pass keeps one 'original.generated', so run "
                      "the other step in a document of its own")
@@ -396,8 +396,8 @@ def _decode(build: _Build, names: list[str]) -> int:
 
 def _stage(build: _Build, k: int, names: list[str], rows: dict) -> tuple[dict, dict]:
     """(the intervention, the observe step) of stage k: its forwards, metrics and reduce steps."""
-    where = f"interventions.stage{k + 1}"
-    intervention: dict = {"path": where, "reads": {}, "writes": {}, "models": {}, "metrics": {}}
+    stage_path = f"interventions.stage{k + 1}"
+    intervention: dict = {"path": stage_path, "reads": {}, "writes": {}, "models": {}, "metrics": {}}
     outputs = {}
     for name in names:
         kind = build.steps[name]["kind"]
@@ -416,8 +416,8 @@ def _stage(build: _Build, k: int, names: list[str], rows: dict) -> tuple[dict, d
     if decode:
         intervention["decode"] = decode
         first = next(n for n in names if build.steps[n]["kind"] == "generate")
-        build.origin[f"{where}.decode"] = (f"steps.{first}.max_new_tokens", {})
-    build.origin[where] = ("steps", {})
+        build.origin[f"{stage_path}.decode"] = (f"steps.{first}.max_new_tokens", {})
+    build.origin[stage_path] = ("steps", {})
     build.origin[f"steps.stage{k + 1}"] = ("steps", {})
     observe = {"kind": "observe", "interventions": f"stage{k + 1}", "rows": rows,
                **({"outputs": outputs} if outputs else {})}

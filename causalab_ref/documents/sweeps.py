@@ -48,31 +48,31 @@ def find_wrappers(raw: Any, path: tuple) -> list:
     return found
 
 
-def _sweep_values(wrapper: dict, where: str) -> list:
+def _sweep_values(wrapper: dict, swept: str) -> list:
     values = wrapper["sweep"]
     if isinstance(values, dict):
         for key in values:
             if key != "range":
-                _fail(f"{where}.sweep.{key}", f"unknown key '{key}'; allowed here: ['range']")
+                _fail(f"{swept}.sweep.{key}", f"unknown key '{key}'; allowed here: ['range']")
         if "range" not in values:
-            _fail(f"{where}.sweep.range", "required field is missing")
+            _fail(f"{swept}.sweep.range", "required field is missing")
         bounds = values["range"]
         if (not isinstance(bounds, list) or len(bounds) not in (2, 3)
                 or any(isinstance(b, bool) or not isinstance(b, int) for b in bounds)
                 or (len(bounds) == 3 and bounds[2] == 0)):
-            _fail(f"{where}.sweep.range", "a range is [start, stop] or [start, stop, step] of integers, step not 0")
+            _fail(f"{swept}.sweep.range", "a range is [start, stop] or [start, stop, step] of integers, step not 0")
         try:
             count = len(range(*bounds))
         except OverflowError:  # more values than a C integer counts
             count = MAX_POINTS + 1
         if count > MAX_POINTS:
-            _fail(f"{where}.sweep.range", f"a range of more than {MAX_POINTS} values; a sweep has at most "
+            _fail(f"{swept}.sweep.range", f"a range of more than {MAX_POINTS} values; a sweep has at most "
                                           f"{MAX_POINTS} points")
         values = list(range(*bounds))
     if not isinstance(values, list) or not values:
-        _fail(f"{where}.sweep", "a sweep lists at least one value")
+        _fail(f"{swept}.sweep", "a sweep lists at least one value")
     if "as" in wrapper and not isinstance(wrapper["as"], str):
-        _fail(f"{where}.as", f"expected a string, got {type_name(wrapper['as'])}")
+        _fail(f"{swept}.as", f"expected a string, got {type_name(wrapper['as'])}")
     return values
 
 
@@ -106,21 +106,21 @@ def lowered(raw: Any) -> list[tuple[str, Any, dict[str, Any]]]:
     axes: dict[str, list] = {}
     order: list[str] = []
     for path, wrapper in wrappers:
-        where = ".".join(str(p) for p in path)
+        swept = ".".join(str(p) for p in path)
         if not path:
             _fail("", "the document itself is a sweep wrapper; sweep a field inside it")
         if path[0] in ("model", "header"):
-            _fail(where, f"{where} is swept; a sweep may not change the model or the header — "
+            _fail(swept, f"{swept} is swept; a sweep may not change the model or the header — "
                          "those are the identity of the run, not a coordinate in it")
-        values = _sweep_values(wrapper, where)
+        values = _sweep_values(wrapper, swept)
         name = wrapper.get("as") or next(str(p) for p in reversed(path) if isinstance(p, str))
-        key = f"as:{wrapper['as']}" if "as" in wrapper else f"path:{where}"
+        key = f"as:{wrapper['as']}" if "as" in wrapper else f"path:{swept}"
         if key not in axes:
             axes[key] = []
             order.append(key)
         members = axes[key]
         if members and len(members[0][2]) != len(values):
-            _fail(where, f"the axis '{name}' moves {len(members[0][2])} values here and {len(values)} there; "
+            _fail(swept, f"the axis '{name}' moves {len(members[0][2])} values here and {len(values)} there; "
                          "wrappers on one axis have equal lengths")
         members.append((path, name, values))
     total = 1

@@ -202,7 +202,7 @@ def points_of(raw: Any, layers: Optional[int] = None) -> list[Point]:
 
 @dataclass(frozen=True)
 class Document:
-    """A read and validated document: as given (`given`), lowered to the plan-shaped form (`raw`), its
+    """A read and validated document: as given (`given`), lowered to the plan-shaped document (`raw`), its
     format (plan-shaped, protocol or steps-first), its points (Point, each validated once) and where it came
     from (a path, or `<dict>`). `repath` maps a path of the lowered document back to the given one's;
     `digest` is a protocol or steps-first document's own produced_by (SPEC.md PR15, SF15), "" for a
@@ -245,21 +245,21 @@ def read(document: Any) -> Document:
     else:
         raise Refusal(f"read takes a path or a dict, got {type(document).__name__}; pass the document's file "
                       "or its JSON as a dict", path="document", stage="validation")
-    form, raw, repath = lowered(given)  # the lowering's own refusals name the document's own paths
-    read_so_far = Document(given=given, raw=raw, format=form, points=(), source=source, repath=repath)
+    format_name, raw, repath = lowered(given)  # the lowering's own refusals name the document's own paths
+    read_so_far = Document(given=given, raw=raw, format=format_name, points=(), source=source, repath=repath)
     with own_paths(read_so_far):
         points = tuple(points_of(raw))
-    own = {"protocol": protocol.digest, "steps-first": stepsfirst.digest}.get(form)
+    own = {"protocol": protocol.digest, "steps-first": stepsfirst.digest}.get(format_name)
     return replace(read_so_far, points=points, digest=own(given) if own else "")
 
 
 def lowered(given: Any) -> tuple[str, Any, Optional[Callable[[str], str]]]:
     """(format, the plan-shaped document, its paths' map back): a protocol or a steps-first document is
     lowered (protocol.py, SPEC.md §10; stepsfirst.py, §15)."""
-    form = protocol.shape(given)
-    if form == "steps-first":
+    format_name = protocol.format_of(given)
+    if format_name == "steps-first":
         lowering = stepsfirst.lower(given)
-        return form, lowering.plan, lowering.path
-    if form == "protocol":
-        return form, protocol.lower(given)[0], protocol.protocol_path
-    return form, given, None
+        return format_name, lowering.plan, lowering.path
+    if format_name == "protocol":
+        return format_name, protocol.lower(given)[0], protocol.protocol_path
+    return format_name, given, None

@@ -1,6 +1,6 @@
 """Checkpoint: loading a document's model block, for both engines, with one error mapping.
 
-This module owns where a checkpoint is (`where`: a fixture directory built or reused, or a
+This module owns where a checkpoint is (`find`: a fixture directory built or reused, or a
 hub key and revision), the per-family StandardizedTransformer arguments (`load_kwargs`),
 the document dtypes as torch's (`torch_dtype`), the two loads (`standardized`: an nnterp
 StandardizedTransformer; `transformers_model`: the plain transformers model the hooks
@@ -37,7 +37,7 @@ def quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
-def where(spec: Model, weights: bool = True) -> tuple[str, dict[str, Any]]:
+def find(spec: Model, weights: bool = True) -> tuple[str, dict[str, Any]]:
     """Where a model block's checkpoint is: (a local directory, what run.json records of where it came from).
 
     A folder key (a path key, or a key `$CONFORM_CHECKPOINTS` maps; exported.py) is that folder, recorded,
@@ -491,7 +491,7 @@ def load(spec: Model, weights: bool = True, hooked: bool = False, device_map: st
     from ..locations.address import runs_attention
 
     quiet_transformers()
-    path, recipe = where(spec, weights)
+    path, recipe = find(spec, weights)
     own_code(path, spec)
     with mapped(spec), tensors_checked(spec):
         model = standardized(path, attn_implementation=spec.attn_implementation,

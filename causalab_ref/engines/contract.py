@@ -231,7 +231,7 @@ class Engine(ABC):
                       "attn_implementation": spec.attn_implementation},
             "device_map": self.device_map,
         }
-        record.update(self.recipe)  # fixture_recipe, model_files: checkpoint.where's provenance
+        record.update(self.recipe)  # fixture_recipe, model_files: checkpoint.find's provenance
         weight = self.head_weight()
         if weight is not None and weight.device.type != "meta":
             record["served_dtype"] = str(weight.dtype)
@@ -241,16 +241,16 @@ class Engine(ABC):
 
 def attention_heads(eng: Engine) -> dict[str, dict]:
     """Each layer's attention as a heads selection sees it (SPEC.md L35): query heads, key/value heads and each
-    head's width, read off the places `attention_query`, `attention_key` and `attention_z` resolve to on the
+    head's width, read off the places `attention_query`, `attention_key` and `attention_z` land at on the
     standardized tree (whichever engine then reaches them), or why the layer has none (linear attention, L30)."""
     out: dict[str, dict] = {}
     # The tree itself, not the engine's locate: the hooks engine refuses the interiors it cannot hook, but the
     # counts are the model's; an engine with no standardized tree answers through its own locate (E1).
-    where = eng.locate if eng.standard is None else (
+    locate = eng.locate if eng.standard is None else (
         lambda name, layer: address.locate(eng.standard, name, layer, attn_implementation=eng.attention()))
     for layer in range(eng.num_layers):
         try:
-            query, key, z = (where(name, layer) for name in ("attention_query", "attention_key", "attention_z"))
+            query, key, z = (locate(name, layer) for name in ("attention_query", "attention_key", "attention_z"))
         except Refusal as refusal:
             out[f"attention[{layer}]"] = {"resolves": False, "why": refusal.message}
             continue

@@ -70,7 +70,7 @@ def _call_arg(k: int):
         arg = _op(model, address).inputs[0][k]  # the query or the key, (B, heads, T, head_dim)
         return arg, arg
 
-    def put(model, address, new, whole, path):
+    def put(model, address, new, enclosing, path):
         op = _op(model, address)
         args, kwargs = op.inputs
         args = list(args)
@@ -84,8 +84,8 @@ def _get_call_output(model, address, path):
     return out[0], out  # z, (B, T, H, D), in slot 0
 
 
-def _put_call_output(model, address, new, whole, path):
-    _op(model, address).output = (new, *whole[1:]) if isinstance(whole, tuple) else new
+def _put_call_output(model, address, new, enclosing, path):
+    _op(model, address).output = (new, *enclosing[1:]) if isinstance(enclosing, tuple) else new
 
 
 def _get_softmax_input(model, address, path):
@@ -93,7 +93,7 @@ def _get_softmax_input(model, address, path):
     return tensor, tensor
 
 
-def _put_softmax_input(model, address, new, whole, path):
+def _put_softmax_input(model, address, new, enclosing, path):
     _softmax(model, address, path).input = new
 
 
@@ -102,7 +102,7 @@ def _get_pattern(model, address, path):
     return tensor, tensor
 
 
-def _put_pattern(model, address, new, whole, path):
+def _put_pattern(model, address, new, enclosing, path):
     model.attention_probabilities[address.layer] = new
 
 
@@ -111,27 +111,27 @@ def _get_model_logits(model, address, path):
     return tensor, tensor
 
 
-def _put_model_logits(model, address, new, whole, path):
+def _put_model_logits(model, address, new, enclosing, path):
     model.output.logits = new
 
 
 def _get_boundary(model, address, path):
     env = envoy(model, address)
-    whole = env.input if address.io == "input" else env.output
-    return (whole[0] if isinstance(whole, tuple) else whole), whole
+    enclosing = env.input if address.io == "input" else env.output
+    return (enclosing[0] if isinstance(enclosing, tuple) else enclosing), enclosing
 
 
-def _put_boundary(model, address, new, whole, path):
+def _put_boundary(model, address, new, enclosing, path):
     env = envoy(model, address)
     if address.io == "input":
         env.input = new
         return
-    env.output = (new, *whole[1:]) if isinstance(whole, tuple) else new
+    env.output = (new, *enclosing[1:]) if isinstance(enclosing, tuple) else new
 
 
 #: the component table's `reach` column -> (get, put): how a trace reaches each kind of place. `get` returns the
-#: tensor there and what the module holds (`whole`: a tuple whose slot 0 it is, or the tensor itself); `put` takes
-#: that `whole` back, so a write rebuilds the tuple it came in without asking the trace for it again
+#: tensor there and what the module holds (`enclosing`: a tuple whose slot 0 it is, or the tensor itself); `put` takes
+#: that `enclosing` back, so a write rebuilds the tuple it came in without asking the trace for it again
 REACH = {
     "boundary": (_get_boundary, _put_boundary),
     "call_arg1": _call_arg(1),
@@ -144,8 +144,8 @@ REACH = {
 
 
 def reached(model, address: Address, path: str = ""):
-    """(the tensor held at `address` in the running trace, the whole of what its module holds there:
-    `assign`'s `whole`)."""
+    """(the tensor held at `address` in the running trace, what its module holds there, which encloses it:
+    `assign`'s `enclosing`)."""
     get, _ = REACH[reach(address.component)]
     return get(model, address, path)
 
@@ -157,15 +157,15 @@ def value(model, address: Address, path: str = ""):
     return reached(model, address, path)[0]
 
 
-def assign(model, address: Address, new, path: str = "", whole=None) -> None:
-    """Replace the tensor at `address` with `new` in the running trace (`path` as for `value`); `whole` is what
+def assign(model, address: Address, new, path: str = "", enclosing=None) -> None:
+    """Replace the tensor at `address` with `new` in the running trace (`path` as for `value`); `enclosing` is what
     `reached` said the module holds there (asked again when not given)."""
     row = TABLE.get(address.component)
     if row is not None and row.read_only:
         raise Refusal(f"{address.component} is read-only: it is the model's input, and a write naming it "
                       "means nothing", path=path, stage="run")
     _, put = REACH[reach(address.component)]
-    put(model, address, new, reached(model, address, path)[1] if whole is None else whole, path)
+    put(model, address, new, reached(model, address, path)[1] if enclosing is None else enclosing, path)
 
 
 # ---------------------------------------------------------------- the engine
@@ -207,15 +207,15 @@ class NNterpEngine(Engine):
     def _land(self, actions, reads: seam.Reads, step: int = 0, length: int = 0, grad: bool = False) -> None:
         """Inside a running trace: each address's actions through the seam, in rank order; a write's result
         replaces the tensor there (`assign`), a read is saved."""
-        for addr, group in seam.groups(actions):
+        for addr, group in seam.by_address(actions):
             path = f"sites.{group[0].tap.site}"
-            current, whole = reached(self.model, addr, path=path)
+            current, enclosing = reached(self.model, addr, path=path)
             if length:
                 here = current.shape[addr.seq_axis]  # positions held at this step (seam.at_step)
                 group = [seam.at_step(a, here, length) for a in group]
             landed = seam.apply(current, group, step, grad)
             if landed.changed:
-                assign(self.model, addr, landed.value, path=path, whole=whole)
+                assign(self.model, addr, landed.value, path=path, enclosing=enclosing)
             reads.keep(landed, keep=lambda v: v.save())
 
     def forward(self, batch: Batch) -> dict[str, torch.Tensor]:

@@ -85,7 +85,7 @@ def loaded(path: str, raw: dict):
 def fixture_tokenizer(key: str, path: str, raw: dict, digest: Optional[str] = None):
     """A fixture's tokenizer served from its cached tokenizer.json (tokenjson.py, SPEC.md E14): the AutoTokenizer
     is loaded only to derive the cached files, or to render a chat template. `digest` is the key's recipe digest
-    where the caller has it (checkpoint.where's), so its files are not hashed again."""
+    where the caller has it (checkpoint.find's), so its files are not hashed again."""
     digest = builder.recipe_digest(key) if digest is None else digest
     return tokenjson.cached(Path(path), digest, lambda: loaded(path, raw), builder.tokenizer_sources(key))
 
@@ -94,7 +94,7 @@ def load(spec: Model, device_map: str = "cpu") -> Optional[WeightlessEngine]:
     """The weightless engine of a model block, or None where only a meta load answers exactly: a config that
     is not a recipe's, a family or attention implementation families.py has no row for, or a tokenizer that
     does not load (the meta load then refuses as it always has)."""
-    path, recipe = checkpoint.where(spec, weights=False)
+    path, recipe = checkpoint.find(spec, weights=False)
     checkpoint.own_code(path, spec)
     raw = read_json(Path(path) / "config.json")  # None: the meta load meets it and refuses it as it always has
     tree = families.skeleton(raw, spec.attn_implementation) if recipes.vouched(raw) else None

@@ -9,8 +9,8 @@ the metadata a weights step writes; `check` holds a loaded bundle against the do
 that loads it: tensor names, stamp key by key, shapes, in that order.
 
     expected = bundles.stamp(doc.model, "target", site, address, bundles.Holds("subspace", 4, 16), digest)
-    tensors, metadata = bundles.read(path, "featurizers.rot.file_path", "rot")
-    k = bundles.check(bundles.Declared("rot", "subspace", 4, str(path), 16, expected), tensors, metadata,
+    tensors, metadata = bundles.read(file, "featurizers.rot.file_path", "rot")
+    k = bundles.check(bundles.Declared("rot", "subspace", 4, str(file), 16, expected), tensors, metadata,
                       "featurizers.rot.file_path")
 """
 from __future__ import annotations
@@ -50,36 +50,36 @@ def encode(tensors: dict[str, torch.Tensor], metadata: Optional[dict[str, str]] 
     return struct.pack("<Q", len(text)) + text + b"".join(blobs)
 
 
-def write(path: Path, tensors: dict[str, torch.Tensor], metadata: Optional[dict[str, str]] = None) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(encode(tensors, metadata))
+def write(file: Path, tensors: dict[str, torch.Tensor], metadata: Optional[dict[str, str]] = None) -> None:
+    file = Path(file)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    file.write_bytes(encode(tensors, metadata))
 
 
-def read(path: Path, where: str, name: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def read(file: Path, path: str, name: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """(tensors, metadata) of a safetensors file; a missing or unreadable file is refused at compile."""
     from safetensors import safe_open
 
-    path = Path(path)
-    if not path.is_file():
-        raise Refusal(f"featurizer '{name}': no bundle at '{path}'", path=where, stage="compile")
+    file = Path(file)
+    if not file.is_file():
+        raise Refusal(f"featurizer '{name}': no bundle at '{file}'", path=path, stage="compile")
     try:
-        with safe_open(str(path), framework="pt") as handle:
+        with safe_open(str(file), framework="pt") as handle:
             metadata = dict(handle.metadata() or {})
             tensors = {key: handle.get_tensor(key) for key in handle.keys()}
     except Exception as error:  # a file that is not safetensors: the library's own error, one line
         first = (str(error).splitlines() or [""])[0][:200]
-        raise Refusal(f"featurizer '{name}': '{path}' is not a safetensors file ({type(error).__name__}: {first})",
-                      path=where, stage="compile") from None
+        raise Refusal(f"featurizer '{name}': '{file}' is not a safetensors file ({type(error).__name__}: {first})",
+                      path=path, stage="compile") from None
     for key in sorted(tensors):
-        _finite(tensors[key], f"featurizer '{name}': '{path}' holds {key}", where)
+        _finite(tensors[key], f"featurizer '{name}': '{file}' holds {key}", path)
     return tensors, metadata
 
 
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 
-def _finite(value: torch.Tensor, what: str, where: str) -> None:
+def _finite(value: torch.Tensor, what: str, path: str) -> None:
     """A bundle's tensor is used in float32 (kinds.py): every value finite and within float32's range, or the
     file is refused (SPEC.md S35); the refusal counts the values that are not."""
     if not value.is_floating_point() or value.numel() == 0:
@@ -88,11 +88,11 @@ def _finite(value: torch.Tensor, what: str, where: str) -> None:
     bad = int((~torch.isfinite(wide)).sum())
     if bad:
         raise Refusal(f"{what} with {bad} value(s) that are not finite numbers (NaN or infinite); a bundle's "
-                      "values are finite", path=where, stage="compile")
+                      "values are finite", path=path, stage="compile")
     past = int((wide.abs() > FLOAT32_MAX).sum())
     if past:
         raise Refusal(f"{what} with {past} value(s) past float32's range (|x| <= {FLOAT32_MAX:.6g}), which a "
-                      "featurizer computes in; they would be infinite", path=where, stage="compile")
+                      "featurizer computes in; they would be infinite", path=path, stage="compile")
 
 
 @dataclass(frozen=True)
@@ -127,14 +127,14 @@ def stamp(model, site_name: str, site, address, holds: Holds, digest: str) -> di
     }
 
 
-def _names(name: str, file: str, kind: str, keys, where: str) -> None:
+def _names(name: str, file: str, kind: str, keys, path: str) -> None:
     row = kinds.KINDS[kind]
     keys = set(keys)
     if set(row.required) <= keys <= set(row.required) | set(row.optional):
         return
     tail = f" and optionally {list(row.optional)}" if row.optional else ""
     raise Refusal(f"featurizer '{name}': '{file}' holds {sorted(keys)}; a {kind} bundle holds "
-                  f"{list(row.required)}{tail}", path=where, stage="compile")
+                  f"{list(row.required)}{tail}", path=path, stage="compile")
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ class Declared:
     stamp: dict[str, str]
 
 
-def _stamp(declared: Declared, metadata: dict, where: str) -> None:
+def _stamp(declared: Declared, metadata: dict, path: str) -> None:
     """Only keys the bundle carries are compared, never site, engine or produced_by; parametrization
     only for a subspace; k only when the document gives one."""
     skip = {"site", "engine", "produced_by"}
@@ -164,19 +164,19 @@ def _stamp(declared: Declared, metadata: dict, where: str) -> None:
              for key in sorted(metadata) if key in expected and key not in skip and metadata[key] != expected[key]]
     if wrong:
         raise Refusal(f"featurizer '{declared.name}': '{declared.file}' is not this featurizer — {'; '.join(wrong)}",
-                      path=where, stage="compile")
+                      path=path, stage="compile")
 
 
-def check(declared: Declared, tensors: dict, metadata: dict, where: str) -> int:
+def check(declared: Declared, tensors: dict, metadata: dict, path: str) -> int:
     """Refuse a bundle that is not this document's featurizer; returns its k (a gate's is d)."""
     name, file, kind, d = declared.name, declared.file, declared.kind, declared.d
-    _names(name, file, kind, tensors, where)
-    _stamp(declared, metadata, where)
+    _names(name, file, kind, tensors, path)
+    _stamp(declared, metadata, path)
     for key in sorted(tensors):
         if tensors[key].dim() == 0:  # no last axis to read k from (SPEC.md S36)
             shape = "a vector" if len(kinds.expected_shapes(kind, d, 1)[key]) == 1 else "a matrix"
             raise Refusal(f"featurizer '{name}': '{file}' holds {key} as a 0-d tensor (one number), where a {kind} "
-                          f"bundle's {key} is {shape}", path=where, stage="compile")
+                          f"bundle's {key} is {shape}", path=path, stage="compile")
     first = tensors[kinds.KINDS[kind].required[0]]
     k = d if kind == "gate" else (declared.k if declared.k is not None else int(first.shape[-1]))
     shapes = kinds.expected_shapes(kind, d, k)
@@ -184,7 +184,7 @@ def check(declared: Declared, tensors: dict, metadata: dict, where: str) -> int:
         have = tuple(tensors[key].shape)
         if have != shapes[key]:
             raise Refusal(f"featurizer '{name}': '{file}' has {key} {have}, not the {shapes[key]} this document "
-                          f"and its {d}-wide site declare", path=where, stage="compile")
+                          f"and its {d}-wide site declare", path=path, stage="compile")
     return k
 
 

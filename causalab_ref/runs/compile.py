@@ -244,10 +244,10 @@ class Context:
 
     def bound(self, passes: list, step_name: str) -> None:
         """Fold one document step's passes into the rows per pass (refused when one row does not fit, Q12)."""
-        fit = memory.rows_per_pass(self.engine, passes, self.budget, f"steps.{step_name}.rows",
-                                   self.cache.get("frames"))
-        if fit:
-            self.rows_per_pass = fit if not self.rows_per_pass else min(self.rows_per_pass, fit)
+        most = memory.rows_per_pass(self.engine, passes, self.budget, f"steps.{step_name}.rows",
+                                    self.cache.get("frames"))
+        if most:
+            self.rows_per_pass = most if not self.rows_per_pass else min(self.rows_per_pass, most)
 
     def rows(self, rows: tuple, path: str) -> dict[str, list]:
         """Each role's rows of a step (cached by ref); roles pair by index, so their counts must agree."""

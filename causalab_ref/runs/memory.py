@@ -112,9 +112,9 @@ def pass_cost(engine, step: ObservePlan, frames: Optional[dict] = None) -> tuple
 
 def rows_per_pass(engine, passes: list, budget: int, path: str, frames: Optional[dict] = None) -> int:
     """The most rows each of `passes` (one document step's) can run at once within `budget` bytes (0: no
-    bound); a pass one row of which does not fit is refused at `path` (SPEC.md Q11, Q12). `frames` as for
+    bound); a pass one row of which does not most is refused at `path` (SPEC.md Q11, Q12). `frames` as for
     `pass_cost`."""
-    fit = 0
+    most = 0
     for step in passes:
         bytes_per_row, how = pass_cost(engine, step, frames)
         if bytes_per_row > budget:
@@ -123,5 +123,5 @@ def rows_per_pass(engine, passes: list, budget: int, path: str, frames: Optional
                           f"({budget / MIB:.1f} MiB); raise --memory-budget, read fewer positions or a narrower "
                           "site, or use shorter rows", path=path, stage="compile")
         if bytes_per_row:
-            fit = budget // bytes_per_row if not fit else min(fit, budget // bytes_per_row)
-    return fit
+            most = budget // bytes_per_row if not most else min(most, budget // bytes_per_row)
+    return most

@@ -49,7 +49,7 @@ class StepResult:
 
 
 @dataclass(frozen=True)
-class Setting:
+class RunContext:
     """What a step's passes take from the run around them: the sweep point's built featurizers and what its
     earlier steps published, whether gradients flow (a fit's update), and the progress bar (a tick a chunk)."""
 
@@ -60,7 +60,7 @@ class Setting:
 
 
 def run_step(engine, step: ObservePlan, rows_per_pass: Optional[int] = None, memo: Optional[share.Memo] = None,
-             score_as_you_go: bool = False, setting: Optional[Setting] = None) -> StepResult:
+             score_as_you_go: bool = False, context: Optional[RunContext] = None) -> StepResult:
     """One observe step: forwards, then metrics, then the step's outputs.
 
     With `rows_per_pass`, the rows are split into chunks of that many and each chunk runs the
@@ -69,10 +69,10 @@ def run_step(engine, step: ObservePlan, rows_per_pass: Optional[int] = None, mem
     its rows of an unreduced published value and the whole of a reduced one (SPEC.md M17). With
     `memo`, a forward that other steps compute identically runs once for all of them (share.py).
     `score_as_you_go` (the run's own passes) scores a read that only metrics use chunk by chunk, as each chunk
-    runs, and keeps its scores, not its values (SPEC.md Q10). `setting` is what the run around the step gives
+    runs, and keeps its scores, not its values (SPEC.md Q10). `context` is what the run around the step gives
     it (none alone).
     """
-    setting = setting or Setting()
+    context = context or RunContext()
     path = f"interventions.{step.intervention}"
     for forward in step.forwards:
         check_tokenizer(engine.tokenizer, forward, path)
@@ -85,18 +85,18 @@ def run_step(engine, step: ObservePlan, rows_per_pass: Optional[int] = None, mem
     compiled = _compiled_frames(step, memo) if size < rows else {}
     for lo in range(0, rows, size):
         hi = min(lo + size, rows)
-        refs = {name: outputs.chunk(value, lo, hi) for name, value in setting.published.items()}
+        refs = {name: outputs.chunk(value, lo, hi) for name, value in context.published.items()}
         draw_offsets = {name: (lo, rows) if n is None else (sum(n[:lo]), sum(n)) for name, n in lengths.items()}
         frames = {role: resolve.frame_chunk(frame, lo, hi) for role, frame in compiled.items()}
-        values, placed = run_pass(Pass(engine, chunk(step, lo, hi), path, lo, featurizers=setting.featurizers,
-                                       grad=setting.grad, memo=memo, refs=refs, draw_offsets=draw_offsets,
+        values, placed = run_pass(Pass(engine, chunk(step, lo, hi), path, lo, featurizers=context.featurizers,
+                                       grad=context.grad, memo=memo, refs=refs, draw_offsets=draw_offsets,
                                        frames=frames))
         finite: dict = {}  # each read's finite rows, asked once for this chunk's metrics (Q33)
         for metric in (m for m in step.metrics if m.name in scored):
             scored[metric.name] += score(metric, values, placed, eligible_rows(metric, placed, lo), lo, finite)
         parts.append(({k: v for k, v in values.items() if k not in scored_only}, placed))
-        if setting.bar is not None:
-            setting.bar.update(1)
+        if context.bar is not None:
+            context.bar.update(1)
     return _stitched(step, parts, scored)
 
 
@@ -218,10 +218,10 @@ def _shared_forward(p: Pass, forward: Forward, actions: tuple, memo: share.Memo)
         if tap.pos.scope is not None and not frame.offsets:  # this pass built no character map
             continue
         try:
-            where = place(frame, [named], False, p.path, p.offset)[named.name]
+            resolved = place(frame, [named], False, p.path, p.offset)[named.name]
         except Refusal:
             continue
-        extra.append(Action(tap=named, selection=selection_of(named, where)))
+        extra.append(Action(tap=named, selection=selection_of(named, resolved)))
         names[identity] = named.name
     ordered = tuple(sorted(actions + tuple(extra), key=lambda a: (a.tap.address.rank, a.tap.kind != "write")))
     all_reads = p.on_engine(lambda: p.engine.forward(Batch(ids=forward.ids, mask=forward.mask, actions=ordered)))

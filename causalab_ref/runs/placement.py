@@ -95,13 +95,13 @@ def place(frame, taps, dynamic: bool, path: str, offset: int = 0, stage: str = "
         windows, reasons = resolve.resolve(frame, tap.pos, tap.anchors)
         tokens = tuple(resolve.tokens_of(frame, w, r) if dynamic else "" for r, w in enumerate(windows))
         bad = {r + offset: reason for r, reason in enumerate(reasons) if reason}
-        where = f"{path}.{tap.kind}s.{tap.name}.pos"
+        pos_path = f"{path}.{tap.kind}s.{tap.name}.pos"
         if bad and not tap.pos.uneven:
-            refuse(FIXED_WIDTH.format(kind=tap.kind, name=tap.name, spelling=tap.pos.spelling(), rows=bad), where,
+            refuse(FIXED_WIDTH.format(kind=tap.kind, name=tap.name, spelling=tap.pos.spelling(), rows=bad), pos_path,
                    stage)
         if bad and tap.kind == "write":
             why = " ".join(WHY_NOTHING.get(reason, f"`{reason}`") for reason in sorted(set(bad.values())))
-            refuse(NOTHING_TO_WRITE.format(name=tap.name, rows=bad, why=why), where, stage)
+            refuse(NOTHING_TO_WRITE.format(name=tap.name, rows=bad, why=why), pos_path, stage)
         out[tap.name] = Resolved(windows=tuple(tuple(w) for w in windows), reasons=tuple(reasons), tokens=tokens)
     return out
 
@@ -127,15 +127,15 @@ def check_step(engine, step: ObservePlan, path: str, frames: dict) -> None:
     refuse_metrics_of_nothing(metrics, {m.name: eligible_rows(m, placed) for m in metrics}, path, "compile")
 
 
-def check_ids(tok, forward: Forward, rows: int) -> None:
+def check_ids(tok, forward: Forward, embedding_rows: int) -> None:
     """Every id a forward feeds the model has a row of its embedding (SPEC.md P59): a tokenizer with more
     ids than the model (an added special token) is refused at compile, not left to torch's index error."""
-    bad = [r for r, row in enumerate(forward.ids) if max(row, default=0) >= rows]
+    bad = [r for r, row in enumerate(forward.ids) if max(row, default=0) >= embedding_rows]
     if bad:
-        past = sorted({i for r in bad for i in forward.ids[r] if i >= rows})
+        past = sorted({i for r in bad for i in forward.ids[r] if i >= embedding_rows})
         refuse(f"row(s) {bad[:8]} of '{forward.input}' hold token id(s) {past[:8]} "
                f"({', '.join(repr(tok.convert_ids_to_tokens(i)) for i in past[:3])}), and the model's embedding "
-               f"has rows for ids 0-{rows - 1} only: the tokenizer has more ids than the model. Use the "
+               f"has rows for ids 0-{embedding_rows - 1} only: the tokenizer has more ids than the model. Use the "
                "tokenizer the checkpoint was built with, or a checkpoint whose vocab_size covers the tokenizer",
                "model.key", "compile")
 

@@ -22,7 +22,7 @@ import torch
 from ..documents import steps as document_steps
 from ..featurizers import bundles, kinds, fit
 from . import results, scoring, share
-from .passes import Setting, StepResult, run_step
+from .passes import RunContext, StepResult, run_step
 from .plan import ObservePlan, Plan
 from ..shapes import Refusal
 
@@ -65,10 +65,10 @@ def fit_step(engine, step, featurizers: dict, rows_per_pass: Optional[int] = Non
 
     def update(plan):
         return lambda: metric_vectors(plan, run_step(engine, plan, rows_per_pass,
-                                                     setting=Setting(featurizers=featurizers, grad=True)))
+                                                     context=RunContext(featurizers=featurizers, grad=True)))
 
     def evaluate():
-        last["results"] = run_step(engine, step.evaluation, rows_per_pass, setting=Setting(featurizers=featurizers))
+        last["results"] = run_step(engine, step.evaluation, rows_per_pass, context=RunContext(featurizers=featurizers))
         return metric_vectors(step.evaluation, last["results"])
     epochs = ([update(p) for p in epoch] for epoch in step.updates())  # each planned when it is reached
     try:
@@ -89,11 +89,11 @@ def fit_step(engine, step, featurizers: dict, rows_per_pass: Optional[int] = Non
     return Fitted(curves=curves, evaluation=last["results"])
 
 
-def _leaf_step(walk: Walk, leaf: Plan, step, setting: Setting, report=None) -> list[tuple[str, Any]]:
+def _leaf_step(walk: Walk, leaf: Plan, step, context: RunContext, report=None) -> list[tuple[str, Any]]:
     """Run one step of a leaf; returns its files in write order as (file_path, content): a metric table
     (a list), or (tensors, metadata) for a .safetensors file. An observe step's outputs join
-    `setting.published`, the leaf's."""
-    featurizers = setting.featurizers
+    `context.published`, the leaf's."""
+    featurizers = context.featurizers
     if step.kind == "weights":
         stamps = {f.name: dict(f.stamp) for f in leaf.featurizers}
         return [(path, ({"weight": featurizers[name].tensors()["weight"]}, stamps[name])) for name, path in step.saves]
@@ -102,16 +102,16 @@ def _leaf_step(walk: Walk, leaf: Plan, step, setting: Setting, report=None) -> l
         files: list[tuple[str, Any]] = [(path, ({"weight": fitted.curves[name]}, {})) for name, path in step.saves]
         return files + [(path, metric_table(step.evaluation, fitted.evaluation, name, leaf.digest))
                         for name, path in step.evaluation.saves]
-    result = run_step(walk.engine, step, walk.rows_per_pass, walk.memo, score_as_you_go=True, setting=setting)
+    result = run_step(walk.engine, step, walk.rows_per_pass, walk.memo, score_as_you_go=True, context=context)
     if step.publishes:
-        setting.published.update(result.outputs)
+        context.published.update(result.outputs)
     return [(path, _saved(step, result, name, leaf.digest)) for name, path in step.saves]
 
 
 def metric_table(step: ObservePlan, result: StepResult, name: str, digest: str) -> list[dict]:
     """The saved table: every row of the step's base data, excluded rows included, in row order."""
     metric = next(m for m in step.metrics if m.name == name)
-    where = result.positions.get(metric.of, {})  # a pass of bare integers has no positions (P32-P33)
+    positions = result.positions.get(metric.of, {})  # a pass of bare integers has no positions (P32-P33)
     rows = []
     for r, example_id in enumerate(step.example_ids):
         value = result.scores[name][r]
@@ -122,9 +122,9 @@ def metric_table(step: ObservePlan, result: StepResult, name: str, digest: str) 
             **({} if metric.layer is None else {"layer": metric.layer}),  # a read at every layer (SPEC.md D34)
             "value": value,
             "eligible": result.eligible[name][r] and not lost,
-            "positions": list(where["rows"][r]) if step.dynamic else None,
-            "reason": scoring.NON_FINITE if lost else where["reason"][r] if step.dynamic else "",
-            "tokens": where["tokens"][r] if step.dynamic else "",
+            "positions": list(positions["rows"][r]) if step.dynamic else None,
+            "reason": scoring.NON_FINITE if lost else positions["reason"][r] if step.dynamic else "",
+            "tokens": positions["tokens"][r] if step.dynamic else "",
             "unit": metric.unit,
             "estimand_version": metric.estimand_version,
             "produced_by": digest,
@@ -190,14 +190,14 @@ def compute(plan: Plan, engine, batch_size: Optional[int] = None, progress=True)
         for n, leaf in enumerate(leaves):
             if leaf.label:
                 files.append((_within(leaf.label, "document.json"), leaf.raw, ""))
-            where = f"point {n + 1}/{len(leaves)} {leaf.label}" if leaf.label else ""
+            postfix = f"point {n + 1}/{len(leaves)} {leaf.label}" if leaf.label else ""
             if bar is not None:
-                bar.set_postfix_str(where, refresh=False)
+                bar.set_postfix_str(postfix, refresh=False)
             # Each sweep point has its own featurizers and its own published outputs (SPEC.md M13).
-            setting = Setting(featurizers=kinds.build(leaf.featurizers), published={}, bar=bar)
+            context = RunContext(featurizers=kinds.build(leaf.featurizers), published={}, bar=bar)
             for step in leaf.steps:
-                report = _fit_report(bar, where, step) if step.kind == "fit" else None
-                for file_path, content in _leaf_step(walk, leaf, step, setting, report):
+                report = _fit_report(bar, postfix, step) if step.kind == "fit" else None
+                for file_path, content in _leaf_step(walk, leaf, step, context, report):
                     _add(files, _within(leaf.label, file_path), content, f"steps.{step.name}.saves")
         record = engine.run_record(batch_size) | {"rows_per_pass": rows_per_pass,
                                                   "causalab_ref": results.package_digest(),
@@ -211,7 +211,7 @@ def compute(plan: Plan, engine, batch_size: Optional[int] = None, progress=True)
     return Computed(files=tuple(files), points=points, record=record)
 
 
-def _fit_report(bar, where: str, step):
+def _fit_report(bar, postfix: str, step):
     """A fit's progress (SPEC.md PY11): each update and eval a tick, the epoch and its last loss in the bar."""
     if bar is None:
         return None
@@ -223,7 +223,7 @@ def _fit_report(bar, where: str, step):
         if loss is not None:
             last[:] = [loss]
         shown = f" loss {last[0]:.4g}" if last else ""
-        bar.set_postfix_str(f"{where} fit '{step.name}' epoch {epoch}/{step.epochs}{shown}".strip())
+        bar.set_postfix_str(f"{postfix} fit '{step.name}' epoch {epoch}/{step.epochs}{shown}".strip())
     return report
 
 
@@ -239,11 +239,11 @@ def confine_all(folder: results.Folder, plan: Plan) -> None:
 
 def write_into(folder: results.Folder, computed: Computed) -> list[str]:
     """Hand a computed run's files to the claimed folder (run.json second) and move it into place."""
-    for where, content, path in computed.files:
+    for file_path, content, path in computed.files:
         if isinstance(content, tuple):
-            folder.write_bytes(where, bundles.encode(*content), path=path)
+            folder.write_bytes(file_path, bundles.encode(*content), path=path)
         else:
-            folder.write(where, content, path=path)
+            folder.write(file_path, content, path=path)
     folder.write("run.json", computed.record, at=1)
     return folder.commit()
 

@@ -73,12 +73,12 @@ def score(metric: MetricPlan, values: dict, placed: dict, both: tuple[bool, ...]
     out: list[Optional[float]] = [None] * len(placed[metric.of].windows)
     rows, at, scored = _scored(metric, {n: values[n].detach().float() for n in metric.reads}, placed, both, lo)
     memo = {} if finite is None else finite
-    whole = torch.ones(len(rows), dtype=torch.bool)  # (len(rows),)
-    for name, (matrix, where) in zip(metric.reads, at):  # `against`'s too: every vector a row reads is finite
+    all_finite = torch.ones(len(rows), dtype=torch.bool)  # (len(rows),)
+    for name, (matrix, rows_at) in zip(metric.reads, at):  # `against`'s too: every vector a row reads is finite
         if name not in memo:
             memo[name] = finite_rows(matrix)  # (matrix rows,)
-        whole &= _rows_of(memo[name], where)
-    for r, v, ok in zip(rows, _values(metric, scored), whole.tolist()):
+        all_finite &= _rows_of(memo[name], rows_at)
+    for r, v, ok in zip(rows, _values(metric, scored), all_finite.tolist()):
         out[r] = v if ok and (isinstance(v, list) or math.isfinite(v)) else None
     return out
 

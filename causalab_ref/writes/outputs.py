@@ -39,24 +39,24 @@ def declare(raw: Any, path: str, step: str, reads: set) -> tuple[tuple[str, Outp
         _fail(path, "expected an object of named outputs")
     out = []
     for name, spec in raw.items():
-        where = f"{path}.{name}"
+        entry_path = f"{path}.{name}"
         if isinstance(spec, str):
             spec = {"read": spec}
         if not isinstance(spec, dict):
-            _fail(where, "an output is a read's name or {\"read\", \"reduce\", \"k\"}")
+            _fail(entry_path, "an output is a read's name or {\"read\", \"reduce\", \"k\"}")
         unknown = sorted(set(spec) - {"read", "reduce", "k"})
         if unknown:
-            _fail(f"{where}.{unknown[0]}", f"unknown key '{unknown[0]}'; allowed here: ['k', 'read', 'reduce']")
+            _fail(f"{entry_path}.{unknown[0]}", f"unknown key '{unknown[0]}'; allowed here: ['k', 'read', 'reduce']")
         read, reduce, k = spec.get("read"), spec.get("reduce", "none"), spec.get("k")
         if not isinstance(read, str):
-            _fail(f"{where}.read", "an output names the read it keeps")
+            _fail(f"{entry_path}.read", "an output names the read it keeps")
         if reduce not in REDUCE:
-            _fail(f"{where}.reduce", f"'{reduce}' is not one of {list(REDUCE)}")
+            _fail(f"{entry_path}.reduce", f"'{reduce}' is not one of {list(REDUCE)}")
         if (k is not None) != (reduce == "pca") or (k is not None and (isinstance(k, bool) or not isinstance(k, int)
                                                                          or k <= 0)):
-            _fail(f"{where}.k", "`k` is for `reduce: pca`, and pca needs it")
+            _fail(f"{entry_path}.k", "`k` is for `reduce: pca`, and pca needs it")
         if read not in reads:
-            _fail(f"{where}.read", f"step '{step}': output '{name}' keeps read '{read}', which its intervention "
+            _fail(f"{entry_path}.read", f"step '{step}': output '{name}' keeps read '{read}', which its intervention "
                                    "does not have")
         out.append((name, Output(read=read, reduce=reduce, k=k)))
     return tuple(out)

@@ -122,7 +122,7 @@ def apply(current: torch.Tensor, actions, step: int = 0, grad: bool = False) -> 
     return out
 
 
-def groups(actions) -> Iterator[tuple[Any, list[Action]]]:
+def by_address(actions) -> Iterator[tuple[Any, list[Action]]]:
     """Consecutive actions at one address, with the address: the unit an engine reaches once."""
     group: list[Action] = []
     for action in actions:

@@ -94,7 +94,7 @@ def test_schema_verb_prints_a_valid_json_schema(capsys):
 
 
 PLAN_SHAPED = [p for p in sorted((ROOT / "documents").glob("*.json"))
-               if protocol.shape(json.loads(p.read_text(encoding="utf-8"))) == "plan-shaped"]
+               if protocol.format_of(json.loads(p.read_text(encoding="utf-8"))) == "plan-shaped"]
 
 
 @pytest.mark.parametrize("path", PLAN_SHAPED, ids=lambda p: p.name)
@@ -107,7 +107,7 @@ def test_every_case_document_that_validates_satisfies_the_schema():
     """SPEC.md:873 [C8] a plan-shaped case document that causalab_ref accepts at validation satisfies the schema."""
     validator = jsonschema.Draft202012Validator(schema())
     for case in CASES:
-        if "document" not in case or protocol.shape(case["document"]) != "plan-shaped":
+        if "document" not in case or protocol.format_of(case["document"]) != "plan-shaped":
             continue
         if case["expect"].get("refusal", {}).get("stage") == "validation":
             continue

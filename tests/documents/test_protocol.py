@@ -40,11 +40,11 @@ def _twin(edit) -> dict:
 
 def test_the_format_is_told_apart_by_its_top_level():
     """SPEC.md:1597 [PR1] method (or data without steps) is protocol, data beside steps is steps-first."""
-    assert protocol.shape(TWIN) == "protocol"
-    assert protocol.shape(PATCHING) == "plan-shaped"
-    assert protocol.shape({"data": {}, "steps": {}}) == "steps-first"
-    assert protocol.shape({"header": {}, "data": {}}) == "protocol"
-    assert protocol.shape({"model": {}, "roles": {}}) == "plan-shaped"
+    assert protocol.format_of(TWIN) == "protocol"
+    assert protocol.format_of(PATCHING) == "plan-shaped"
+    assert protocol.format_of({"data": {}, "steps": {}}) == "steps-first"
+    assert protocol.format_of({"header": {}, "data": {}}) == "protocol"
+    assert protocol.format_of({"model": {}, "roles": {}}) == "plan-shaped"
 
 
 def test_validate_says_valid_protocol_document(tmp_path, capsys):

@@ -49,7 +49,7 @@ def _edited(edit) -> dict:
 @pytest.mark.fast
 def test_a_steps_first_document_is_told_apart_and_read_into_the_pipeline(tmp_path):
     """SPEC.md:2500 [SF1] data beside steps is steps-first; validate says so, --json format steps-first."""
-    assert protocol.shape(POS_SWEEP) == "steps-first"
+    assert protocol.format_of(POS_SWEEP) == "steps-first"
     done = _verb(tmp_path, POS_SWEEP, "validate")
     assert done.returncode == 0 and done.stdout.strip().endswith("is a valid steps-first document, 3 steps")
     done = _verb(tmp_path, POS_SWEEP, "--json", "validate")
