@@ -1,9 +1,9 @@
-"""Fuzz the command line: N mutated documents and data tables through validate, explain and run.
+"""Fuzz the command line: N mutated documents and data tables through validate, explain, tokens and run.
 
     python bench/fuzz.py [N=10000] [--seed S] [--shard I/M] [--verbose]
 
 Each case mutates one shipped document and/or one data table (tests/fuzzing.py) and runs
-the three verbs in this process; an outcome is foreign when it is not status 0, or status 2
+the four verbs (`tokens --document`) in this process; an outcome is foreign when it is not status 0, or status 2
 with one `<stage>: ...` line, or when it breaks the invariant bench/fuzz_surfaces.py checks
 (tests/invariant.py: no traceback or "internal error", no eligible non-finite row under --out,
 nothing changed outside --out in the documents, a sentinel folder or the cwd, the time bound). Prints
@@ -63,7 +63,8 @@ def main() -> int:
                       f"{time.perf_counter() - started:.0f} s", flush=True)
     total = sum(len(v) for v in foreign.values())
     n = len(range(shard, args.n, shards))
-    print(f"fuzz: {n} cases{f' (shard {args.shard})' if shards > 1 else ''} ({3 * n} runs of validate/explain/run) in "
+    shown = f" (shard {args.shard})" if shards > 1 else ""
+    print(f"fuzz: {n} cases{shown} ({4 * n} runs of validate/explain/tokens/run) in "
           f"{time.perf_counter() - started:.0f} s; outcomes {dict(sorted(statuses.items()))}; "
           f"{total} foreign exception(s)")
     for (verb, status, line), cases in sorted(foreign.items(), key=lambda kv: -len(kv[1])):

@@ -395,6 +395,20 @@ def test_cli_tokens_shows_a_documents_rows_with_indices():
     assert lines[6].startswith("  0: 3:'If' 4:' today' 5:' is' 6:' Saturday'")
 
 
+@pytest.mark.parametrize("name", ["minimal_protocol.json", "steps_first/readout.json", "steps_first/pos_sweep.json"])
+def test_cli_tokens_of_another_format_are_those_of_the_document_it_lowers_to(name, tmp_path):
+    """SPEC.md:610-613 [R19] SPEC.md:2500-2502 [SF1] SPEC.md:1597-1599 [PR1] — a protocol or steps-first document
+    is read as the plan-shaped document it lowers to, so `tokens --document` prints what it prints for that one.
+    Ground: that identity (the lowered text written to a file and shown the same way). Before, an unswept one
+    ended in an internal error (KeyError 'roles'): its plan carries the document as given (PR15, SF15)."""
+    lowered = tmp_path / "lowered.json"
+    lowered.write_text(json.dumps(validate.read(f"documents/{name}").raw), encoding="utf-8")
+    given = inprocess.cli("tokens", "--document", f"documents/{name}")
+    plain = inprocess.cli("tokens", "--document", str(lowered))
+    assert given.returncode == plain.returncode == 0, given.stderr + plain.stderr
+    assert given.stdout == plain.stdout and "role 'base': 4 rows x 11 tokens" in given.stdout
+
+
 def test_a_run_tokenizer_that_disagrees_with_the_plans_is_refused(llama):
     """SPEC.md:374 [P52] row 0 decoded by the run's tokenizer and by the plan's must agree, compared as
     decoded strings (seed 000:334-336)."""

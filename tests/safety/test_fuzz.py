@@ -1,4 +1,4 @@
-"""Fuzzed inputs: mutated shipped documents and data tables through validate, explain and run.
+"""Fuzzed inputs: mutated shipped documents and data tables through validate, explain, tokens and run.
 
 Every outcome is the project's own: status 0, or status 2 with one `<stage>: ...` line; never
 another exception, never a traceback. Hypothesis draws the mutations (tests/fuzzing.py); CI runs
@@ -17,8 +17,8 @@ import fuzzing
           suppress_health_check=list(HealthCheck))
 @given(rng=st.randoms(use_true_random=False))
 def test_mutated_documents_end_in_success_or_a_refusal(rng: random.Random, tmp_path_factory):
-    """SPEC.md:19 [D4] SPEC.md:597 [R14] Whatever the document and data hold, validate, explain and run
-    end with status 0 or 2 and one line; no other exception, no traceback."""
+    """SPEC.md:19 [D4] SPEC.md:597 [R14] Whatever the document and data hold, validate, explain,
+    `tokens --document` and run end with status 0 or 2 and one line; no other exception, no traceback."""
     tmp = tmp_path_factory.mktemp("fuzz")
     with fuzzing.cached_loads():
         foreign = fuzzing.run_case(rng, tmp)
