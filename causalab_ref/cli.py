@@ -191,14 +191,10 @@ def _document_tokens(args):
     if not leaf.steps:
         raise Refusal("this document has no step, so it has no rows to show", path="steps", stage="compile")
     step = leaf.steps[0]
-    by_role = {}
-    for forward in step.forwards:
-        by_role.setdefault(forward.input, forward)
+    by_role = {forward.input: forward for forward in reversed(step.forwards)}  # each role's first forward
     lines, out = [], {}
-    # The document's role order, read off the plan-shaped document: a sweep point's own, else the document's
-    # lowered one (an unswept protocol or steps-first plan carries the document as given, PR15, SF15).
-    plan_shaped = leaf.raw if compiled.plan.points else compiled.document.raw
-    for role in [r for r in plan_shaped["roles"] if r in by_role]:
+    plan_shaped = leaf.raw if compiled.plan.points else compiled.document.raw  # not the given protocol (PR15)
+    for role in [r for r in plan_shaped["roles"] if r in by_role]:  # the document's role order
         forward = by_role[role]
         # The run's own frame: pieces are sliced from the decoded content by the character map,
         # so ' Saturday' keeps the space a lone sentencepiece decode would drop.
