@@ -176,7 +176,7 @@ def cmd_data(args):
 
 
 def _document_tokens(args):
-    """`tokens --document DOC`: each role's rows of the document's first step, as `index:'piece'`.
+    """`tokens --document DOC`: each role's rows of the document's first observe step, as `index:'piece'`.
 
     The indices are the padded batch's, as the run addresses them (so `-1` is the last
     index shown and left padding shifts a shorter row's first index); the pieces are
@@ -188,12 +188,12 @@ def _document_tokens(args):
                       stage="validation")
     compiled = _compile(args.document, args.data_root)
     eng, leaf = compiled.model, compiled.plan.leaves()[0]
-    if not leaf.steps:
-        raise Refusal("this document has no step, so it has no rows to show", path="steps", stage="compile")
-    step = leaf.steps[0]
+    step = next((s for s in leaf.steps if s.kind == "observe"), None)  # a fit's rows run in minibatches
+    if step is None:
+        raise Refusal("this document has no observe step, so it has no rows to show", path="steps", stage="compile")
     by_role = {forward.input: forward for forward in reversed(step.forwards)}  # each role's first forward
     lines, out = [], {}
-    plan_shaped = leaf.raw if compiled.plan.points else compiled.document.raw  # not the given protocol (PR15)
+    plan_shaped = leaf.document_json if compiled.plan.points else compiled.document.raw  # not as given (PR15)
     for role in [r for r in plan_shaped["roles"] if r in by_role]:  # the document's role order
         forward = by_role[role]
         # The run's own frame: pieces are sliced from the decoded content by the character map,
@@ -481,7 +481,7 @@ def _inspection_verbs(verbs) -> None:
               "model's tokenizer splits them, with indices")
     p.add_argument("key", nargs="?")
     p.add_argument("texts", nargs="*")
-    p.add_argument("--document", default=None, help="show each role's rows of the document's first step")
+    p.add_argument("--document", default=None, help="show each role's rows of the document's first observe step")
     p.add_argument("--data-root", default=DEFAULT_DATA_ROOT)
     p.add_argument("--revision", default="main")
     p = _verb(verbs, "model", cmd_model, "every component at every layer of a checkpoint (no weights)")

@@ -295,7 +295,7 @@ def test_model_lands_prints_the_seeds_where_each_one_lands_table(capsys):
 
 
 def test_a_refusal_at_the_read_and_validation_stages_imports_no_torch(tmp_path):
-    """SPEC.md:1785 [Q17] malformed JSON and an unknown key are refused by a new process that never imports torch,
+    """SPEC.md:1786 [Q17] malformed JSON and an unknown key are refused by a new process that never imports torch,
     transformers, nnsight or nnterp (each refusal is the usual one line)."""
     import subprocess
     import sys
@@ -466,7 +466,7 @@ def test_tokens_counts_the_pieces_it_lists(capsys):
 
 
 def test_the_summary_line_counts_the_unscored_rows_by_reason(tmp_path):
-    """SPEC.md:1123 [S19] rows without a value are counted by their reason: a position's reason where the read was
+    """SPEC.md:1124 [S19] rows without a value are counted by their reason: a position's reason where the read was
     not placed, `column-ineligible` where it was placed and the answer columns held no answer."""
     from causalab_ref import cli as entry
     rows = [{"metric": "iia", "value": v, "unit": "fraction", "reason": why}
@@ -479,7 +479,7 @@ def test_the_summary_line_counts_the_unscored_rows_by_reason(tmp_path):
 
 
 def test_a_safetensors_save_gets_a_line_with_each_tensors_shape_and_dtype(tmp_path):
-    """SPEC.md:1123 [S19] a tensor file written by a run gets its line too: each tensor's name, shape and dtype,
+    """SPEC.md:1124 [S19] a tensor file written by a run gets its line too: each tensor's name, shape and dtype,
     read from the file's header (here written by safetensors itself)."""
     import torch
     from safetensors.torch import save_file
@@ -503,7 +503,7 @@ def test_a_missing_table_names_the_data_root_and_its_flag(tmp_path, capsys):
 
 def test_a_key_without_a_path_prefix_is_a_hub_key_and_its_refusal_says_how_to_name_a_folder(tmp_path, monkeypatch,
                                                                                               capsys):
-    """SPEC.md:670 [X17] `fx/tiny-gpt2` is a hub key even where a folder of that name is beside the current
+    """SPEC.md:671 [X17] `fx/tiny-gpt2` is a hub key even where a folder of that name is beside the current
     directory: offline, it is refused saying a folder's key starts with ./, ../ or /, and naming `./fx/tiny-gpt2`."""
     from huggingface_hub import constants
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
@@ -540,7 +540,7 @@ def test_validate_explain_and_run_refuse_a_write_anchored_to_absent_text_with_on
 
 
 def test_the_run_places_with_the_frames_compile_built(llama, monkeypatch, tmp_path):
-    """SPEC.md:1769 [Q15] SPEC.md:279 [P58] compile builds each role's frame (with its character map) to place the
+    """SPEC.md:1770 [Q15] SPEC.md:279 [P58] compile builds each role's frame (with its character map) to place the
     rows; the plan keeps them, and the run that follows builds none again."""
     from causalab_ref.positions import resolve
     from causalab_ref.runs import compile as compiler

@@ -321,7 +321,7 @@ def compile_point(point: validate.Point, engine, data_root: Path, cache: Optiona
             ctx.bound(steps[first:], step_name)
             if len(step.interventions) == 1:  # a step listing several publishes to itself only (M13)
                 ctx.sources.update(published)
-    return Plan(label=point.label, digest=digest, raw=raw, steps=tuple(steps),
+    return Plan(label=point.label, digest=digest, document_json=raw, steps=tuple(steps),
                 featurizers=tuple(ctx.featurizers.values()), rows_per_pass=ctx.rows_per_pass,
                 frames=ctx.cache.get("frames", {}))
 
@@ -555,7 +555,7 @@ def compile_document(raw: Any, engine, data_root: Path, points: Optional[list] =
         plan = leaves[0]
     else:
         rows_per_pass = min((leaf.rows_per_pass for leaf in leaves if leaf.rows_per_pass), default=0)
-        plan = Plan(label="", digest=digest, raw=raw, points=tuple(leaves), rows_per_pass=rows_per_pass)
+        plan = Plan(label="", digest=digest, document_json=raw, points=tuple(leaves), rows_per_pass=rows_per_pass)
     return share.mark(replace(plan, coordinates=coordinates))
 
 

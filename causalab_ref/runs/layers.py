@@ -35,11 +35,11 @@ def fold(raw: Any, digest: str, compiled: list) -> Plan:
                 steps.append(replace(step, layer=point.layer, metrics=parts,
                                      saves=tuple((v, f) for v, f in step.saves if point.layer == 0 or v in layered)))
         group = members[0][0]
-        leaves.append(Plan(label=label, digest=group.group_digest, raw=group.group_raw, steps=tuple(steps),
+        leaves.append(Plan(label=label, digest=group.group_digest, document_json=group.group_raw, steps=tuple(steps),
                            rows_per_pass=min((leaf.rows_per_pass for _, leaf in members if leaf.rows_per_pass),
                                              default=0),
                            frames=members[0][1].frames))
     if len(leaves) == 1 and leaves[0].label == "":
         return leaves[0]
     rows_per_pass = min((leaf.rows_per_pass for leaf in leaves if leaf.rows_per_pass), default=0)
-    return Plan(label="", digest=digest, raw=raw, points=tuple(leaves), rows_per_pass=rows_per_pass)
+    return Plan(label="", digest=digest, document_json=raw, points=tuple(leaves), rows_per_pass=rows_per_pass)

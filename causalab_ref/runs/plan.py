@@ -243,7 +243,7 @@ class WeightsPlan:
 class Plan:
     label: str
     digest: str
-    raw: Any
+    document_json: Any  # what the plan's document.json holds: the point's, or the document as given
     steps: tuple = ()  # ObservePlan, FitPlan, WeightsPlan
     points: tuple["Plan", ...] = ()
     featurizers: tuple[FeaturizerPlan, ...] = ()
@@ -296,7 +296,7 @@ class Plan:
 # ---------------------------------------------------------------- explain's structured plan
 
 
-def with_digest(plan: Plan, digest: str, raw: Any) -> Plan:
+def with_digest(plan: Plan, digest: str, document_json: Any) -> Plan:
     """The plan of a document read in another format, carrying that format's own digest and text (SPEC.md
     PR15, SF15): on its root and, unswept, on every output's stamp too, so a table and a tensor file it writes
     name one produced_by (a sweep point keeps its point's)."""
@@ -305,7 +305,7 @@ def with_digest(plan: Plan, digest: str, raw: Any) -> Plan:
                        for name, meta in getattr(step, "stamps", ()))
         return replace(step, stamps=stamps) if stamps else step
     steps = plan.steps if plan.points else tuple(restamped(step) for step in plan.steps)
-    return replace(plan, digest=digest, raw=raw, steps=steps)
+    return replace(plan, digest=digest, document_json=document_json, steps=steps)
 
 
 def plan_json(plan, engine) -> list[dict]:

@@ -185,11 +185,11 @@ def compute(plan: Plan, engine, batch_size: Optional[int] = None, progress=True)
                   if step.kind == "fit")  # an update or an eval is one tick (fit_step's report)
     bar = results.progress(passes, progress, "run")
     walk = Walk(engine, rows_per_pass, share.Memo(plan))
-    files: list[tuple[str, Any, str]] = [("document.json", plan.raw, "")]
+    files: list[tuple[str, Any, str]] = [("document.json", plan.document_json, "")]
     try:
         for n, leaf in enumerate(leaves):
             if leaf.label:
-                files.append((_within(leaf.label, "document.json"), leaf.raw, ""))
+                files.append((_within(leaf.label, "document.json"), leaf.document_json, ""))
             postfix = f"point {n + 1}/{len(leaves)} {leaf.label}" if leaf.label else ""
             if bar is not None:
                 bar.set_postfix_str(postfix, refresh=False)

@@ -397,16 +397,33 @@ def test_cli_tokens_shows_a_documents_rows_with_indices():
 
 @pytest.mark.parametrize("name", ["minimal_protocol.json", "steps_first/readout.json", "steps_first/pos_sweep.json"])
 def test_cli_tokens_of_another_format_are_those_of_the_document_it_lowers_to(name, tmp_path):
-    """SPEC.md:610-613 [R19] SPEC.md:2500-2502 [SF1] SPEC.md:1597-1599 [PR1] — a protocol or steps-first document
+    """SPEC.md:610 [R19] SPEC.md:2501 [SF1] SPEC.md:1598 [PR1] — a protocol or steps-first document
     is read as the plan-shaped document it lowers to, so `tokens --document` prints what it prints for that one.
     Ground: that identity (the lowered text written to a file and shown the same way). Before, an unswept one
     ended in an internal error (KeyError 'roles'): its plan carries the document as given (PR15, SF15)."""
     lowered = tmp_path / "lowered.json"
-    lowered.write_text(json.dumps(validate.read(f"documents/{name}").raw), encoding="utf-8")
+    lowered.write_text(json.dumps(validate.read(ROOT / "documents" / name).raw), encoding="utf-8")
     given = inprocess.cli("tokens", "--document", f"documents/{name}")
     plain = inprocess.cli("tokens", "--document", str(lowered))
     assert given.returncode == plain.returncode == 0, given.stderr + plain.stderr
     assert given.stdout == plain.stdout and "role 'base': 4 rows x 11 tokens" in given.stdout
+
+
+def test_cli_tokens_shows_the_first_observe_step_and_refuses_a_document_with_none(tmp_path):
+    """SPEC.md:610-614 [R19] — `tokens --document` shows the first observe step's rows (the Reading: a fit's rows
+    run in shuffled minibatches, a weights step has none); a document with no observe step is refused at compile
+    in one line. Before, a document whose first step is a fit (the shipped distributed_das.json) ended in an
+    internal error (AttributeError: a FitPlan has no forwards), which the fuzz found once it ran this verb."""
+    done = inprocess.cli("tokens", "--document", "documents/distributed_das.json")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == "step 'score', role 'base': 64 rows x 14 tokens"
+    raw = json.loads((ROOT / "documents" / "distributed_das.json").read_text(encoding="utf-8"))
+    del raw["steps"]["score"]  # the fit alone
+    fit_only = tmp_path / "fit_only.json"
+    fit_only.write_text(json.dumps(raw), encoding="utf-8")
+    refused = inprocess.cli("tokens", "--document", str(fit_only))
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert refused.stderr.strip() == "compile: steps: this document has no observe step, so it has no rows to show"
 
 
 def test_a_run_tokenizer_that_disagrees_with_the_plans_is_refused(llama):

@@ -98,7 +98,7 @@ def test_a_metric_of_a_read_that_is_not_logits_is_a_refusal(tmp_path):
 
 
 def test_the_fuzzer_writes_the_later_languages_fields(tmp_path):
-    """SPEC.md:1334 [S63] SPEC.md:114 [D36] SPEC.md:2525 [SF6] fuzzing.language makes layers "all" (and its wrong
+    """SPEC.md:1335 [S63] SPEC.md:114 [D36] SPEC.md:2526 [SF6] fuzzing.language makes layers "all" (and its wrong
     spellings) and steps-first cycles, the steps-first documents are among its sources; each such document
     validates or is refused in one line."""
     import json
