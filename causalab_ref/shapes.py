@@ -222,7 +222,7 @@ class Frame:
     texts: tuple[str, ...] = ()
     offsets: tuple[tuple[int, ...], ...] = ()
     segments: tuple[dict, ...] = ()
-    kind: str = "prompt"
+    name: str = "prompt"  # which frame: "prompt" or "generated" (a position's `Where.frame`)
 
 
 # ---------------------------------------------------------------- documents

@@ -68,7 +68,7 @@ def _documents():
 
 @pytest.mark.parametrize("name", _documents())
 def test_save_writes_the_folder_run_writes_byte_for_byte(name, models, tmp_path):
-    """SPEC.md:2694 [PY7] SPEC.md:2674 [PY2] a shipped document run through the API on a model loaded once and saved
+    """SPEC.md:2695 [PY7] SPEC.md:2675 [PY2] a shipped document run through the API on a model loaded once and saved
     is the folder the CLI's `run` writes, file for file and byte for byte, run.json's wall time aside."""
     path = DOCS / f"{name}.json"
     document = cr.read(path)
@@ -83,7 +83,7 @@ def test_save_writes_the_folder_run_writes_byte_for_byte(name, models, tmp_path)
 
 
 def test_import_is_light_and_exports_the_api():
-    """SPEC.md:2671 [PY1] `import causalab_ref` imports no torch, transformers or nnsight; reading a document
+    """SPEC.md:2672 [PY1] `import causalab_ref` imports no torch, transformers or nnsight; reading a document
     neither (Q17); __all__ names the API."""
     code = ("import sys, causalab_ref as cr; before = sorted(m for m in ('torch', 'transformers', 'nnsight') "
             "if m in sys.modules); cr.read('documents/patching.json'); print(before, sorted(cr.__all__), "
@@ -95,7 +95,7 @@ def test_import_is_light_and_exports_the_api():
 
 
 def test_a_dict_is_read_as_its_json_text():
-    """SPEC.md:2678 [PY3] a dict reads as the file holding its JSON: the same document, format and points."""
+    """SPEC.md:2679 [PY3] a dict reads as the file holding its JSON: the same document, format and points."""
     for name in ("weekday_tracing", "minimal_protocol", "steps_first/pos_sweep"):
         path = DOCS / f"{name}.json"
         given = json.loads(path.read_text(encoding="utf-8"))
@@ -106,7 +106,7 @@ def test_a_dict_is_read_as_its_json_text():
 
 
 def test_a_dict_holding_what_json_cannot_spell_is_refused_at_its_path(tmp_path):
-    """SPEC.md:2678 [PY3] SPEC.md:2683 [PY4] a key that is not a string, a set, an object: one Refusal at the dotted
+    """SPEC.md:2679 [PY3] SPEC.md:2684 [PY4] a key that is not a string, a set, an object: one Refusal at the dotted
     path; NaN is refused as the same document's file is, the CLI's line."""
     raw = json.loads((DOCS / "patching.json").read_text(encoding="utf-8"))
     for bad, path in (({**raw, "roles": {1: {"field": "input"}}}, "roles"),
@@ -142,7 +142,7 @@ def _refusal_cases(tmp_path: Path) -> list[tuple[str, list]]:
 
 
 def test_api_refusals_are_the_cli_lines(models, tmp_path):
-    """SPEC.md:2683 [PY4] the API raises the CLI's stage, path and message: at reading (a missing file, broken
+    """SPEC.md:2684 [PY4] the API raises the CLI's stage, path and message: at reading (a missing file, broken
     JSON), in a steps-first or protocol document's own paths (SF14, PR17), and at compile (no data root)."""
     llama = models(cr.read(DOCS / "patching.json"))
     for path, extra in _refusal_cases(tmp_path):
@@ -159,7 +159,7 @@ def test_api_refusals_are_the_cli_lines(models, tmp_path):
 
 
 def test_explain_is_the_plans_explanation(models):
-    """SPEC.md:2687 [PY5] `--json explain` (weightless) and the API's plan compiled on weights say the same; the
+    """SPEC.md:2688 [PY5] `--json explain` (weightless) and the API's plan compiled on weights say the same; the
     plan's text is `explain`'s."""
     for name in ("weekday_tracing", "steps_first/pos_sweep"):
         path = DOCS / f"{name}.json"
@@ -170,7 +170,7 @@ def test_explain_is_the_plans_explanation(models):
 
 
 def test_a_model_that_is_not_the_documents_is_refused(models):
-    """SPEC.md:2687 [PY5] SPEC.md:2683 [PY4] the tracing document (the weekday model) on the seeded Llama: refused at
+    """SPEC.md:2688 [PY5] SPEC.md:2684 [PY4] the tracing document (the weekday model) on the seeded Llama: refused at
     `model`, stage compile, naming both; bad arguments name the argument."""
     llama = models(cr.read(DOCS / "patching.json"))
     with pytest.raises(cr.Refusal) as refused:
@@ -188,7 +188,7 @@ def test_a_model_that_is_not_the_documents_is_refused(models):
 
 
 def test_run_writes_nothing_and_reads_no_stdin(models, tmp_path, monkeypatch):
-    """SPEC.md:2691 [PY6] a run in memory creates no file anywhere it could (the working folder, the data root's
+    """SPEC.md:2692 [PY6] a run in memory creates no file anywhere it could (the working folder, the data root's
     neighbours) and never touches stdin; `save` is what writes."""
     class NoStdin(io.StringIO):
         def read(self, *args):
@@ -218,7 +218,7 @@ def tracing(models, tmp_path_factory):
 
 
 def test_run_json_lists_the_points_and_run_json_prints_them(tracing):
-    """SPEC.md:2708 [PY9] run.json's points are the sweep's, each with its coordinates and its folder, which is
+    """SPEC.md:2709 [PY9] run.json's points are the sweep's, each with its coordinates and its folder, which is
     on disk; `run --json` prints them with the written paths; coordinates are the label's values."""
     results, folder, printed = tracing
     listed = json.loads((folder / "run.json").read_text(encoding="utf-8"))["points"]
@@ -233,7 +233,7 @@ def test_run_json_lists_the_points_and_run_json_prints_them(tracing):
 
 
 def test_a_sweeps_tidy_table_has_a_row_per_point_and_metric_row(tracing):
-    """SPEC.md:2699 [PY8] one record per (point, metric row), checked against the folders: each point folder's
+    """SPEC.md:2700 [PY8] one record per (point, metric row), checked against the folders: each point folder's
     tables' rows, in order, with the point's coordinates as `layer` and `position` columns."""
     results, folder, _printed = tracing
     records = results.table()
@@ -257,7 +257,7 @@ def test_a_sweeps_tidy_table_has_a_row_per_point_and_metric_row(tracing):
 
 
 def test_the_table_verb_prints_the_same_rows(tracing):
-    """SPEC.md:2712 [PY10] `table` of the CLI's folder: --json's records, --csv's rows and the text's rows are
+    """SPEC.md:2713 [PY10] `table` of the CLI's folder: --json's records, --csv's rows and the text's rows are
     Results.table() of the API's run."""
     results, folder, _printed = tracing
     records = results.table()
@@ -275,7 +275,7 @@ def test_the_table_verb_prints_the_same_rows(tracing):
 
 
 def test_tensors_are_the_saved_files(models, tmp_path):
-    """SPEC.md:2694 [PY7] `tensors(name)` is each point's tensor of the file `save` writes."""
+    """SPEC.md:2695 [PY7] `tensors(name)` is each point's tensor of the file `save` writes."""
     from safetensors.torch import load_file
     path = DOCS / "pca_harvest.json"
     results = cr.run(path, models(cr.read(path)), data_root=DATA, progress=False)
@@ -289,7 +289,7 @@ def test_tensors_are_the_saved_files(models, tmp_path):
 
 
 def test_to_pandas_is_the_table_or_refused_without_pandas(tracing, monkeypatch):
-    """SPEC.md:2699 [PY8] to_pandas is table() as a DataFrame; without pandas, one Refusal at `pandas`."""
+    """SPEC.md:2700 [PY8] to_pandas is table() as a DataFrame; without pandas, one Refusal at `pandas`."""
     results = tracing[0]
     try:
         import pandas  # noqa: F401
@@ -305,7 +305,7 @@ def test_to_pandas_is_the_table_or_refused_without_pandas(tracing, monkeypatch):
 
 
 def test_one_model_serves_two_documents_as_two_fresh_processes(models, tmp_path, monkeypatch):
-    """SPEC.md:2674 [PY2] two documents on one loaded model give the numbers two fresh `run` processes give, and
+    """SPEC.md:2675 [PY2] two documents on one loaded model give the numbers two fresh `run` processes give, and
     neither run loads a model (loading and checkpoint reading fail if called)."""
     from causalab_ref.engines import checkpoint, loading
     model = models(cr.read(DOCS / "patching.json"))
@@ -383,7 +383,7 @@ def damages(out: Path):
 
 
 def test_the_table_verb_refuses_a_folder_that_is_not_a_runs(tmp_path):
-    """SPEC.md:1328 [S64] each fault of the folder is one refusal at FOLDER, stage table, naming the file, no
+    """SPEC.md:1329 [S64] each fault of the folder is one refusal at FOLDER, stage table, naming the file, no
     traceback and nothing printed on stdout; nothing is written."""
     pristine = _run_folder(tmp_path / "pristine")
     for k, (name, _apply) in enumerate(damages(pristine)):
@@ -431,7 +431,7 @@ def _on_a_terminal(argv: list[str], cwd: Path) -> tuple[int, str]:
 
 
 def test_progress_names_the_point_and_the_fits_epoch_and_loss_on_a_terminal(tmp_path):
-    """SPEC.md:2718 [PY11] SPEC.md:604 [R16] on a terminal the bar names each sweep point and a fit's epoch and loss;
+    """SPEC.md:2719 [PY11] SPEC.md:605 [R16] on a terminal the bar names each sweep point and a fit's epoch and loss;
     under --quiet the terminal gets nothing."""
     das = json.loads((DOCS / "das.json").read_text(encoding="utf-8"))
     das["steps"]["fit"]["epochs"] = 2

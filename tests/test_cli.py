@@ -155,7 +155,7 @@ def test_explain_json():
 
 
 def test_data_lists_rows_columns_and_splits():
-    """SPEC.md:608 [R18] SPEC.md:31 [D9] `data <dir>/<table>` reads documents/data/<dir>/<table>.json: rows, columns, splits."""
+    """SPEC.md:609 [R18] SPEC.md:31 [D9] `data <dir>/<table>` reads documents/data/<dir>/<table>.json: rows, columns, splits."""
     proc = cli("data", "weekdays/train")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
@@ -176,7 +176,7 @@ def test_data_json():
 
 
 def test_vocab_lists_21_components_and_the_position_forms():
-    """SPEC.md:606 [R17] SPEC.md:390 [L5] `vocab` lists the 21 components (B2) and the seed's position forms; seed 000:11, seed 004:175."""
+    """SPEC.md:607 [R17] SPEC.md:390 [L5] `vocab` lists the 21 components (B2) and the seed's position forms; seed 000:11, seed 004:175."""
     proc = cli("vocab")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
@@ -255,7 +255,7 @@ def _per_place(lines: list[str]) -> dict[str, str]:
 
 
 def test_tokens_shows_each_texts_pieces_with_indices_and_column_usability(capsys):
-    """SPEC.md:610 [R19] `tokens KEY TEXT…` prints the content tokens with their padded-batch indices and
+    """SPEC.md:611 [R19] `tokens KEY TEXT…` prints the content tokens with their padded-batch indices and
     says when a text is not usable as a metric column (seed 000:179: " Tuesday" is three tokens)."""
     from causalab_ref import cli as cli_module
     assert cli_module.main(["tokens", "fixture:tiny-llama", " Tuesday", " Monday"]) == 0
@@ -295,7 +295,7 @@ def test_model_lands_prints_the_seeds_where_each_one_lands_table(capsys):
 
 
 def test_a_refusal_at_the_read_and_validation_stages_imports_no_torch(tmp_path):
-    """SPEC.md:1786 [Q17] malformed JSON and an unknown key are refused by a new process that never imports torch,
+    """SPEC.md:1787 [Q17] malformed JSON and an unknown key are refused by a new process that never imports torch,
     transformers, nnsight or nnterp (each refusal is the usual one line)."""
     import subprocess
     import sys
@@ -450,7 +450,7 @@ def test_model_layer_runs_are_printed_as_ranges():
 
 
 def test_tokens_counts_the_pieces_it_lists(capsys):
-    """SPEC.md:610 [R19] the count is the number of pieces listed for the text as given; where the metric-column
+    """SPEC.md:611 [R19] the count is the number of pieces listed for the text as given; where the metric-column
     spelling (one space before the stripped text) splits otherwise, that count is said apart. On GPT-2's BPE
     'If today is Monday, tomorrow is' is 9 pieces and ' If today ...' 10 tokens (the seed's 'If' is two)."""
     status, out, err = _main(capsys, "tokens", "fixture:tiny-gpt2", "If today is Monday, tomorrow is", " Tuesday")
@@ -466,7 +466,7 @@ def test_tokens_counts_the_pieces_it_lists(capsys):
 
 
 def test_the_summary_line_counts_the_unscored_rows_by_reason(tmp_path):
-    """SPEC.md:1124 [S19] rows without a value are counted by their reason: a position's reason where the read was
+    """SPEC.md:1125 [S19] rows without a value are counted by their reason: a position's reason where the read was
     not placed, `column-ineligible` where it was placed and the answer columns held no answer."""
     from causalab_ref import cli as entry
     rows = [{"metric": "iia", "value": v, "unit": "fraction", "reason": why}
@@ -479,7 +479,7 @@ def test_the_summary_line_counts_the_unscored_rows_by_reason(tmp_path):
 
 
 def test_a_safetensors_save_gets_a_line_with_each_tensors_shape_and_dtype(tmp_path):
-    """SPEC.md:1124 [S19] a tensor file written by a run gets its line too: each tensor's name, shape and dtype,
+    """SPEC.md:1125 [S19] a tensor file written by a run gets its line too: each tensor's name, shape and dtype,
     read from the file's header (here written by safetensors itself)."""
     import torch
     from safetensors.torch import save_file
@@ -503,7 +503,7 @@ def test_a_missing_table_names_the_data_root_and_its_flag(tmp_path, capsys):
 
 def test_a_key_without_a_path_prefix_is_a_hub_key_and_its_refusal_says_how_to_name_a_folder(tmp_path, monkeypatch,
                                                                                               capsys):
-    """SPEC.md:671 [X17] `fx/tiny-gpt2` is a hub key even where a folder of that name is beside the current
+    """SPEC.md:672 [X17] `fx/tiny-gpt2` is a hub key even where a folder of that name is beside the current
     directory: offline, it is refused saying a folder's key starts with ./, ../ or /, and naming `./fx/tiny-gpt2`."""
     from huggingface_hub import constants
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
@@ -540,7 +540,7 @@ def test_validate_explain_and_run_refuse_a_write_anchored_to_absent_text_with_on
 
 
 def test_the_run_places_with_the_frames_compile_built(llama, monkeypatch, tmp_path):
-    """SPEC.md:1770 [Q15] SPEC.md:279 [P58] compile builds each role's frame (with its character map) to place the
+    """SPEC.md:1771 [Q15] SPEC.md:279 [P58] compile builds each role's frame (with its character map) to place the
     rows; the plan keeps them, and the run that follows builds none again."""
     from causalab_ref.positions import resolve
     from causalab_ref.runs import compile as compiler

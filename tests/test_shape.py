@@ -1,4 +1,4 @@
-"""The shape of the code, checked from the AST (SPEC.md:1934 [E7]): modules import each other without cycles, no module imports another's private
+"""The shape of the code, checked from the AST (SPEC.md:1935 [E7]): modules import each other without cycles, no module imports another's private
 name, no function is longer than a reader can hold, and resolve.py stays runnable where a remote
 model is (stdlib, torch and shapes.py only)."""
 from __future__ import annotations

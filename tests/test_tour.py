@@ -123,7 +123,7 @@ def test_readmes_first_finding_is_what_the_document_and_the_run_say(tmp_path, on
 
 
 def test_the_tours_python_prints_what_it_states(tmp_path, one_thread, monkeypatch):
-    """SPEC.md:2674 [PY2] SPEC.md:2699 [PY8] the tour's Python section, run in this process from the repository root:
+    """SPEC.md:2675 [PY2] SPEC.md:2700 [PY8] the tour's Python section, run in this process from the repository root:
     one model loaded for every document, the tidy table's coordinate columns, the figure and the saved folder;
     each stated line is in what it printed, and the lines agree with the CLI steps above (X24's grid)."""
     import contextlib

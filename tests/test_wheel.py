@@ -70,7 +70,7 @@ def _shell(venv: Path, cwd: Path, command: str, env: dict) -> subprocess.Complet
 
 
 def test_the_wheel_carries_the_corpus_and_imports_from_the_venv(venv):
-    """SPEC.md:944 [C31] the installed package is the wheel's, and the corpus and fixture data are inside it."""
+    """SPEC.md:945 [C31] the installed package is the wheel's, and the corpus and fixture data are inside it."""
     bin_python = venv[0] / "bin" / "python"
     probe = ("import causalab_ref, pathlib; from causalab_ref.conformance import conform; "
              "print(causalab_ref.__file__); print(len(conform.load_cases(conform.CASES)))")
@@ -81,7 +81,7 @@ def test_the_wheel_carries_the_corpus_and_imports_from_the_venv(venv):
 
 
 def test_the_wheels_venv_runs_on_the_stack_the_tests_run_on(venv):
-    """SPEC.md:944 [C31] the venv imports torch and transformers from where this interpreter does (in a venv of
+    """SPEC.md:945 [C31] the venv imports torch and transformers from where this interpreter does (in a venv of
     .ci/setup's, that venv's, not its base interpreter's), so the wheel is checked on the tested stack."""
     probe = "import torch, transformers; print(torch.__file__); print(transformers.__file__)"
     ours = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd="/")
@@ -92,7 +92,7 @@ def test_the_wheels_venv_runs_on_the_stack_the_tests_run_on(venv):
 
 @pytest.mark.skipif(not TOKENIZER.is_file(), reason="needs ../shared's Llama-2 tokenizer.model")
 def test_readmes_conformance_commands_work_verbatim_from_an_empty_folder(venv, tmp_path):
-    """SPEC.md:944 [C31] docs/conformance.md's commands, as written (the wheel's path and the tokenizer's filled
+    """SPEC.md:945 [C31] docs/conformance.md's commands, as written (the wheel's path and the tokenizer's filled
     in, `mycli` a missing program and then the installed causalab-ref, one case selected to keep it short): the export
     writes the manifest, the missing `mycli` is one usage line (exit 2, C20; no internal error), and the
     installed causalab-ref passes it (exit 0). Nothing is read from the checkout: the run's folder is empty."""

@@ -113,6 +113,23 @@ def _first_problem(value: Any) -> Optional[tuple[str, str]]:
     return None
 
 
+#: the deepest a JSON text may nest (R14): deep enough for any document or table, and shallow enough that every
+#: later walk of one (the digest's, the sweeps', the validator's) stays far inside Python's recursion limit
+MAX_DEPTH = 100
+
+
+def _depth(value: Any) -> int:
+    """How deeply objects and lists nest in `value` (a scalar 0), iteratively."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is not None:
+            deepest = max(deepest, depth + 1)
+            stack += [(child, depth + 1) for child in children]
+    return deepest
+
+
 def parse(text: str) -> Any:
     """JSON text -> plain values, or Malformed: broken JSON, a lone surrogate, nesting too deep, a key
     named twice in one object, an integer of more than 4300 digits, NaN, Infinity or an overflowing
@@ -130,6 +147,8 @@ def parse(text: str) -> Any:
                         cause=error) from None
     except RecursionError as error:
         raise Malformed("nests too deeply to read", cause=error) from None
+    if _depth(raw) > MAX_DEPTH:
+        raise Malformed("nests too deeply to read")
     if seen:
         problem = _first_problem(raw)
         if problem is not None:

@@ -307,7 +307,7 @@ def frame_chunk(frame: shapes.Frame, lo: int, hi: int) -> shapes.Frame:
     if (lo, hi) == (0, len(frame.starts)):
         return frame
     return shapes.Frame(starts=frame.starts[lo:hi], ends=frame.ends[lo:hi], texts=frame.texts[lo:hi],
-                        offsets=frame.offsets[lo:hi], segments=frame.segments[lo:hi], kind=frame.kind)
+                        offsets=frame.offsets[lo:hi], segments=frame.segments[lo:hi], name=frame.name)
 
 
 def with_pad(tok):
@@ -400,7 +400,7 @@ def frame_of_continuation(tok, generated, stop_ids) -> shapes.Frame:
         texts=tuple(texts),
         offsets=tuple(offsets),
         segments=tuple(segments),
-        kind="generated",
+        name="generated",
     )
 
 
@@ -504,8 +504,8 @@ def resolve(frame: shapes.Frame, where: shapes.Where, anchors=None):
     `where.scope.variable` (None when the row has none). An empty window comes with
     its reason; this never raises for a row that cannot be placed.
     """
-    if where.frame != frame.kind:
-        raise ValueError(f"{where.spelling()} is a {where.frame}-frame position, not a {frame.kind} one")
+    if where.frame != frame.name:
+        raise ValueError(f"{where.spelling()} is a {where.frame}-frame position, not a {frame.name} one")
     windows, reasons = [], []
     for row in range(len(frame.starts)):
         (a, b), reason = _run(frame, where.scope, row, anchors)

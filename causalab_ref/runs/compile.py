@@ -492,9 +492,9 @@ def _epoch(ctx: Context, step, names: tuple[str, str], e: int, epoch: list) -> t
     minibatch, tokenized as its own batch."""
     (i_name, path), plans = names, []
     train = ctx.rows(step.rows, f"{path}.rows")
-    for u, index in enumerate(epoch):
-        rows = {role: [r[i] for i in index] for role, r in train.items()}
-        batches = ctx.batches(rows, (tuple(step.rows), index), f"{path}.rows")
+    for u, minibatch in enumerate(epoch):  # each update's row numbers
+        rows = {role: [r[i] for i in minibatch] for role, r in train.items()}
+        batches = ctx.batches(rows, (tuple(step.rows), minibatch), f"{path}.rows")
         plans.append(observe_plan(ctx, f"epochs[{e}][{u}]", i_name, StepRows(rows, batches), ()))
     return tuple(plans)
 

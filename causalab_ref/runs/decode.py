@@ -34,7 +34,7 @@ def decode_forward(p: Pass, forward: Forward, resolved: dict, values: dict, plac
     read, generated = p.on_engine(lambda: p.engine.generate(batch))
     frame = resolve.frame_of_continuation(p.engine.tokenizer, generated, p.engine.stop_ids())
     continuation = [t for t in forward.taps if t.pos.frame == "generated"]
-    after = place(frame, [t for t in continuation if t.kind == "read"], True, p.path, p.offset)
+    after = place(frame, [t for t in continuation if t.kind == "read"], True, p.path, p.lo)
     for tap in continuation:
         if tap.kind == "write":
             after[tap.name] = continuation_write(frame, steps_of(tap, forward.decode), rows)

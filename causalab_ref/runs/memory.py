@@ -18,7 +18,7 @@ from .plan import Forward, ObservePlan, Tap, frame_key
 from ..shapes import Refusal
 
 DEFAULT_BUDGET = 1 << 30  # 1 GiB
-UNITS = {"": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+BYTE_SIZES = {"": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 MIB = 1 << 20
 
 
@@ -27,7 +27,7 @@ def parse_budget(text: Optional[str]) -> int:
     if text is None:
         return DEFAULT_BUDGET
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(KiB|MiB|GiB)?\s*", str(text))
-    size = float(match.group(1)) * UNITS[match.group(2) or ""] if match else 0.0
+    size = float(match.group(1)) * BYTE_SIZES[match.group(2) or ""] if match else 0.0
     if not 1 <= size < math.inf:  # 400 digits read as a float are infinite, which no int is (SPEC.md S47)
         raise Refusal(f"--memory-budget '{text}' is not a size; write a number of bytes, or a number with KiB, "
                       "MiB or GiB (the default is 1GiB)", path="--memory-budget", stage="validation")
@@ -85,16 +85,17 @@ def forward_cost(engine, forward: Forward, frame=None) -> tuple[int, int, str]:
     hidden, vocab = _config(engine, "hidden_size", "n_embd"), _config(engine, "vocab_size")
     inner = _config(engine, "intermediate_size", "n_inner", default=4 * hidden)
     heads = _config(engine, "num_attention_heads", "n_head", default=1)
-    head = _head_positions([t for t in forward.taps if t.address.component in address.HEAD], forward, frame)
-    work = b * (2 * head * vocab + length * (4 * hidden + 3 * inner) + heads * length * length)
+    head_positions = _head_positions([t for t in forward.taps if t.address.component in address.HEAD], forward, frame)
+    work = b * (2 * head_positions * vocab + length * (4 * hidden + 3 * inner) + heads * length * length)
     if forward.decode:
         kv = _config(engine, "num_key_value_heads", default=heads) * _config(
             engine, "head_dim", default=hidden // max(heads, 1))
         work += b * 2 * engine.num_layers * kv * (length + forward.decode)
     kept = sum(4 * _positions(t, forward, frame) * _width(engine, t, length) for t in forward.taps
                if t.kind == "read")
-    how = (f"forward '{forward.model}' on '{forward.input}' ({length} tokens): the head at {head} position(s) x "
-           f"{vocab} logits, activations and the attention pattern {work // 1024} KiB, reads kept {kept // 1024} KiB")
+    how = (f"forward '{forward.model}' on '{forward.input}' ({length} tokens): the head at {head_positions} "
+           f"position(s) x {vocab} logits, activations and the attention pattern {work // 1024} KiB, reads kept "
+           f"{kept // 1024} KiB")
     return work, kept, how
 
 

@@ -206,19 +206,19 @@ def _shared_forward(p: Pass, forward: Forward, actions: tuple, memo: share.Memo)
     """A forward other steps compute identically (SPEC.md Q5): the reads an earlier one kept, or one
     run with every user's reads added, kept for the others. A read of another step that cannot be
     placed on these rows is left to that step, which then runs the forward itself (Q7)."""
-    first_to_run = memo.first_to_run(forward, p.offset)
-    taken = None if first_to_run else memo.take(forward, p.offset)
+    first_to_run = memo.first_to_run(forward, p.lo)
+    taken = None if first_to_run else memo.take(forward, p.lo)
     if taken is not None:
         return taken
     frame = p.frames[forward.input]
     extra, names = [], {}
-    others = memo.others(forward, p.offset, p.offset + len(forward.ids)) if first_to_run else []
+    others = memo.others(forward, p.lo, p.lo + len(forward.ids)) if first_to_run else []
     for k, (identity, tap) in enumerate(others):
         named = replace(tap, name=f"shared:{k}")
         if tap.pos.scope is not None and not frame.offsets:  # this pass built no character map
             continue
         try:
-            resolved = place(frame, [named], False, p.path, p.offset)[named.name]
+            resolved = place(frame, [named], False, p.path, p.lo)[named.name]
         except Refusal:
             continue
         extra.append(Action(tap=named, selection=selection_of(named, resolved)))
@@ -227,5 +227,5 @@ def _shared_forward(p: Pass, forward: Forward, actions: tuple, memo: share.Memo)
     all_reads = p.on_engine(lambda: p.engine.forward(Batch(ids=forward.ids, mask=forward.mask, actions=ordered)))
     if first_to_run:
         mine = {share.read_identity(a.tap): all_reads[a.name] for a in actions if a.tap.kind == "read"}
-        memo.keep(forward, p.offset, mine | {identity: all_reads[name] for identity, name in names.items()})
+        memo.keep(forward, p.lo, mine | {identity: all_reads[name] for identity, name in names.items()})
     return {a.name: all_reads[a.name] for a in actions if a.tap.kind == "read"}

@@ -57,7 +57,7 @@ class Pass:
     engine: Any
     step: ObservePlan  # the chunk's rows of the step (passes.chunk)
     path: str  # `interventions.<name>`: where a refusal points
-    offset: int = 0  # the chunk's first row in the document's numbering (a --batch-size chunk)
+    lo: int = 0  # the chunk's first row in the document's numbering (rows lo..hi, a --batch-size chunk)
     featurizers: dict = field(default_factory=dict)  # featurizer name -> the sweep point's built featurizer
     grad: bool = False  # a fit's update: keep the graph, share nothing
     memo: Optional[share.Memo] = None  # forwards other steps compute identically (share.py)
@@ -173,7 +173,7 @@ def resolve_taps(p: Pass, forward: Forward) -> dict[str, Resolved]:
         key = frame_key(forward, step.dynamic)
         p.frames[forward.input] = build() if p.memo is None else p.memo.frame(key, build)
     frame = p.frames[forward.input]
-    return place(frame, [t for t in forward.taps if t.pos.frame == "prompt"], step.dynamic, p.path, p.offset)
+    return place(frame, [t for t in forward.taps if t.pos.frame == "prompt"], step.dynamic, p.path, p.lo)
 
 
 def selection_of(tap: Tap, resolved: Resolved) -> Selection:
@@ -212,7 +212,7 @@ def operand_value(p: Pass, tap: Tap, resolved: dict[str, Resolved], values: dict
     if not isinstance(tap.operand, str):
         return fixed_operand(tap, values)
     mine = resolved[tap.name].windows
-    check_operand_windows(tap, mine, read_windows[tap.operand], p.path, p.offset)
+    check_operand_windows(tap, mine, read_windows[tap.operand], p.path, p.lo)
     return in_layout(values[tap.operand], tap.pos.ragged, len(mine))
 
 

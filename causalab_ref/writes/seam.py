@@ -72,9 +72,9 @@ def write(current: torch.Tensor, action: Action, arrived: torch.Tensor, step: in
     features, params = getattr(tap, "features", None), row.params(tap.params)
     with torch.autocast(device_type=x.device.type, enabled=False):
         f, err = featurizer.featurize(x)  # (..., F') -> (..., k)
-        index = None if features is None else torch.tensor(features)
+        feature_index = None if features is None else torch.tensor(features)
         context = mechanisms.Context(f0=lambda: kinds.take_features(
-            featurizer.featurize(select.gather(arrived, action.selection, dense=True))[0], f.shape[-1], index),
+            featurizer.featurize(select.gather(arrived, action.selection, dense=True))[0], f.shape[-1], feature_index),
             step=step, draw_offset=action.draw_offset)
         landed = kinds.change_features(f, features, lambda part, o: row.formula(part, o, params, context),
                                        operand_for(action, f))

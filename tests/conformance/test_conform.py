@@ -32,8 +32,8 @@ CASES = conform.load_cases()
 
 
 def test_corpus_passes_on_causalab_ref():
-    """SPEC.md:821 [C1] `conform` with no --impl checks causalab_ref itself and must pass
-    (SPEC.md:826 [C2], SPEC.md:830 [C3], SPEC.md:836 [C4], SPEC.md:839 [C5], SPEC.md:843 [C6])."""
+    """SPEC.md:822 [C1] `conform` with no --impl checks causalab_ref itself and must pass
+    (SPEC.md:827 [C2], SPEC.md:831 [C3], SPEC.md:837 [C4], SPEC.md:840 [C5], SPEC.md:844 [C6])."""
     out = io.StringIO()
     with fuzzing.cached_loads():
         result = conform.conform(options=conform.Options(quiet=True), stream=out, main=cli.main)
@@ -42,7 +42,7 @@ def test_corpus_passes_on_causalab_ref():
 
 
 def test_cases_name_existing_rules_and_say_how_they_were_confirmed():
-    """SPEC.md:854 [C7] every case names SPEC.md rule ids and says how it was confirmed by hand."""
+    """SPEC.md:855 [C7] every case names SPEC.md rule ids and says how it was confirmed by hand."""
     ids = rules()
     for case in CASES:
         assert case["rules"], case["name"]
@@ -52,13 +52,13 @@ def test_cases_name_existing_rules_and_say_how_they_were_confirmed():
 
 
 def test_corpus_covers_every_verb_and_fixture():
-    """SPEC.md:854 [C7] the corpus has run, explain, validate and model cases, on every fixture (all six)."""
+    """SPEC.md:855 [C7] the corpus has run, explain, validate and model cases, on every fixture (all six)."""
     assert {c["verb"] for c in CASES} == set(conform.VERBS)
     assert {c["fixture"]["key"] for c in CASES} == set(builder.names())
 
 
 def test_compare_reports_a_readable_diff():
-    """SPEC.md:843 [C6] floats agree within tolerance x max(|want|, 0.01); everything else exactly."""
+    """SPEC.md:844 [C6] floats agree within tolerance x max(|want|, 0.01); everything else exactly."""
     assert conform.compare({"v": 0.25}, {"v": 0.25 + 1e-7}, 1e-5) == []
     assert conform.compare({"v": 0.25}, {"v": 0.26}, 1e-5) == ["v: expected 0.25, got 0.26 (relative tolerance 1e-05)"]
     assert conform.compare({"t": "' is'"}, {"t": "'is'"}, 1e-5) == ["t: expected \"' is'\", got \"'is'\""]
@@ -66,7 +66,7 @@ def test_compare_reports_a_readable_diff():
 
 
 def test_a_probability_is_checked_relative_to_itself():
-    """SPEC.md:843 [C6] a metric row's value in unit `probability` has the floor 2^-126, any other the floor 0.01:
+    """SPEC.md:844 [C6] a metric row's value in unit `probability` has the floor 2^-126, any other the floor 0.01:
     3e-5 against 3.0001e-5 (1e-9 apart, 3.3e-5 relatively) differs at tolerance 1e-6 as a probability (allowance
     1e-6 x 3e-5) and agrees as a logit (allowance 1e-6 x 0.01 = 1e-8)."""
     def rows(unit, value):
@@ -79,14 +79,14 @@ def test_a_probability_is_checked_relative_to_itself():
 
 
 def test_impl_exit_3_is_not_applicable(tmp_path):
-    """SPEC.md:839 [C5] an implementation that exits 3 makes the case not applicable, not failed."""
+    """SPEC.md:840 [C5] an implementation that exits 3 makes the case not applicable, not failed."""
     case = next(c for c in CASES if c["verb"] == "validate")
     verdict, diffs, _got = conform.check(case, lambda argv, cwd: (3, "", "not applicable: no such verb"))
     assert verdict == "n/a" and diffs == []
 
 
 def test_schema_verb_prints_a_valid_json_schema(capsys):
-    """SPEC.md:874 [C8] `schema` prints the document format as a draft 2020-12 JSON Schema."""
+    """SPEC.md:875 [C8] `schema` prints the document format as a draft 2020-12 JSON Schema."""
     assert cli.main(["schema"]) == 0
     printed = json.loads(capsys.readouterr().out)
     jsonschema.Draft202012Validator.check_schema(printed)
@@ -99,12 +99,12 @@ PLAN_SHAPED = [p for p in sorted((ROOT / "documents").glob("*.json"))
 
 @pytest.mark.parametrize("path", PLAN_SHAPED, ids=lambda p: p.name)
 def test_every_shipped_document_satisfies_the_schema(path):
-    """SPEC.md:874 [C8] every shipped plan-shaped document satisfies the schema (a protocol one is §10's)."""
+    """SPEC.md:875 [C8] every shipped plan-shaped document satisfies the schema (a protocol one is §10's)."""
     jsonschema.validate(json.loads(path.read_text(encoding="utf-8")), schema())
 
 
 def test_every_case_document_that_validates_satisfies_the_schema():
-    """SPEC.md:874 [C8] a plan-shaped case document that causalab_ref accepts at validation satisfies the schema."""
+    """SPEC.md:875 [C8] a plan-shaped case document that causalab_ref accepts at validation satisfies the schema."""
     validator = jsonschema.Draft202012Validator(schema())
     for case in CASES:
         if "document" not in case or protocol.format_of(case["document"]) != "plan-shaped":
@@ -116,7 +116,7 @@ def test_every_case_document_that_validates_satisfies_the_schema():
 
 
 def test_schema_refuses_what_validation_refuses_by_shape():
-    """SPEC.md:874 [C8] two cuts and an unknown key are outside the schema, as at validation."""
+    """SPEC.md:875 [C8] two cuts and an unknown key are outside the schema, as at validation."""
     raw = json.loads((ROOT / "documents" / "patching.json").read_text(encoding="utf-8"))
     validator = jsonschema.Draft202012Validator(schema())
     raw["interventions"]["patching"]["reads"]["v_cf"]["pos"] = {"index": -1, "last": 2}
@@ -132,7 +132,7 @@ CASE_SCHEMA = json.loads((ROOT / "causalab_ref" / "conformance" / "corpus" / "ca
 
 
 def test_every_case_satisfies_the_case_schema():
-    """SPEC.md:888 [C12] the case format is a draft 2020-12 schema shipped with the corpus; every case satisfies it."""
+    """SPEC.md:889 [C12] the case format is a draft 2020-12 schema shipped with the corpus; every case satisfies it."""
     jsonschema.Draft202012Validator.check_schema(CASE_SCHEMA)
     validator = jsonschema.Draft202012Validator(CASE_SCHEMA)
     for case in CASES:
@@ -142,7 +142,7 @@ def test_every_case_satisfies_the_case_schema():
 
 
 def test_the_case_schema_rejects_a_test_name_as_evidence():
-    """SPEC.md:888 [C12] `confirmed` naming a pytest test (or a test file) is outside the case format."""
+    """SPEC.md:889 [C12] `confirmed` naming a pytest test (or a test file) is outside the case format."""
     validator = jsonschema.Draft202012Validator(CASE_SCHEMA)
     case = {k: v for k, v in CASES[0].items() if k != "_file"}
     assert not list(validator.iter_errors(case))
@@ -151,7 +151,7 @@ def test_the_case_schema_rejects_a_test_name_as_evidence():
 
 
 def test_the_runner_writes_exactly_the_cases_tables():
-    """SPEC.md:881 [C10] the data root holds the case's tables (inline rows and corpus files) and nothing else."""
+    """SPEC.md:882 [C10] the data root holds the case's tables (inline rows and corpus files) and nothing else."""
     case = next(c for c in CASES if c["name"] == "run_excluded_rows")
     seen: dict[str, bytes] = {}
 
@@ -168,14 +168,14 @@ def test_the_runner_writes_exactly_the_cases_tables():
 
 
 def test_the_corpus_data_files_are_the_shipped_tables():
-    """SPEC.md:881 [C10] a corpus table file is a byte-for-byte copy of the shipped table of that name."""
+    """SPEC.md:882 [C10] a corpus table file is a byte-for-byte copy of the shipped table of that name."""
     folder = ROOT / "causalab_ref" / "conformance" / "corpus" / "data"
     for file in folder.rglob("*.json"):
         assert file.read_bytes() == (ROOT / "documents" / "data" / file.relative_to(folder)).read_bytes(), file
 
 
 def test_a_case_recorded_on_another_recipe_fails_naming_both():
-    """SPEC.md:885 [C11] a case whose recipe is not the folder's fails before anything runs."""
+    """SPEC.md:886 [C11] a case whose recipe is not the folder's fails before anything runs."""
     case = dict(next(c for c in CASES if c["verb"] == "validate"))
     case["fixture"] = dict(case["fixture"], recipe="0" * 64)
     verdict, diffs, _got = conform.check(case, lambda argv, cwd: (0, "", ""),
@@ -184,7 +184,7 @@ def test_a_case_recorded_on_another_recipe_fails_naming_both():
 
 
 def test_the_runner_reuses_intact_folders_and_maps_every_key(tmp_path):
-    """SPEC.md:876 [C9] the runner's folders: intact ones reused, the missing exported, every case's key mapped."""
+    """SPEC.md:877 [C9] the runner's folders: intact ones reused, the missing exported, every case's key mapped."""
     exported.export(tmp_path, keys=["fixture:tiny-gpt2"])
     before = (tmp_path / "tiny-gpt2" / "config.json").stat().st_mtime_ns
     wanted = [c for c in CASES if c["fixture"]["key"] in ("fixture:tiny-gpt2", "fixture:tiny-llama")]
@@ -195,7 +195,7 @@ def test_the_runner_reuses_intact_folders_and_maps_every_key(tmp_path):
 
 
 def test_two_cases_pass_black_box_from_an_empty_directory():
-    """SPEC.md:876 [C9] SPEC.md:911 [C17] a run case and a refusal case pass against `python -m causalab_ref`
+    """SPEC.md:877 [C9] SPEC.md:912 [C17] a run case and a refusal case pass against `python -m causalab_ref`
     as a subprocess, from an empty directory, with only exported folders (nothing can be built)."""
     script = ROOT / "tests" / "conformance" / "selfcheck.py"
     done = subprocess.run([sys.executable, str(script), "--only", "run_patching,refuse_unknown_key"],
@@ -210,7 +210,7 @@ CATALOGUE = spec_catalogue()
 
 
 def test_a_refusal_agrees_on_stage_path_and_the_templates_fixed_words():
-    """SPEC.md:891 [C13] stage and path exact; the message fits the template: fixed words in order, any text
+    """SPEC.md:892 [C13] stage and path exact; the message fits the template: fixed words in order, any text
     for a placeholder."""
     want = {"stage": "compile", "path": "sites.target",
             "message": "site '<s>': layer <i> is outside the model's <n> layers"}
@@ -222,7 +222,7 @@ def test_a_refusal_agrees_on_stage_path_and_the_templates_fixed_words():
 
 
 def test_every_refusal_case_expects_a_catalogue_template():
-    """SPEC.md:891 [C13] each refusal case's message is a catalogue line's template, with its stage and a path
+    """SPEC.md:892 [C13] each refusal case's message is a catalogue line's template, with its stage and a path
     the line's path template fits."""
     cases = [c for c in CASES if "refusal" in c["expect"]]
     assert len(cases) >= 40
@@ -243,7 +243,7 @@ TWO_FORMS = ("<what> is a non-empty list of distinct <feature> indices",
 
 
 def test_the_path_forms_are_the_ones_the_catalogue_lists():
-    """SPEC.md:938 [C21] the forms a catalogue path is written in are SPEC.md §13's list, each standing for the
+    """SPEC.md:939 [C21] the forms a catalogue path is written in are SPEC.md §13's list, each standing for the
     paths it names (or any path), and the matcher reads them so."""
     listed = catalogue.forms((ROOT / "SPEC.md").read_text(encoding="utf-8"))
     assert listed == catalogue.FORMS
@@ -252,7 +252,7 @@ def test_the_path_forms_are_the_ones_the_catalogue_lists():
 
 
 def test_every_catalogue_path_is_segments_names_and_forms():
-    """SPEC.md:938 [C21] a catalogue path is literal segments, `<name>`s of one segment each, and §13's forms:
+    """SPEC.md:939 [C21] a catalogue path is literal segments, `<name>`s of one segment each, and §13's forms:
     no `<where>` that two paths would fit."""
     for entry in CATALOGUE:
         for plain in catalogue.expanded("" if entry.path == catalogue.NO_PATH else entry.path):
@@ -262,7 +262,7 @@ def test_every_catalogue_path_is_segments_names_and_forms():
 
 
 def test_each_refusal_case_path_has_the_form_of_exactly_one_catalogue_line():
-    """SPEC.md:938 [C21] every refusal case's path fits, strictly (forms expanded, a `<name>` one segment), the
+    """SPEC.md:939 [C21] every refusal case's path fits, strictly (forms expanded, a `<name>` one segment), the
     path form of exactly one catalogue line with the case's stage and message."""
     cases = [c for c in CASES if "refusal" in c["expect"]]
     for case in cases:
@@ -272,7 +272,7 @@ def test_each_refusal_case_path_has_the_form_of_exactly_one_catalogue_line():
 
 
 def test_the_strict_path_match_tells_the_forms_apart():
-    """SPEC.md:938 [C21] the issue's ambiguities are decided: a metric's path is not its column field's, a site's
+    """SPEC.md:939 [C21] the issue's ambiguities are decided: a metric's path is not its column field's, a site's
     not its layers', an output's not its k's, one segment is one segment."""
     line = catalogue.Entry("compile", "<metric>", "m", "own", 0)
     assert catalogue.path_fits(line, "interventions.patching.metrics.iia")
@@ -284,7 +284,7 @@ def test_the_strict_path_match_tells_the_forms_apart():
 
 
 def test_no_two_catalogue_lines_share_a_message_and_stage_with_different_forms():
-    """SPEC.md:938 [C21] a message has one path form at its stage, but for the two §13 names, whose forms no one
+    """SPEC.md:939 [C21] a message has one path form at its stage, but for the two §13 names, whose forms no one
     path fits both of."""
     forms: dict[tuple, set] = {}
     messages: dict[tuple, str] = {}
@@ -305,7 +305,7 @@ def test_no_two_catalogue_lines_share_a_message_and_stage_with_different_forms()
 
 
 def test_every_refusal_in_the_code_has_a_catalogue_line():
-    """SPEC.md:896 [C14] every Refusal the package can raise is in SPEC.md's catalogue, stage and fixed words;
+    """SPEC.md:897 [C14] every Refusal the package can raise is in SPEC.md's catalogue, stage and fixed words;
     run `python tests/refusals.py` for a suggested line for each one missing."""
     assert len(code_sites()) >= 100
     missing = uncatalogued(CATALOGUE)
@@ -314,7 +314,7 @@ def test_every_refusal_in_the_code_has_a_catalogue_line():
 
 
 def test_the_catalogue_is_sorted_by_stage_then_by_message():
-    """SPEC.md:896 [C14] the catalogue's lines run validation, compile, run, and within a stage by message, so
+    """SPEC.md:897 [C14] the catalogue's lines run validation, compile, run, and within a stage by message, so
     a reader (or an implementer diffing their own list) finds a refusal where the order says it is (then
     plot's and table's, which no document reaches)."""
     stages = ["validation", "compile", "run", "plot", "table"]
@@ -323,19 +323,19 @@ def test_the_catalogue_is_sorted_by_stage_then_by_message():
 
 
 def test_every_catalogue_line_states_a_refusal_the_code_raises():
-    """SPEC.md:896 [C14] no catalogue line is left behind by a refusal that changed or went away."""
+    """SPEC.md:897 [C14] no catalogue line is left behind by a refusal that changed or went away."""
     assert not stale(CATALOGUE), [f"SPEC.md line {e.line}: {e.message}" for e in stale(CATALOGUE)]
 
 
 def test_a_refusal_the_catalogue_does_not_state_is_found():
-    """SPEC.md:896 [C14] the check is not vacuous: without its line, a refusal is reported as missing."""
+    """SPEC.md:897 [C14] the check is not vacuous: without its line, a refusal is reported as missing."""
     line = next(e for e in CATALOGUE if e.message.startswith("a position names exactly one of"))
     missing = uncatalogued([e for e in CATALOGUE if e != line])
     assert [s for s in missing if s.message and s.message.startswith("a position names exactly one of")]
 
 
 def test_catalogue_lines_with_a_seed_source_quote_it():
-    """SPEC.md:903 [C15] a line whose source is a seed table or a reference section quotes it: a run of its fixed
+    """SPEC.md:904 [C15] a line whose source is a seed table or a reference section quotes it: a run of its fixed
     words (12 characters or more) stands verbatim in seed-tables.md, document-format.md or
     language-reference.md."""
     reference = ROOT.parent / "shared" / "reference"
@@ -352,7 +352,7 @@ def test_catalogue_lines_with_a_seed_source_quote_it():
 
 
 def test_informative_fields_are_never_compared():
-    """SPEC.md:907 [C16] an informative field may differ; the same difference elsewhere fails."""
+    """SPEC.md:908 [C16] an informative field may differ; the same difference elsewhere fails."""
     want = {"plan": [{"taps": [{"op": "attention_interface_1", "width": 4}]}]}
     got = {"plan": [{"taps": [{"op": "attention_interface_0", "width": 4}]}]}
     assert conform.compare(want, got, 1e-5, informative_fields=["plan.*.taps.*.op"]) == []
@@ -361,7 +361,7 @@ def test_informative_fields_are_never_compared():
 
 
 def test_every_explain_and_model_case_marks_operation_names_informative():
-    """SPEC.md:907 [C16] the transformers-dependent operation names are informative in every case that has them."""
+    """SPEC.md:908 [C16] the transformers-dependent operation names are informative in every case that has them."""
     for case in CASES:
         if case["verb"] == "explain":
             assert "plan.*.steps.*.forwards.*.taps.*.op" in case["informative"], case["name"]
@@ -370,7 +370,7 @@ def test_every_explain_and_model_case_marks_operation_names_informative():
 
 
 def test_a_cases_files_are_the_corpus_own_and_copies_of_the_shipped_ones():
-    """SPEC.md:1564 [FZ32] every file a case names is in the corpus under files/ (nothing is taken from the
+    """SPEC.md:1565 [FZ32] every file a case names is in the corpus under files/ (nothing is taken from the
     repository), and a copy of a shipped file is byte-identical to it."""
     named = [(case["name"], rel) for case in CASES for rel in case.get("files") or ()]
     assert named
@@ -382,7 +382,7 @@ def test_a_cases_files_are_the_corpus_own_and_copies_of_the_shipped_ones():
 
 
 def test_every_mutant_of_the_mutation_script_still_applies():
-    """SPEC.md:896 [C14] tests/conformance/mutate.py's mutants name text that stands exactly once in its file, so a
+    """SPEC.md:897 [C14] tests/conformance/mutate.py's mutants name text that stands exactly once in its file, so a
     refactor that moves or rewrites the code a mutant targets is seen here, not when the script is next run."""
     import importlib.util
 

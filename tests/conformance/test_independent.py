@@ -29,7 +29,7 @@ def folders(tmp_path_factory):
 
 
 def test_the_independent_implementation_imports_nothing_of_causalab_ref():
-    """SPEC.md:964 [C30] the second implementation is independent: no import of causalab_ref at any depth."""
+    """SPEC.md:965 [C30] the second implementation is independent: no import of causalab_ref at any depth."""
     imported = set()
     for node in ast.walk(ast.parse(SCRIPT.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
@@ -41,7 +41,7 @@ def test_the_independent_implementation_imports_nothing_of_causalab_ref():
 
 
 def test_every_run_case_is_reproduced_by_the_independent_implementation(folders):
-    """SPEC.md:964 [C30] every `run` case passes under the independent script, none skipped."""
+    """SPEC.md:965 [C30] every `run` case passes under the independent script, none skipped."""
     cases = _run_cases()
     assert len(cases) >= 30
     proc = subprocess.run([sys.executable, str(SCRIPT), "--fixtures", str(folders), *map(str, cases)],
@@ -51,7 +51,7 @@ def test_every_run_case_is_reproduced_by_the_independent_implementation(folders)
 
 
 def test_every_case_names_its_grounds_and_every_run_case_is_independent(capsys):
-    """SPEC.md:949 [C32] each case's `grounds` is one of the five kinds with a reason, every `run` case's is
+    """SPEC.md:950 [C32] each case's `grounds` is one of the five kinds with a reason, every `run` case's is
     `independent` (so none is merely recorded), and `conform --grounds` prints the counts the files hold."""
     cases = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(CORPUS.glob("*.json"))
              if not p.name.endswith(".schema.json")]

@@ -68,7 +68,7 @@ def _without_seconds(report: str) -> str:
 
 
 def test_the_report_of_jobs_4_is_the_report_of_jobs_1_whatever_order_the_cases_finish_in(tmp_path, capsys):
-    """SPEC.md:969 [C33] four cases that finish in the reverse of their order (the first sleeps longest), one of
+    """SPEC.md:970 [C33] four cases that finish in the reverse of their order (the first sleeps longest), one of
     them failing and one not applicable: --jobs 4 prints the same lines, verdicts and diffs in the corpus's order
     as --jobs 1, and exits with the same status."""
     documents = {"a_slow": {"sleep": 0.3}, "b_fails": {"sleep": 0.2, "status": 2},
@@ -84,7 +84,7 @@ def test_the_report_of_jobs_4_is_the_report_of_jobs_1_whatever_order_the_cases_f
 
 
 def test_with_jobs_2_two_cases_run_at_once(tmp_path, capsys):
-    """SPEC.md:969 [C33] with --jobs 2 the first case's call waits until the second case's call has started,
+    """SPEC.md:970 [C33] with --jobs 2 the first case's call waits until the second case's call has started,
     and both pass: they ran side by side (one at a time, the first would wait until --timeout stops it)."""
     started = tmp_path / "b_started"
     documents = {"a_waits": {"wait_for": str(started)}, "b_starts": {"touch": str(started)}}
@@ -94,7 +94,7 @@ def test_with_jobs_2_two_cases_run_at_once(tmp_path, capsys):
 
 
 def test_fail_fast_with_jobs_stops_at_the_same_case_as_one_at_a_time(tmp_path, capsys):
-    """SPEC.md:969 [C33] --fail-fast under --jobs 3 reports the cases up to the first failure in order and no
+    """SPEC.md:970 [C33] --fail-fast under --jobs 3 reports the cases up to the first failure in order and no
     case after it, as --jobs 1 does."""
     documents = {"a": {"sleep": 0.2}, "b_fails": {"status": 1}, "c": {}, "d": {}, "e": {}}
     corpus = _corpus(tmp_path / "corpus", documents, {})
@@ -109,7 +109,7 @@ def test_fail_fast_with_jobs_stops_at_the_same_case_as_one_at_a_time(tmp_path, c
 @pytest.mark.parametrize("bad", ["0", "-1", "x", "1e9", "1.5", "", "257", "9" * 5000, "\u0661"],
                          ids=["0", "-1", "x", "1e9", "1.5", "empty", "257", "5000_digits", "arabic_one"])
 def test_a_jobs_that_is_not_a_whole_number_from_1_to_256_is_a_usage_error(bad, capsys):
-    """SPEC.md:969 [C33] --jobs 0, -1, text, 1e9, a fraction, past 256: one line on stderr naming --jobs, exit
+    """SPEC.md:970 [C33] --jobs 0, -1, text, 1e9, a fraction, past 256: one line on stderr naming --jobs, exit
     2, nothing run."""
     try:
         status = cli.main(["conform", f"--jobs={bad}", "--only", "refuse_unknown_key"])
@@ -122,7 +122,7 @@ def test_a_jobs_that_is_not_a_whole_number_from_1_to_256_is_a_usage_error(bad, c
 
 @pytest.mark.fast
 def test_options_with_a_bad_jobs_are_refused_as_a_usage_error():
-    """SPEC.md:969 [C33] the same bounds hold for conform() called from Python."""
+    """SPEC.md:970 [C33] the same bounds hold for conform() called from Python."""
     for bad in (0, -3, 10 ** 9, 2.0, True):
         with pytest.raises(conform.UsageError, match="--jobs"):
             conform.conform("true", conform.Options(jobs=bad))
@@ -130,7 +130,7 @@ def test_options_with_a_bad_jobs_are_refused_as_a_usage_error():
 
 @pytest.mark.fast
 def test_the_default_jobs_is_the_number_of_cores_this_process_may_use():
-    """SPEC.md:969 [C33] Options() and a conform without --jobs run as many cases at once as there are cores."""
+    """SPEC.md:970 [C33] Options() and a conform without --jobs run as many cases at once as there are cores."""
     assert conform.Options().jobs == conform.cores() >= 1
     args = cli.build_parser().parse_args(["conform"])
     assert args.jobs is None  # so cmd_conform leaves Options' default
@@ -159,7 +159,7 @@ def _alive(pid: int) -> bool:
 @pytest.mark.parametrize("jobs, signum", [("1", signal.SIGINT), ("2", signal.SIGINT), ("2", signal.SIGTERM)],
                          ids=["jobs1-SIGINT", "jobs2-SIGINT", "jobs2-SIGTERM"])
 def test_an_interrupt_stops_every_implementation_conform_started_at_once(tmp_path, jobs, signum):
-    """SPEC.md:980 [C39] conform runs a hanging --impl (which starts a child in its group) with --timeout 600;
+    """SPEC.md:981 [C39] conform runs a hanging --impl (which starts a child in its group) with --timeout 600;
     an interrupt once each job's implementation has started ends conform within seconds with 130 and the
     interrupted line, and no implementation or child of one is left alive (before: --jobs 2 waited for
     --timeout with both alive; --jobs 1 exited leaving its implementation running)."""
@@ -202,7 +202,7 @@ def test_an_interrupt_stops_every_implementation_conform_started_at_once(tmp_pat
 @pytest.mark.fast
 @pytest.mark.parametrize("only", [None, "refuse_unknown", "weekday,unknown_key", "no_such_case"])
 def test_list_prints_the_cases_only_and_cases_select_and_runs_nothing(only, capsys, tmp_path):
-    """SPEC.md:989 [C40] `conform --list` prints the selected cases' names and verbs in the corpus's order and
+    """SPEC.md:990 [C40] `conform --list` prints the selected cases' names and verbs in the corpus's order and
     their count, exits 0, and starts no --impl (the one given would write a file if it ran); the selection is
     recomputed here from the corpus folder's file names."""
     marker = tmp_path / "ran"
@@ -222,7 +222,7 @@ def test_list_prints_the_cases_only_and_cases_select_and_runs_nothing(only, caps
 @pytest.mark.parametrize("verb", [["--list"], ["--grounds"], ["--impl", sys.executable]])
 @pytest.mark.parametrize("name", ["a" * 300, "loop"])
 def test_a_cases_name_the_system_cannot_look_up_is_refused_in_one_line(tmp_path, capsys, verb, name):
-    """SPEC.md:930 [C20] a --cases past the file system's name length (300 bytes) or a link to itself names no
+    """SPEC.md:931 [C20] a --cases past the file system's name length (300 bytes) or a link to itself names no
     folder: one line, exit 2, for --list, --grounds and a run (bench/fuzz_surfaces.py's flags surface, cases 7120
     and 7667 at e5ab112: `internal error (OSError): [Errno 36] File name too long`)."""
     folder = tmp_path / name
@@ -239,7 +239,7 @@ def test_a_cases_name_the_system_cannot_look_up_is_refused_in_one_line(tmp_path,
 
 @pytest.mark.fast
 def test_list_of_a_cases_that_is_not_a_folder_is_a_usage_error(tmp_path, capsys):
-    """SPEC.md:989 [C40] --list with a --cases that is not a folder: one usage line, exit 2."""
+    """SPEC.md:990 [C40] --list with a --cases that is not a folder: one usage line, exit 2."""
     with pytest.raises(SystemExit) as exit_:
         cli.main(["conform", "--list", "--cases", str(tmp_path / "none")])
     captured = capsys.readouterr()

@@ -58,7 +58,7 @@ def _conform_cli(argv: list[str], capsys) -> tuple[int, str, str]:
 
 @pytest.mark.parametrize("impl", ["", "   "], ids=["empty", "blank"])
 def test_a_blank_impl_is_a_usage_error_and_runs_nothing(impl, capsys):
-    """SPEC.md:930 [C20] an empty or blank --impl (an unset variable) is a usage error in one line, exit 2;
+    """SPEC.md:931 [C20] an empty or blank --impl (an unset variable) is a usage error in one line, exit 2;
     causalab_ref is not checked in its place and no verb is run as the program."""
     status, out, err = _conform_cli(["--impl", impl, "--only", "refuse_unknown_key"], capsys)
     assert status == 2 and out == ""
@@ -66,14 +66,14 @@ def test_a_blank_impl_is_a_usage_error_and_runs_nothing(impl, capsys):
 
 
 def test_a_missing_cases_folder_is_a_usage_error(tmp_path, capsys):
-    """SPEC.md:930 [C20] --cases of a folder that is not there exits 2 with one line naming it."""
+    """SPEC.md:931 [C20] --cases of a folder that is not there exits 2 with one line naming it."""
     status, out, err = _conform_cli(["--cases", str(tmp_path / "nowhere")], capsys)
     assert status == 2 and out == ""
     assert err.count("\n") == 1 and "nowhere" in err and "is not a folder" in err
 
 
 def test_only_matching_nothing_exits_1_saying_so(capsys):
-    """SPEC.md:930 [C20] --only that matches no case is a run that checked nothing: exit 1 and a line why."""
+    """SPEC.md:931 [C20] --only that matches no case is a run that checked nothing: exit 1 and a line why."""
     status, out, err = _conform_cli(["--only", "no_case_is_named_like_this"], capsys)
     assert status == 1
     assert "conform: 0 passed, 0 failed, 0 not applicable" in out
@@ -81,7 +81,7 @@ def test_only_matching_nothing_exits_1_saying_so(capsys):
 
 
 def test_an_implementation_answering_3_to_every_case_is_not_a_pass(tmp_path):
-    """SPEC.md:930 [C20] every case not applicable is not a pass: ok is false and `why` says so."""
+    """SPEC.md:931 [C20] every case not applicable is not a pass: ok is false and `why` says so."""
     corpus = _corpus(tmp_path / "corpus", _case("a"), _case("b"))
     result = conform.conform(options=conform.Options(cases_dir=str(corpus)), main=lambda argv: 3)
     assert (result["passed"], result["not_applicable"], result["failed"], result["ok"]) == (0, 2, [], False)
@@ -89,7 +89,7 @@ def test_an_implementation_answering_3_to_every_case_is_not_a_pass(tmp_path):
 
 
 def test_an_implementation_answering_3_to_every_case_exits_1(tmp_path, capsys):
-    """SPEC.md:930 [C20] the same through the CLI and a real subprocess --impl: exit 1, the line on stderr."""
+    """SPEC.md:931 [C20] the same through the CLI and a real subprocess --impl: exit 1, the line on stderr."""
     corpus = _corpus(tmp_path / "corpus", _case("a"))
     impl = _script(tmp_path, "na.py", "sys.exit(3)\n")
     status, out, err = _conform_cli(["--impl", impl, "--cases", str(corpus), "--fixtures", str(tmp_path / "fx")],
@@ -98,7 +98,7 @@ def test_an_implementation_answering_3_to_every_case_exits_1(tmp_path, capsys):
 
 
 def test_a_run_that_passed_a_case_and_failed_none_is_ok(tmp_path):
-    """SPEC.md:930 [C20] the one green run: some case passed, none failed (a not-applicable one aside)."""
+    """SPEC.md:931 [C20] the one green run: some case passed, none failed (a not-applicable one aside)."""
     corpus = _corpus(tmp_path / "corpus", _case("a"), _case("b"))
     answers = iter([0, 3])
     result = conform.conform(options=conform.Options(cases_dir=str(corpus)), main=lambda argv: next(answers))
@@ -109,7 +109,7 @@ def test_a_run_that_passed_a_case_and_failed_none_is_ok(tmp_path):
 
 
 def test_a_hung_implementation_fails_its_case_at_the_timeout_and_the_run_goes_on(tmp_path, capsys):
-    """SPEC.md:916 [C18] a call past --timeout is stopped and its case fails in one line saying so; the next
+    """SPEC.md:917 [C18] a call past --timeout is stopped and its case fails in one line saying so; the next
     case runs (the script hangs on its first call only, so the cases run one at a time: --jobs 1)."""
     corpus = _corpus(tmp_path / "corpus", _case("a_hangs"), _case("b_answers"))
     marker = tmp_path / "called"
@@ -126,7 +126,7 @@ def test_a_hung_implementation_fails_its_case_at_the_timeout_and_the_run_goes_on
 
 
 def test_a_flooding_implementation_fails_its_case_at_the_cap(tmp_path):
-    """SPEC.md:916 [C18] stdout read back past the cap stops the implementation; the case fails saying which
+    """SPEC.md:917 [C18] stdout read back past the cap stops the implementation; the case fails saying which
     stream and how much (here a 1 MiB cap against a script that prints forever)."""
     flood = _script(tmp_path, "flood.py", "while True:\n    sys.stdout.write('x' * 65536)\n")
     impl = conform.Subprocess(shlex.split(flood), timeout=60, cap=2 ** 20)
@@ -138,7 +138,7 @@ def test_a_flooding_implementation_fails_its_case_at_the_cap(tmp_path):
 
 
 def test_the_timeout_flag_takes_a_positive_number_of_seconds(capsys):
-    """SPEC.md:916 [C18] --timeout 0 (or text) is a usage error in one line."""
+    """SPEC.md:917 [C18] --timeout 0 (or text) is a usage error in one line."""
     for bad in ("0", "soon", "-5"):
         status, out, err = _conform_cli(["--timeout", bad], capsys)
         assert status == 2 and out == "" and err.count("\n") == 1 and "--timeout" in err, bad
@@ -148,7 +148,7 @@ def test_the_timeout_flag_takes_a_positive_number_of_seconds(capsys):
 
 
 def test_a_truncated_or_verbless_case_file_fails_alone(tmp_path):
-    """SPEC.md:921 [C19] a case file that is not JSON, or has no `verb`, fails in one line naming the file;
+    """SPEC.md:922 [C19] a case file that is not JSON, or has no `verb`, fails in one line naming the file;
     the other cases run."""
     good = _case("b_good")
     verbless = {k: v for k, v in _case("c_verbless").items() if k != "verb"}
@@ -181,7 +181,7 @@ def _writes(junk):
     (lambda out: (out / "t.json").symlink_to("/etc/hostname"), "--out holds t.json, which is a link"),
 ], ids=["junk-safetensors", "folder-named-json", "truncated-json", "link"])
 def test_junk_under_out_fails_that_case_in_one_line(junk, says, tmp_path):
-    """SPEC.md:921 [C19] what an implementation writes under --out that is not a table or a tensor file fails
+    """SPEC.md:922 [C19] what an implementation writes under --out that is not a table or a tensor file fails
     that case naming the file, instead of stopping the run."""
     case = dict(_case("junk", verb="run", expect={"status": 0, "tables": {}}), _file=str(tmp_path / "junk.json"))
     verdict, diffs, _got = conform.check(case, _writes(junk))
@@ -189,7 +189,7 @@ def test_junk_under_out_fails_that_case_in_one_line(junk, says, tmp_path):
 
 
 def test_a_lone_surrogate_in_a_case_reaches_the_implementation_escaped(tmp_path):
-    """SPEC.md:921 [C19] a case whose document holds "\\ud800" is written as the case holds it (escaped, the
+    """SPEC.md:922 [C19] a case whose document holds "\\ud800" is written as the case holds it (escaped, the
     same JSON value) and answered by the implementation; causalab_ref itself refuses it at the read stage."""
     seen = []
 
@@ -211,7 +211,7 @@ def test_a_lone_surrogate_in_a_case_reaches_the_implementation_escaped(tmp_path)
 
 
 def test_record_copies_no_table_a_path_outside_the_corpus_names(tmp_path):
-    """SPEC.md:1102 [S12] `--record` copies into the corpus the shipped tables a document names; a string that
+    """SPEC.md:1103 [S12] `--record` copies into the corpus the shipped tables a document names; a string that
     climbs out with `..` names none, and nothing is written outside the corpus."""
     corpus = _corpus(tmp_path / "corpus", _case("climb"))
     case = dict(_case("climb"), document={"rows": "../../documents/data/weekdays/train#train"},
@@ -224,7 +224,7 @@ def test_record_copies_no_table_a_path_outside_the_corpus_names(tmp_path):
 
 
 def test_record_takes_a_string_too_long_for_a_file_name_for_no_table(tmp_path):
-    """SPEC.md:1102 [S12] a document string with a slash in it but longer than a file name (a description
+    """SPEC.md:1103 [S12] a document string with a slash in it but longer than a file name (a description
     naming a path) names no shipped table: `--record` copies nothing for it, never an internal error."""
     corpus = _corpus(tmp_path / "corpus", _case("long"))
     text = "a" * 300 + " documents/artifacts/x.safetensors"
@@ -234,7 +234,7 @@ def test_record_takes_a_string_too_long_for_a_file_name_for_no_table(tmp_path):
 
 
 def test_record_never_writes_through_a_linked_case_file(tmp_path):
-    """SPEC.md:1098 [S11] a case file that is a link is not recorded through: that case fails in one line and the
+    """SPEC.md:1099 [S11] a case file that is a link is not recorded through: that case fails in one line and the
     file the link names is unchanged."""
     victim = tmp_path / "victim.json"
     victim.write_text(json.dumps(_case("linked")), encoding="utf-8")
@@ -249,7 +249,7 @@ def test_record_never_writes_through_a_linked_case_file(tmp_path):
 
 
 def test_a_case_whose_informative_holds_a_number_fails_alone(tmp_path):
-    """SPEC.md:921 [C19] `informative` is a list of paths: one holding a number (fuzz case 2667 at 6cd13e9, an
+    """SPEC.md:922 [C19] `informative` is a list of paths: one holding a number (fuzz case 2667 at 6cd13e9, an
     internal AttributeError once) fails that case in one line naming the field; the other cases run."""
     corpus = _corpus(tmp_path / "corpus", dict(_case("a_bad"), informative=[3]), _case("b_good"))
     out = io.StringIO()

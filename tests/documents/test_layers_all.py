@@ -79,7 +79,7 @@ def test_compile_lowers_all_with_the_engines_layer_count():
 
 
 def test_the_plans_coordinates_are_the_points_the_run_writes():
-    """SPEC.md:89 [D34] SPEC.md:2708 [PY9] a plan's coordinates are those of the points the run writes: layers
+    """SPEC.md:89 [D34] SPEC.md:2709 [PY9] a plan's coordinates are those of the points the run writes: layers
     "all" alone is one point with none; beside a pos sweep, each pos point with its pos alone (no layer)."""
     alone, beside = _all(), _all()
     beside["interventions"]["lens"]["reads"]["lens"]["pos"] = {"sweep": [-1, -2]}
@@ -137,7 +137,7 @@ def test_a_band_of_named_layers_stays_refused():
 
 
 def test_a_read_only_all_document_runs_one_forward():
-    """SPEC.md:1810 [Q32] every point's forward is one computation, marked shared by all of them (Q5)."""
+    """SPEC.md:1811 [Q32] every point's forward is one computation, marked shared by all of them (Q5)."""
     doc = _all()
     points = validate.points_of(doc)
     _engine, plan = loading.compiled(points[0].document.model,
@@ -243,7 +243,7 @@ def test_a_metric_of_a_read_at_one_layer_in_an_all_document_is_one_table_of_its_
 def test_all_beside_another_sweep_is_a_folder_per_point_of_that_sweep_each_table_by_layer(tmp_path):
     """SPEC.md:89 [D34] a sweep over layers stays what {"sweep": ...} is for: with a pos sweep beside "all", a
     folder per pos point, each holding one table of a row per (layer, example), its coordinates that sweep's
-    alone; SPEC.md:2708 [PY9] run.json lists them, the layer a column of the rows and no coordinate."""
+    alone; SPEC.md:2709 [PY9] run.json lists them, the layer a column of the rows and no coordinate."""
     doc = _all()
     doc["interventions"]["lens"]["reads"]["lens"]["pos"] = {"sweep": [-1, -2]}
     out = _run(tmp_path, doc, "both")
@@ -303,7 +303,7 @@ def test_the_explain_case_of_all_is_the_layer_sweep_case_step_for_step():
 
 
 def test_plot_ticks_a_table_by_layer_with_each_rows_layer(tmp_path):
-    """SPEC.md:2460 [FG4] a table of rows by layer is drawn a bar per row ticked `<layer>/<example_id>`."""
+    """SPEC.md:2461 [FG4] a table of rows by layer is drawn a bar per row ticked `<layer>/<example_id>`."""
     from causalab_ref.figures import plot
     out = _run(tmp_path, _all(), "every")
     bars = [p for p in plot.panels(out) if p.title.startswith("top1.json")]

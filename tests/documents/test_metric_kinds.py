@@ -118,7 +118,7 @@ def test_against_over_a_window_wider_than_one_is_refused():
                                      (True, "expected an integer, got a boolean"), (None, "expected an integer, got null")])
 def test_k_is_a_positive_integer_at_validation(k, said):
     """SPEC.md:145 [D27] k of 0, a float, a string, a boolean or null is one refusal at `<metric>.k`.
-    SPEC.md:1318 [S58] the surface: one line at the field's path."""
+    SPEC.md:1319 [S58] the surface: one line at the field's path."""
     for metric in ({"kind": "top_k"}, {"kind": "top_k_overlap", "against": "clean"}):
         refusal = _refused(doc(of="logits", k=k, **metric))
         assert (refusal.stage, refusal.path, refusal.message) == ("validation", f"{MP}.m.k", said)
@@ -477,7 +477,7 @@ def test_vocab_and_the_schema_name_the_later_kinds_and_their_fields(capsys):
 
 @pytest.mark.fast
 def test_the_weekday_cases_hold_the_laws_stated_before_measuring():
-    """SPEC.md:956 [C38] the entity swap's top_k_overlap (k = 1) is 0 and kl, js > 0 on every row, bare and spaced answers
+    """SPEC.md:957 [C38] the entity swap's top_k_overlap (k = 1) is 0 and kl, js > 0 on every row, bare and spaced answers
     differ; the shared-token swap's kl and js are 0 and top_k_overlap 1 exactly (the cases' recorded expectations)."""
     corpus = REPO / "causalab_ref" / "conformance" / "corpus"
 
@@ -496,7 +496,7 @@ def test_the_weekday_cases_hold_the_laws_stated_before_measuring():
 
 @pytest.mark.fast
 def test_the_fuzzer_knows_the_later_fields():
-    """SPEC.md:1318 [S58] the document fuzzer mutates the shipped divergence document with the new fields' names, kinds
+    """SPEC.md:1319 [S58] the document fuzzer mutates the shipped divergence document with the new fields' names, kinds
     and k's hostile numbers."""
     import sys
     sys.path.insert(0, str(REPO / "tests"))
@@ -509,7 +509,7 @@ def test_the_fuzzer_knows_the_later_fields():
 
 @pytest.mark.parametrize("seed", range(24))
 def test_the_fuzzers_readout_mutation_meets_no_internal_error(seed, tmp_path):
-    """SPEC.md:1318 [S58] fuzzing.readout (a metric made top_k or top_k_overlap, a hostile k, a stray against,
+    """SPEC.md:1319 [S58] fuzzing.readout (a metric made top_k or top_k_overlap, a hostile k, a stray against,
     a top_k as a fit's objective or early stop) on every shipped document: validate and explain end in ok or
     one refusal line, never an internal error."""
     import random
@@ -528,7 +528,7 @@ def test_the_fuzzers_readout_mutation_meets_no_internal_error(seed, tmp_path):
 
 
 def test_the_originals_readout_runs_and_plot_draws_no_list_table(tmp_path):
-    """SPEC.md:153 [D28] SPEC.md:2460 [FG4] documents/steps_first/readout.json runs: top3.json is 4 rows of 3
+    """SPEC.md:153 [D28] SPEC.md:2461 [FG4] documents/steps_first/readout.json runs: top3.json is 4 rows of 3
     [token, probability] pairs (unit '[token, probability] list', top_k/v1), its summary line gives the first
     row's pairs and no mean; plot draws p_answer alone, and a folder of top3 alone is one refusal naming why."""
     import shutil

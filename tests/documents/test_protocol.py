@@ -39,7 +39,7 @@ def _twin(edit) -> dict:
 
 
 def test_the_format_is_told_apart_by_its_top_level():
-    """SPEC.md:1598 [PR1] method (or data without steps) is protocol, data beside steps is steps-first."""
+    """SPEC.md:1599 [PR1] method (or data without steps) is protocol, data beside steps is steps-first."""
     assert protocol.format_of(TWIN) == "protocol"
     assert protocol.format_of(PATCHING) == "plan-shaped"
     assert protocol.format_of({"data": {}, "steps": {}}) == "steps-first"
@@ -48,7 +48,7 @@ def test_the_format_is_told_apart_by_its_top_level():
 
 
 def test_validate_says_valid_protocol_document(tmp_path, capsys):
-    """SPEC.md:1645 [PR16] validate names the format; --json says format protocol."""
+    """SPEC.md:1646 [PR16] validate names the format; --json says format protocol."""
     status, out, _err = _verb(tmp_path, capsys, TWIN, "validate")
     assert status == 0 and out.strip() == f"ok: {tmp_path / 'doc.json'} is a valid protocol document, 1 step"
     status, out, _err = _verb(tmp_path, capsys, TWIN, "--json", "validate")
@@ -56,7 +56,7 @@ def test_validate_says_valid_protocol_document(tmp_path, capsys):
 
 
 def test_a_steps_first_document_goes_to_the_steps_first_reader(tmp_path, capsys):
-    """SPEC.md:1603 [PR2] top-level data beside forward/metric steps: read as steps-first (here refused for a
+    """SPEC.md:1604 [PR2] top-level data beside forward/metric steps: read as steps-first (here refused for a
     protocol-shaped data entry, by the steps-first reader), never as an unknown key `data`."""
     doc = {"model": TWIN["model"], "data": {"base": {"dataset": "weekdays/train", "field": "input"}},
            "steps": {"patched": {"kind": "forward"}, "score": {"kind": "metric"}}}
@@ -73,19 +73,19 @@ def test_a_steps_first_document_goes_to_the_steps_first_reader(tmp_path, capsys)
     (lambda d: d["header"].update(author="x"), "validation: header.author: unknown key 'author'"),
 ])
 def test_the_top_level_and_header_are_checked_by_name(tmp_path, capsys, edit, line):
-    """SPEC.md:1606 [PR3] exactly header, model, data, method; protocol_version "3"; axes refused by name."""
+    """SPEC.md:1607 [PR3] exactly header, model, data, method; protocol_version "3"; axes refused by name."""
     assert _refusal(tmp_path, capsys, _twin(edit)).startswith(line)
 
 
 def test_the_model_block_takes_key_revision_and_dtype_only(tmp_path, capsys):
-    """SPEC.md:1610 [PR4] attn_implementation is refused by name, pointing at the plan-shaped model block."""
+    """SPEC.md:1611 [PR4] attn_implementation is refused by name, pointing at the plan-shaped model block."""
     line = _refusal(tmp_path, capsys, _twin(lambda d: d["model"].update(attn_implementation="eager")))
     assert line.startswith("validation: model.attn_implementation: the protocol format's model block takes key, "
                            "revision and dtype and rejects anything else")
 
 
 def test_data_roles_become_roles_and_the_steps_rows():
-    """SPEC.md:1613 [PR5] SPEC.md:1636 [PR13] the data block lowers to roles and one observe step's rows."""
+    """SPEC.md:1614 [PR5] SPEC.md:1637 [PR13] the data block lowers to roles and one observe step's rows."""
     plan, _digest = protocol.lower(TWIN)
     assert plan["roles"] == PATCHING["roles"]
     step = plan["steps"]["observe"]
@@ -96,7 +96,7 @@ def test_data_roles_become_roles_and_the_steps_rows():
 @pytest.mark.parametrize("section", ["segments", "positions", "params", "code", "path_patching", "at_once",
                                      "featurizers", "train"])
 def test_sections_outside_the_subset_are_refused_by_name(tmp_path, capsys, section):
-    """SPEC.md:1616 [PR6] every method section the reader does not implement is refused by its name."""
+    """SPEC.md:1617 [PR6] every method section the reader does not implement is refused by its name."""
     line = _refusal(tmp_path, capsys, _twin(lambda d: d["method"].update({section: {}})))
     assert line.startswith(f"validation: method.{section}: ") and "unknown key" not in line
     assert section.replace("_", " ") in line.replace("_", " ")
@@ -111,7 +111,7 @@ def test_sections_outside_the_subset_are_refused_by_name(tmp_path, capsys, secti
     (lambda d: d["method"]["sites"]["target"].update(heads=[0]), "method.sites.target.heads: unknown key 'heads'"),
 ])
 def test_sites_are_checked_both_ways(tmp_path, capsys, edit, line):
-    """SPEC.md:1620 [PR7] lm_head takes no layers, block_output is addressed at one layer; no heads or units."""
+    """SPEC.md:1621 [PR7] lm_head takes no layers, block_output is addressed at one layer; no heads or units."""
     assert _refusal(tmp_path, capsys, _twin(edit)).startswith("validation: " + line)
 
 
@@ -123,7 +123,7 @@ def test_sites_are_checked_both_ways(tmp_path, capsys, edit, line):
      "method.reads.v_cf.featurizer: featurizers in a protocol document are not implemented"),
 ])
 def test_reads_take_the_subsets_fields(tmp_path, capsys, edit, line):
-    """SPEC.md:1626 [PR8] a read's model is required, its pos an integer or {"index": i}, its featurizer identity."""
+    """SPEC.md:1627 [PR8] a read's model is required, its pos an integer or {"index": i}, its featurizer identity."""
     assert _refusal(tmp_path, capsys, _twin(edit)).startswith("validation: " + line)
 
 
@@ -134,18 +134,18 @@ def test_reads_take_the_subsets_fields(tmp_path, capsys, edit, line):
      "method.writes.patch.do.swap: the operand of swap is a read name of this method, got \"nope\""),
 ])
 def test_a_write_does_swap_of_a_read(tmp_path, capsys, edit, line):
-    """SPEC.md:1628 [PR9] the mechanism is a key of `do`, only swap, and its operand a read name."""
+    """SPEC.md:1629 [PR9] the mechanism is a key of `do`, only swap, and its operand a read name."""
     assert _refusal(tmp_path, capsys, _twin(edit)).startswith("validation: " + line)
 
 
 def test_a_write_is_lowered_to_mechanism_and_operand():
-    """SPEC.md:1628 [PR9] do: {swap: v_cf} is the plan-shaped mechanism swap with operand v_cf."""
+    """SPEC.md:1629 [PR9] do: {swap: v_cf} is the plan-shaped mechanism swap with operand v_cf."""
     plan, _digest = protocol.lower(TWIN)
     assert plan["interventions"]["method"]["writes"] == PATCHING["interventions"]["patching"]["writes"]
 
 
 def test_every_write_is_in_a_model_once_per_place(tmp_path, capsys):
-    """SPEC.md:1631 [PR10] a write in no intervened model, and two writes at one place of a model, are refused."""
+    """SPEC.md:1632 [PR10] a write in no intervened model, and two writes at one place of a model, are refused."""
     alone = _twin(lambda d: d["method"]["intervened_models"]["patched"].update(writes=[]))
     assert _refusal(tmp_path, capsys, alone).startswith("validation: method.writes.patch: write 'patch' is in no "
                                                         "intervened model")
@@ -158,7 +158,7 @@ def test_every_write_is_in_a_model_once_per_place(tmp_path, capsys):
 
 
 def test_metrics_need_token_form_and_a_save(tmp_path, capsys):
-    """SPEC.md:1633 [PR11] a metric without token_form, and a metric never saved, are refused."""
+    """SPEC.md:1634 [PR11] a metric without token_form, and a metric never saved, are refused."""
     line = _refusal(tmp_path, capsys, _twin(lambda d: d["method"]["metrics"]["iia"].pop("token_form")))
     assert line == "validation: method.metrics.iia.token_form: required field is missing"
     line = _refusal(tmp_path, capsys, _twin(lambda d: d["method"]["save"].pop(0)))
@@ -167,14 +167,14 @@ def test_metrics_need_token_form_and_a_save(tmp_path, capsys):
 
 
 def test_a_save_restates_its_metrics_binding(tmp_path, capsys):
-    """SPEC.md:1634 [PR12] a save whose model or input is not its metric's read's is refused."""
+    """SPEC.md:1635 [PR12] a save whose model or input is not its metric's read's is refused."""
     line = _refusal(tmp_path, capsys, _twin(lambda d: d["method"]["save"][0].update(model="original")))
     assert line.startswith("validation: method.save.0: save 'iia' says model 'original' on 'base', and its metric "
                            "reads 'logits' in model 'patched' on 'base'")
 
 
 def test_the_twin_compiles_to_patchings_plan(tmp_path, capsys):
-    """SPEC.md:1639 [PR14] the same forwards, taps, addresses and positions; only names and the digest differ."""
+    """SPEC.md:1640 [PR14] the same forwards, taps, addresses and positions; only names and the digest differ."""
     plans = []
     for doc in (TWIN, PATCHING):
         status, out, err = _verb(tmp_path, capsys, doc, "--json", "explain")
@@ -188,7 +188,7 @@ def test_the_twin_compiles_to_patchings_plan(tmp_path, capsys):
 
 
 def test_the_twin_runs_to_patchings_tables_value_for_value(tmp_path, capsys):
-    """SPEC.md:1639 [PR14] SPEC.md:1642 [PR15] SPEC.md:1645 [PR16] the same tables but produced_by, which is the
+    """SPEC.md:1640 [PR14] SPEC.md:1643 [PR15] SPEC.md:1646 [PR16] the same tables but produced_by, which is the
     protocol digest (header reduced to protocol_version); document.json is the document as given."""
     outs = {}
     for name, doc in (("twin", TWIN), ("plan", PATCHING)):
@@ -207,7 +207,7 @@ def test_the_twin_runs_to_patchings_tables_value_for_value(tmp_path, capsys):
 
 
 def test_the_protocol_digest_ignores_the_title_and_description():
-    """SPEC.md:1642 [PR15] only protocol_version of the header enters the digest."""
+    """SPEC.md:1643 [PR15] only protocol_version of the header enters the digest."""
     retitled = _twin(lambda d: d["header"].update(title="another title", description="and words"))
     assert protocol.digest(retitled) == protocol.digest(TWIN)
     moved = _twin(lambda d: d["method"]["reads"]["v_cf"].update(pos=-2))
@@ -223,7 +223,7 @@ def test_the_protocol_digest_ignores_the_title_and_description():
      "compile: data.base.dataset: dataset ref 'weekdays/nope'"),
 ])
 def test_refusals_of_the_lowered_document_name_protocol_paths(tmp_path, capsys, edit, line):
-    """SPEC.md:1647 [PR17] a plan-shaped refusal of the lowered document is re-pathed to the protocol's path."""
+    """SPEC.md:1648 [PR17] a plan-shaped refusal of the lowered document is re-pathed to the protocol's path."""
     assert _refusal(tmp_path, capsys, _twin(edit)).startswith(line)
 
 
@@ -239,13 +239,13 @@ def test_refusals_of_the_lowered_document_name_protocol_paths(tmp_path, capsys, 
     lambda d: d["method"]["writes"]["patch"].update(pos={"index": [1]}),
 ])
 def test_hostile_values_are_one_refusal_line(tmp_path, capsys, edit):
-    """SPEC.md:1606 [PR3] whatever a protocol document holds, validate ends in one refusal line, never a traceback."""
+    """SPEC.md:1607 [PR3] whatever a protocol document holds, validate ends in one refusal line, never a traceback."""
     line = _refusal(tmp_path, capsys, _twin(edit))
     assert "\n" not in line and line.split(": ", 1)[0] in ("validation", "compile")
 
 
 def test_a_swept_write_position_runs_one_point_per_value(tmp_path, capsys):
-    """SPEC.md:1652 [PR18] document-format §11 — the write's `pos` swept over -1, -2, -3 runs three points
+    """SPEC.md:1653 [PR18] document-format §11 — the write's `pos` swept over -1, -2, -3 runs three points
     labelled pos=-1, pos=-2, pos=-3, and the pos=-1 point's table is the unswept document's, value for value."""
     swept = _twin(lambda d: d["method"]["writes"]["patch"].update(pos={"sweep": [-1, -2, -3]}))
     status, _out, err = _verb(tmp_path, capsys, swept, "run", after=("--out", str(tmp_path / "swept"), "--quiet"))
@@ -263,7 +263,7 @@ def test_a_swept_write_position_runs_one_point_per_value(tmp_path, capsys):
 
 
 def test_a_swept_position_that_is_not_a_protocol_position_is_refused_at_its_value(tmp_path, capsys):
-    """SPEC.md:1652 [PR18] a value inside the wrapper that is not a protocol position is refused at its path."""
+    """SPEC.md:1653 [PR18] a value inside the wrapper that is not a protocol position is refused at its path."""
     swept = _twin(lambda d: d["method"]["writes"]["patch"].update(pos={"sweep": [-1, {"last": True}]}))
     err = _refusal(tmp_path, capsys, swept)
     assert err.startswith("validation: method.writes.patch.pos.sweep.1: a protocol position is an integer")

@@ -48,7 +48,7 @@ def _edited(edit) -> dict:
 
 @pytest.mark.fast
 def test_a_steps_first_document_is_told_apart_and_read_into_the_pipeline(tmp_path):
-    """SPEC.md:2501 [SF1] data beside steps is steps-first; validate says so, --json format steps-first."""
+    """SPEC.md:2502 [SF1] data beside steps is steps-first; validate says so, --json format steps-first."""
     assert protocol.format_of(POS_SWEEP) == "steps-first"
     done = _verb(tmp_path, POS_SWEEP, "validate")
     assert done.returncode == 0 and done.stdout.strip().endswith("is a valid steps-first document, 3 steps")
@@ -58,7 +58,7 @@ def test_a_steps_first_document_is_told_apart_and_read_into_the_pipeline(tmp_pat
 
 @pytest.mark.fast
 def test_a_steps_first_document_is_not_refused_as_a_protocol_one():
-    """SPEC.md:1603 [PR2] the steps-first reader reads it; no unknown key `data`."""
+    """SPEC.md:1604 [PR2] the steps-first reader reads it; no unknown key `data`."""
     assert stepsfirst.lower(POS_SWEEP).plan["roles"]["base"] == {"field": "input"}
 
 
@@ -74,7 +74,7 @@ def test_a_steps_first_document_is_not_refused_as_a_protocol_one():
     (lambda d: d["model"].update(revison="x"), "validation: model.revison: unknown key 'revison'"),
 ])
 def test_the_top_level_is_checked_by_name(tmp_path, edit, line):
-    """SPEC.md:2507 [SF2] header, model, data, sites, steps; roles/interventions/featurizers refused by name."""
+    """SPEC.md:2508 [SF2] header, model, data, sites, steps; roles/interventions/featurizers refused by name."""
     assert _refusal(tmp_path, _edited(edit)).startswith(line)
 
 
@@ -90,7 +90,7 @@ def test_the_top_level_is_checked_by_name(tmp_path, edit, line):
     (lambda d: d["data"].update(nowhere={"path": "weekdays/nothing"}), None),
 ])
 def test_data_names_datasets_and_a_forward_step_names_its_own(tmp_path, edit, line):
-    """SPEC.md:2511 [SF3] data is {name: {path}}; a forward step names its dataset and field; reads take no input."""
+    """SPEC.md:2512 [SF3] data is {name: {path}}; a forward step names its dataset and field; reads take no input."""
     doc = _edited(edit)
     if line is None:  # a declared dataset no step runs on is rows nobody reads: not an error
         assert _verb(tmp_path, doc, "validate").returncode == 0
@@ -100,7 +100,7 @@ def test_data_names_datasets_and_a_forward_step_names_its_own(tmp_path, edit, li
 
 @pytest.mark.fast
 def test_each_dataset_and_field_is_one_role_base_is_the_metrics():
-    """SPEC.md:2516 [SF4] base is the first metric's read's role; the other is named after its first step."""
+    """SPEC.md:2517 [SF4] base is the first metric's read's role; the other is named after its first step."""
     plan = stepsfirst.lower(POS_SWEEP).plan
     assert plan["roles"] == {"base": {"field": "input"}, "counterfactual": {"field": "counterfactual_inputs[0]"}}
     assert plan["steps"]["stage1"]["rows"] == {"base": "weekdays/train", "counterfactual": "weekdays/train"}
@@ -108,7 +108,7 @@ def test_each_dataset_and_field_is_one_role_base_is_the_metrics():
 
 @pytest.mark.fast
 def test_references_are_reads_columns_and_reduce_values():
-    """SPEC.md:2520 [SF5] step.read is a read, dataset.column a base column, a reduce's name a ref."""
+    """SPEC.md:2521 [SF5] step.read is a read, dataset.column a base column, a reduce's name a ref."""
     plan = stepsfirst.lower(_load(SHIPPED / "mean_ablation.json")).plan
     assert plan["interventions"]["stage1"]["metrics"]["clean_ld"] == {
         "kind": "logit_diff", "of": "clean:logits", "a": "cf_answer", "b": "base_answer"}
@@ -129,7 +129,7 @@ def test_references_are_reads_columns_and_reduce_values():
      "validation: steps.pairs: 'pairs' names both a dataset and a step"),
 ])
 def test_a_bad_reference_is_refused_at_its_path(tmp_path, edit, line):
-    """SPEC.md:2520 [SF5] a column of another dataset, an unknown read or step, a name both a dataset and a step."""
+    """SPEC.md:2521 [SF5] a column of another dataset, an unknown read or step, a name both a dataset and a step."""
     if "other" in line:
         edit = (lambda e: lambda d: (d["data"].update(other={"path": "weekdays/train"}), e(d)))(edit)
     assert _refusal(tmp_path, _edited(edit)).startswith(line)
@@ -142,7 +142,7 @@ def _cyclic(d):
 
 @pytest.mark.fast
 def test_a_cycle_of_references_is_refused_naming_it(tmp_path):
-    """SPEC.md:2526 [SF6] counterfactual -> patched -> counterfactual: one line before any model."""
+    """SPEC.md:2527 [SF6] counterfactual -> patched -> counterfactual: one line before any model."""
     line = _refusal(tmp_path, _edited(_cyclic))
     assert line == ("validation: steps.counterfactual.interventions.writes.back.operand: steps counterfactual -> "
                     "patched -> counterfactual name each other in a cycle; a step names only the values of steps "
@@ -151,7 +151,7 @@ def test_a_cycle_of_references_is_refused_naming_it(tmp_path):
 
 @pytest.mark.fast
 def test_a_long_cycle_is_found_without_recursion():
-    """SPEC.md:2526 [SF6] 3000 steps in a ring: refused by the iterative search, no RecursionError."""
+    """SPEC.md:2527 [SF6] 3000 steps in a ring: refused by the iterative search, no RecursionError."""
     n = 3000
     steps = {f"s{k}": {"kind": "reduce", "reduce": "mean", "of": f"s{(k + 1) % n}.x"} for k in range(n)}
     with pytest.raises(Exception) as caught:
@@ -161,7 +161,7 @@ def test_a_long_cycle_is_found_without_recursion():
 
 @pytest.mark.fast
 def test_a_reference_to_a_later_step_is_refused(tmp_path):
-    """SPEC.md:2528 [SF7] steps run in the order written."""
+    """SPEC.md:2529 [SF7] steps run in the order written."""
     doc = _edited(lambda d: d.update(steps={"iia": d["steps"].pop("iia"), **d["steps"]}))
     assert _refusal(tmp_path, doc).startswith("validation: steps.iia.of: step 'iia' names step 'patched', which is "
                                               "not written before it")
@@ -169,7 +169,7 @@ def test_a_reference_to_a_later_step_is_refused(tmp_path):
 
 @pytest.mark.fast
 def test_a_reduce_value_puts_its_user_in_a_later_stage():
-    """SPEC.md:2530 [SF8] harvest and clean in stage1 (the mean its output), ablated in stage2."""
+    """SPEC.md:2531 [SF8] harvest and clean in stage1 (the mean its output), ablated in stage2."""
     plan = stepsfirst.lower(_load(SHIPPED / "mean_ablation.json")).plan
     assert list(plan["steps"]) == ["stage1", "stage2"]
     assert plan["steps"]["stage1"]["outputs"] == {"mean": {"read": "harvest:acts", "reduce": "mean"}}
@@ -179,7 +179,7 @@ def test_a_reduce_value_puts_its_user_in_a_later_stage():
 
 @pytest.mark.fast
 def test_a_pass_that_needs_its_own_reduce_is_refused(tmp_path):
-    """SPEC.md:2530 [SF8] a write of the reduce's value beside a read of the forward it reduces."""
+    """SPEC.md:2531 [SF8] a write of the reduce's value beside a read of the forward it reduces."""
     doc = _load(SHIPPED / "mean_ablation.json")
     doc["steps"]["ablated"]["interventions"]["writes"]["again"] = {
         "site": "head", "pos": -1, "mechanism": "swap", "operand": "harvest.acts"}
@@ -193,7 +193,7 @@ def test_a_pass_that_needs_its_own_reduce_is_refused(tmp_path):
     ({"iia": "a/iia.json"}, ["a/iia.json"]),
 ])
 def test_saves_is_a_map_or_a_list_of_steps(saves, files):
-    """SPEC.md:2599 [SF9] the reserved steps.saves: {value: file} or [value] (a metric to <value>.json)."""
+    """SPEC.md:2600 [SF9] the reserved steps.saves: {value: file} or [value] (a metric to <value>.json)."""
     plan = stepsfirst.lower(_edited(lambda d: d["steps"].update(saves=saves))).plan
     assert [s["file_path"] for s in plan["steps"]["stage1"]["saves"]] == files
 
@@ -206,13 +206,13 @@ def test_saves_is_a_map_or_a_list_of_steps(saves, files):
     ({"ia": "x.json"}, "validation: steps.saves.ia: save 'ia' names no metric, reduce or generate step"),
 ])
 def test_a_save_names_a_step_or_is_refused(tmp_path, saves, line):
-    """SPEC.md:2599 [SF9] a read's tensor, a number, an unknown name."""
+    """SPEC.md:2600 [SF9] a read's tensor, a number, an unknown name."""
     assert _refusal(tmp_path, _edited(lambda d: d["steps"].update(saves=saves))).startswith(line)
 
 
 @pytest.mark.fast
 def test_layers_is_an_integer_and_a_site_may_be_written_in_place():
-    """SPEC.md:2603 [SF10] "layers": 0 is [0]; the in-place lm_head site is declared as patched:logits."""
+    """SPEC.md:2604 [SF10] "layers": 0 is [0]; the in-place lm_head site is declared as patched:logits."""
     plan = stepsfirst.lower(POS_SWEEP).plan
     assert plan["sites"] == {"target": {"component": "block_output", "layers": [0]},
                              "patched:logits": {"component": "lm_head"}}
@@ -230,7 +230,7 @@ def _generating(**extra):
 
 @pytest.mark.fast
 def test_a_generate_step_decodes_greedily_its_number_of_tokens():
-    """SPEC.md:2606 [SF11] max_new_tokens is the intervention's decode; its name saved is its model's ids."""
+    """SPEC.md:2607 [SF11] max_new_tokens is the intervention's decode; its name saved is its model's ids."""
     plan = stepsfirst.lower(_generating(min_new_tokens=2, do_sample=False)).plan
     assert plan["interventions"]["stage1"]["decode"] == 2
     assert plan["steps"]["stage1"]["saves"] == [{"value": "original.generated", "file_path": "gen.safetensors"}]
@@ -243,13 +243,13 @@ def test_a_generate_step_decodes_greedily_its_number_of_tokens():
     ({"max_new_tokens": "2"}, "validation: steps.gen.max_new_tokens: a generate step says how many tokens"),
 ])
 def test_a_generate_step_the_plan_cannot_hold_is_refused(tmp_path, extra, line):
-    """SPEC.md:2606 [SF11] sampling, an early stop, a length that is not an integer."""
+    """SPEC.md:2607 [SF11] sampling, an early stop, a length that is not an integer."""
     assert _refusal(tmp_path, _generating(**extra)).startswith(line)
 
 
 @pytest.mark.fast
 def test_a_forward_beside_a_generate_step_is_refused(tmp_path):
-    """SPEC.md:2606 [SF11] one intervention has one decode."""
+    """SPEC.md:2607 [SF11] one intervention has one decode."""
     doc = _generating()
     doc["steps"] = {"plain": {"kind": "forward", "data": "p", "field": "input",
                               "reads": {"x": {"site": {"component": "logits"}, "pos": -1}}}, **doc["steps"]}
@@ -269,13 +269,13 @@ def test_a_forward_beside_a_generate_step_is_refused(tmp_path):
     (lambda d: d["steps"].update(x=[1]), "validation: steps.x: a step is an object with a kind, got a list"),
 ])
 def test_what_has_no_plan_shaped_meaning_is_refused_by_name(tmp_path, edit, line):
-    """SPEC.md:2609 [SF12] fit steps, an unknown kind, the Gated DeltaNet state."""
+    """SPEC.md:2610 [SF12] fit steps, an unknown kind, the Gated DeltaNet state."""
     assert _refusal(tmp_path, _edited(edit)).startswith(line)
 
 
 @pytest.mark.parametrize("name", ["pos_sweep", "mean_ablation"])
 def test_explain_of_a_steps_first_document_and_its_twin_agree(tmp_path, name):
-    """SPEC.md:2613 [SF13] the same plan, point by point; a point's produced_by too (an unswept document's is
+    """SPEC.md:2614 [SF13] the same plan, point by point; a point's produced_by too (an unswept document's is
     its own format's digest, SF15)."""
     plans = []
     for doc in (SHIPPED / f"{name}.json", TWINS / f"{name}.json"):
@@ -288,7 +288,7 @@ def test_explain_of_a_steps_first_document_and_its_twin_agree(tmp_path, name):
 
 
 def test_a_steps_first_run_writes_its_twins_tables(tmp_path, llama):
-    """SPEC.md:2613 [SF13] mean_ablation run in both formats: every table equal, value for value."""
+    """SPEC.md:2614 [SF13] mean_ablation run in both formats: every table equal, value for value."""
     tables = []
     for k, doc in enumerate((stepsfirst.lower(_load(SHIPPED / "mean_ablation.json")).plan,
                              _load(TWINS / "mean_ablation.json"))):
@@ -311,7 +311,7 @@ def test_a_steps_first_run_writes_its_twins_tables(tmp_path, llama):
                                                            "one-element band"),
 ])
 def test_a_refusal_of_the_lowered_document_names_the_steps_first_path(tmp_path, edit, line):
-    """SPEC.md:2615 [SF14] a read's pos, a write's mechanism, a metric's kind, a site: the steps-first paths."""
+    """SPEC.md:2616 [SF14] a read's pos, a write's mechanism, a metric's kind, a site: the steps-first paths."""
     doc = _edited(edit)
     if line is None:  # a column no row has: refused at compile, at the metric's own step
         done = _verb(tmp_path, doc, "validate")
@@ -322,7 +322,7 @@ def test_a_refusal_of_the_lowered_document_names_the_steps_first_path(tmp_path, 
 
 @pytest.mark.fast
 def test_produced_by_is_the_document_as_given_without_its_header(tmp_path):
-    """SPEC.md:2620 [SF15] sha256 of the raw document without header, keys sorted, compact separators."""
+    """SPEC.md:2621 [SF15] sha256 of the raw document without header, keys sorted, compact separators."""
     body = {k: v for k, v in POS_SWEEP.items() if k != "header"}
     want = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     assert stepsfirst.digest(POS_SWEEP) == want
@@ -333,7 +333,7 @@ SHIPPED_NAMES = ["hydra_effect", "logit_lens_all", "mean_ablation", "multi_posit
 
 
 def test_the_originals_adapted_steps_first_documents_validate(tmp_path):
-    """SPEC.md:2629 [SF16] the six shipped adaptations validate (the corpus runs them); top_k's band is refused."""
+    """SPEC.md:2630 [SF16] the six shipped adaptations validate (the corpus runs them); top_k's band is refused."""
     assert sorted(p.stem for p in SHIPPED.glob("*.json")) == SHIPPED_NAMES
     for name in SHIPPED_NAMES:
         done = cli("validate", str(SHIPPED / f"{name}.json"), "--data-root", DATA)

@@ -78,7 +78,7 @@ def colliding_roles(source: str = "base") -> dict:
 
 @pytest.mark.fast
 def test_a_step_and_a_read_that_would_lower_to_one_name_are_refused(tmp_path):
-    """SPEC.md:2637 [SF20] the replayed document of `p` / `q:logits` and `p:q` / `logits`: one refusal line at
+    """SPEC.md:2638 [SF20] the replayed document of `p` / `q:logits` and `p:q` / `logits`: one refusal line at
     the first name holding ':', where it once lowered both reads to `p:q:logits` and scored one run twice."""
     assert _refusal(tmp_path, colliding_reads()) == (
         "validation: steps.p.reads.q:logits: read 'q:logits' holds ':', and the lowering names a step's read, write "
@@ -93,7 +93,7 @@ def test_a_step_and_a_read_that_would_lower_to_one_name_are_refused(tmp_path):
     (lambda d: d["sites"].update({"patched:logits": HEAD}), "sites.patched:logits"),
 ])
 def test_every_name_the_lowering_joins_with_a_colon_is_refused_holding_one(tmp_path, edit, path):
-    """SPEC.md:2637 [SF20] a step, a write and a declared site holding ':' (a declared 'patched:logits' would be
+    """SPEC.md:2638 [SF20] a step, a write and a declared site holding ':' (a declared 'patched:logits' would be
     the name of patched's in-place read site)."""
     doc = _unswept()
     edit(doc)
@@ -102,7 +102,7 @@ def test_every_name_the_lowering_joins_with_a_colon_is_refused_holding_one(tmp_p
 
 @pytest.mark.fast
 def test_a_step_named_base_on_other_rows_is_refused(tmp_path):
-    """SPEC.md:2637 [SF20] SPEC.md:2516 [SF4] the replayed document whose `base` and `base-1` steps were both
+    """SPEC.md:2638 [SF20] SPEC.md:2517 [SF4] the replayed document whose `base` and `base-1` steps were both
     given the role `base-1`: one refusal line naming the step and the fix."""
     assert _refusal(tmp_path, colliding_roles()) == (
         "validation: steps.base: step 'base' runs on dataset 'pairs', field 'counterfactual_inputs[0]', which are "
@@ -112,7 +112,7 @@ def test_a_step_named_base_on_other_rows_is_refused(tmp_path):
 
 @pytest.mark.fast
 def test_renamed_the_roles_are_one_per_column_each_its_own_field():
-    """SPEC.md:2516 [SF4] the same document with the source renamed: three roles, each its step's column, the
+    """SPEC.md:2517 [SF4] the same document with the source renamed: three roles, each its step's column, the
     source's read on its own role."""
     plan = stepsfirst.lower(colliding_roles("cf")).plan
     assert plan["roles"] == {"base": {"field": "input"}, "cf": {"field": "counterfactual_inputs[0]"},
@@ -122,7 +122,7 @@ def test_renamed_the_roles_are_one_per_column_each_its_own_field():
 
 @pytest.mark.fast
 def test_a_step_named_base_on_the_base_rows_is_the_base_role():
-    """SPEC.md:2516 [SF4] a step named `base` that runs on the metrics' rows is read as before."""
+    """SPEC.md:2517 [SF4] a step named `base` that runs on the metrics' rows is read as before."""
     doc = _unswept()
     doc["steps"] = {("base" if k == "patched" else k): v for k, v in doc["steps"].items()}
     doc["steps"]["iia"]["of"] = doc["steps"]["logit_diff"]["of"] = "base.logits"
@@ -141,7 +141,7 @@ def test_a_step_named_base_on_the_base_rows_is_the_base_role():
      "'original' is the model with no writes"),
 ])
 def test_a_read_and_write_of_one_name_and_a_writing_step_named_original_are_refused(tmp_path, edit, line):
-    """SPEC.md:2637 [SF20] both would name one in-place site `<step>:<name>`; a writing `original` would be both
+    """SPEC.md:2638 [SF20] both would name one in-place site `<step>:<name>`; a writing `original` would be both
     the model with no writes and the one with this step's."""
     doc = _unswept()
     edit(doc)
@@ -158,7 +158,7 @@ def _two_generations() -> dict:
 
 @pytest.mark.fast
 def test_two_writeless_generations_on_other_rows_cannot_share_original_generated(tmp_path):
-    """SPEC.md:2637 [SF20] both are the original model's ids, `original.generated`, which a pass keeps once."""
+    """SPEC.md:2638 [SF20] both are the original model's ids, `original.generated`, which a pass keeps once."""
     assert _refusal(tmp_path, _two_generations()).startswith(
         "validation: steps.saves.0: generate step 'g1' writes nothing, so its ids are the original model's "
         "('original.generated'), and so are those of step 'g2' in the same pass on other rows")
@@ -170,7 +170,7 @@ def test_two_writeless_generations_on_other_rows_cannot_share_original_generated
 
 @pytest.mark.fast
 def test_a_read_in_a_metric_column_is_refused(tmp_path):
-    """SPEC.md:2520 [SF5] `expected` is a column of the base rows; a read there once lowered to a column named
+    """SPEC.md:2521 [SF5] `expected` is a column of the base rows; a read there once lowered to a column named
     `patched:logits`."""
     doc = _unswept()
     doc["steps"]["iia"]["expected"] = "patched.logits"
@@ -215,7 +215,7 @@ def documents(draw):
           suppress_health_check=list(HealthCheck))
 @given(doc=documents())
 def test_the_lowering_is_refused_or_gives_every_read_write_site_and_role_its_own_name(doc):
-    """SPEC.md:2637 [SF20] SPEC.md:2530 [SF8] whatever names a document draws to meet the lowering's: a refusal,
+    """SPEC.md:2638 [SF20] SPEC.md:2531 [SF8] whatever names a document draws to meet the lowering's: a refusal,
     or a lowered document in which each step's every read and write is there once, on a role whose field is
     its step's, each in-place site its own, each writing step its own model."""
     try:
@@ -262,7 +262,7 @@ def test_the_lowering_is_refused_or_gives_every_read_write_site_and_role_its_own
      "validation: steps: no forward or generate step: a steps-first document runs the model in at least one"),
 ])
 def test_a_wrong_type_of_data_field_or_saves_and_no_forward_are_one_refusal(tmp_path, edit, line):
-    """SPEC.md:2511 [SF3] SPEC.md:2599 [SF9] data and field a list or an object, saves a number, null or true, a
+    """SPEC.md:2512 [SF3] SPEC.md:2600 [SF9] data and field a list or an object, saves a number, null or true, a
     save listed twice, metric steps with no forward: one line at the path (once `unhashable type`, `not
     iterable`, StopIteration)."""
     doc = _unswept()
@@ -298,7 +298,7 @@ def step_graphs(draw):
 @settings(max_examples=400, deadline=None, database=None, derandomize=True)
 @given(steps=step_graphs())
 def test_stages_are_the_plain_definitions(steps):
-    """SPEC.md:2530 [SF8] SPEC.md:1854 [Q39] the grouped, one-pass stages equal the round-by-round fixpoint,
+    """SPEC.md:2531 [SF8] SPEC.md:1855 [Q39] the grouped, one-pass stages equal the round-by-round fixpoint,
     and a graph that never settles is refused."""
     want = stepstages.stages_by_rounds(steps)
     if want is None:
@@ -310,7 +310,7 @@ def test_stages_are_the_plain_definitions(steps):
 
 @pytest.mark.fast
 def test_a_chain_of_forwards_and_reduces_is_staged_in_one_pass():
-    """SPEC.md:2530 [SF8] SPEC.md:1854 [Q39] 3,000 steps alternating forward and reduce, each forward swapping in
+    """SPEC.md:2531 [SF8] SPEC.md:1855 [Q39] 3,000 steps alternating forward and reduce, each forward swapping in
     the last reduce's value: stage k for the k-th pair, found without rounds over every step."""
     steps: dict = {"f0": {"kind": "forward", "reads": {"r": {}}}}
     for k in range(1, 1500):
@@ -333,7 +333,7 @@ def _spec_block(marker: str) -> str:
 
 @pytest.mark.fast
 def test_specs_worked_lowered_document_is_the_lowering_of_the_corpus_case():
-    """SPEC.md:2530 [SF8] SPEC.md:2620 [SF15] the lowered first point SPEC shows is what lower() gives for
+    """SPEC.md:2531 [SF8] SPEC.md:2621 [SF15] the lowered first point SPEC shows is what lower() gives for
     run_steps_first_pos_sweep's document, and its D19 digest is the produced_by the corpus case pins (checked
     there against the tables an independent lowering reproduces)."""
     case = json.loads((CORPUS / "run_steps_first_pos_sweep.json").read_text(encoding="utf-8"))
@@ -347,7 +347,7 @@ def test_specs_worked_lowered_document_is_the_lowering_of_the_corpus_case():
 
 @pytest.mark.fast
 def test_an_unswept_documents_produced_by_hashes_its_positions_as_written():
-    """SPEC.md:2620 [SF15] unswept: the document as given, `-1` and {"index": -1} two digests; a swept point:
+    """SPEC.md:2621 [SF15] unswept: the document as given, `-1` and {"index": -1} two digests; a swept point:
     its lowered point's D19 digest, where the two spellings are one."""
     spelled = _unswept()
     spelled["steps"]["patched"]["interventions"]["writes"]["patch"]["pos"] = {"index": -1}
@@ -361,7 +361,7 @@ def test_an_unswept_documents_produced_by_hashes_its_positions_as_written():
 
 @pytest.mark.fast
 def test_stages_times_roles_past_the_bound_is_refused_before_lowering(tmp_path):
-    """SPEC.md:2653 [SF21] 101 datasets, each forward swapping in the mean of the one before: 101 passes over
+    """SPEC.md:2654 [SF21] 101 datasets, each forward swapping in the mean of the one before: 101 passes over
     101 roles, 10,201 pass-rows, refused at `steps` naming both counts; 100 x 100 lowers."""
     def chain(n: int) -> dict:
         steps: dict = {"f0": _forward("input", {"v": {"site": "target", "pos": -1}})}

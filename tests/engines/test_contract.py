@@ -59,7 +59,7 @@ def _write(llama, name, component, layer, mechanism, operand, featurizer=None, p
 
 
 def test_compile_and_run_need_nothing_but_the_contract(llama):
-    """SPEC.md:1900 [E1] — an engine that offers only the contract (no `model`, no `shell`) compiles
+    """SPEC.md:1901 [E1] — an engine that offers only the contract (no `model`, no `shell`) compiles
     documents/patching.json to the same plan and runs it to the same values as the nnterp engine."""
     only = Delegate(llama)
     assert not hasattr(only, "model") and not hasattr(only, "shell")
@@ -71,7 +71,7 @@ def test_compile_and_run_need_nothing_but_the_contract(llama):
 
 
 def test_actions_and_batches_are_frozen_dataclasses(llama):
-    """SPEC.md:1908 [E2] — what crosses into an engine is a frozen Batch of frozen Actions, each naming its tap,
+    """SPEC.md:1909 [E2] — what crosses into an engine is a frozen Batch of frozen Actions, each naming its tap,
     selection, operand, steps, featurizer and (gaussian) draw offset; the engines read them by field."""
     action = _read(llama, "head", "lm_head")
     batch = _batch(llama, action)
@@ -95,7 +95,7 @@ class Doubled:
 
 
 def test_a_featurized_write_goes_through_featurize_and_inverse_on_both_engines(llama, hooks):
-    """SPEC.md:1911 [E3] — a swap of 3.0 in the space of a featurizer that doubles lands 1.5 at the site, read
+    """SPEC.md:1912 [E3] — a swap of 3.0 in the space of a featurizer that doubles lands 1.5 at the site, read
     back identically on both engines (the same seam), and changes the head the same way."""
     batch = _batch(llama, _write(llama, "w", "block_output", 0, "swap", 3.0, featurizer=Doubled()),
                    _read(llama, "at", "block_output", 0), _read(llama, "head", "lm_head"))
@@ -106,7 +106,7 @@ def test_a_featurized_write_goes_through_featurize_and_inverse_on_both_engines(l
 
 
 def test_a_row_added_to_the_mechanism_table_is_landed_by_both_engines(llama, hooks, monkeypatch):
-    """SPEC.md:1916 [E4] — a mechanism added as a row of mechanisms.TABLE (here f' = f·scale + o, with a
+    """SPEC.md:1917 [E4] — a mechanism added as a row of mechanisms.TABLE (here f' = f·scale + o, with a
     default scale) is landed by both engines through the seam, its params over its defaults."""
     def formula(f, operand, params, context):
         return f * params["scale"] + operand
@@ -122,7 +122,7 @@ def test_a_row_added_to_the_mechanism_table_is_landed_by_both_engines(llama, hoo
 
 
 def test_the_mechanism_context_holds_the_value_as_it_arrived(llama, hooks, monkeypatch):
-    """SPEC.md:1916 [E4] — `context.f0()` is the tap's value before its first write: after a swap of 9.0, a
+    """SPEC.md:1917 [E4] — `context.f0()` is the tap's value before its first write: after a swap of 9.0, a
     second write returning 2·f0 lands twice the clean value, not 18. A number operand reaches the formula
     as a 0-d float32 tensor; a tensor operand of another shape is refused with the seam's text."""
     seen = []
@@ -148,7 +148,7 @@ def test_the_mechanism_context_holds_the_value_as_it_arrived(llama, hooks, monke
 
 
 def test_the_shared_parts_exist_once_in_the_contract():
-    """SPEC.md:1924 [E5] — neither engine overrides the logits view, the inputs, the run record or the width;
+    """SPEC.md:1925 [E5] — neither engine overrides the logits view, the inputs, the run record or the width;
     the pad-token fix-up is resolve.with_pad, used by both."""
     for cls in (nnterp.NNterpEngine, HooksEngine):
         for name in ("viewed", "inputs", "run_record", "width"):
@@ -160,7 +160,7 @@ def test_the_shared_parts_exist_once_in_the_contract():
 
 
 def test_the_contract_is_the_methods_an_engine_implements():
-    """SPEC.md:1900 [E1] — `contract.Engine`'s abstract methods are the eight an engine implements, an engine
+    """SPEC.md:1901 [E1] — `contract.Engine`'s abstract methods are the eight an engine implements, an engine
     missing one cannot be made, and the contract describes no component (the `model` verb's text is cli.py's)."""
     assert contract.Engine.__abstractmethods__ == {"forward", "generate", "frozen", "final_modules", "head_weight",
                                                    "input_device", "generation_config", "detail"}
@@ -172,7 +172,7 @@ def test_the_contract_is_the_methods_an_engine_implements():
 
 
 def test_the_model_verb_answer_is_built_from_the_contract_alone(llama):
-    """SPEC.md:1924 [E5] — the CLI's component description of an engine that offers only the contract is the
+    """SPEC.md:1925 [E5] — the CLI's component description of an engine that offers only the contract is the
     nnterp engine's, its text included; each place's line is the one the answer's fields spell."""
     from causalab_ref import cli
     got, want = cli.describe_components(Delegate(llama)), cli.describe_components(llama)
@@ -188,7 +188,7 @@ def _flags(params) -> list[bool]:
 
 
 def test_frozen_turns_off_every_weight_and_gives_each_its_own_flag_back(llama, hooks):
-    """SPEC.md:1942 [E8] — on both engines, inside `frozen()` no weight of the model asks for a gradient; on
+    """SPEC.md:1943 [E8] — on both engines, inside `frozen()` no weight of the model asks for a gradient; on
     the way out (the block raising too) each gets its own flag back: one turned off beforehand stays off."""
     for eng, params in ((llama, list(llama.model._module.parameters())),
                         (hooks, list(hooks.hf_model.parameters()))):
@@ -206,7 +206,7 @@ def test_frozen_turns_off_every_weight_and_gives_each_its_own_flag_back(llama, h
 
 
 def test_a_fit_on_an_engine_offering_only_the_contract_leaves_the_model_untrained(llama, tmp_path):
-    """SPEC.md:1942 [E8] — a DAS fit run on an engine that offers only the contract (no `model`, no
+    """SPEC.md:1943 [E8] — a DAS fit run on an engine that offers only the contract (no `model`, no
     `hf_model`): during each of its passes no weight of the model asks for a gradient, after it no weight holds
     one, and each weight's flag is what it was before the fit."""
     params = list(llama.model._module.parameters())
@@ -231,7 +231,7 @@ def test_a_fit_on_an_engine_offering_only_the_contract_leaves_the_model_untraine
 
 
 def test_an_unknown_or_missing_device_is_refused_in_one_line(capsys):
-    """SPEC.md:623 [R21] — `--device-map gpu` and a CUDA device this machine lacks are refused at validation,
+    """SPEC.md:624 [R21] — `--device-map gpu` and a CUDA device this machine lacks are refused at validation,
     one line each, before any model loads; on every verb that takes the flag."""
     from causalab_ref import cli
     doc = str(ROOT / "documents" / "patching.json")
@@ -248,7 +248,7 @@ def test_an_unknown_or_missing_device_is_refused_in_one_line(capsys):
 
 
 def test_the_device_map_loads_both_engines_and_is_recorded(llama):
-    """SPEC.md:623 [R21] — `auto` loads both engines (on this machine, onto the cpu), the forward's numbers are
+    """SPEC.md:624 [R21] — `auto` loads both engines (on this machine, onto the cpu), the forward's numbers are
     the default engine's, and the run record carries the map and the device."""
     spec = Model(key="fixture:tiny-llama", revision="seeded", dtype="fp32")
     batch = _batch(llama, _write(llama, "w", "block_output", 0, "swap", 3.0), _read(llama, "head", "lm_head"))
@@ -262,7 +262,7 @@ def test_the_device_map_loads_both_engines_and_is_recorded(llama):
 
 
 def test_the_model_verb_takes_dtype_and_device_map(capsys):
-    """SPEC.md:623 [R21] — `model KEY --dtype bf16 --device-map cpu` answers as without them and says both."""
+    """SPEC.md:624 [R21] — `model KEY --dtype bf16 --device-map cpu` answers as without them and says both."""
     from causalab_ref import cli
     assert cli.main(["--json", "model", "fixture:tiny-gpt2", "--dtype", "bf16", "--device-map", "cpu"]) == 0
     got = json.loads(capsys.readouterr().out)
@@ -275,7 +275,7 @@ def _shares(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def test_a_read_is_copied_only_where_it_is_a_view_of_a_tensor_the_forward_may_still_change(llama):
-    """SPEC.md:1741 [Q13] a read of one run of positions at the residual stream is a copy (changing the tensor
+    """SPEC.md:1742 [Q13] a read of one run of positions at the residual stream is a copy (changing the tensor
     afterwards leaves it as read); the whole of the head's output is kept as it is; part of the head is copied;
     an index gather is already the read's own."""
     x = torch.randn(3, 5, 6)
@@ -292,7 +292,7 @@ def test_a_read_is_copied_only_where_it_is_a_view_of_a_tensor_the_forward_may_st
 
 
 def test_a_write_at_logits_after_a_read_of_the_whole_head_leaves_the_read_as_it_was(llama, hooks):
-    """SPEC.md:1741 [Q13] the head read uncopied is the head as computed: a swap at `logits` later in the same forward
+    """SPEC.md:1742 [Q13] the head read uncopied is the head as computed: a swap at `logits` later in the same forward
     replaces the tensor (a scatter writes a copy), so the read equals a forward that only reads, on both engines."""
     clean = llama.forward(_batch(llama, _read(llama, "head", "lm_head")))["head"]
     batch = _batch(llama, _read(llama, "head", "lm_head"), _write(llama, "w", "logits", None, "swap", 7.0),

@@ -233,7 +233,7 @@ def _patched_reads(eng, texts):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_row_reads_the_same_alone_and_left_padded_on_both_engines(engines, family):
-    """SPEC.md:615 [R20] — the short row alone and the same row left-padded beside a longer prompt read the
+    """SPEC.md:616 [R20] — the short row alone and the same row left-padded beside a longer prompt read the
     same (a write, then the last layer and the logits at -1) to 1e-5, on both engines."""
     for eng in engines(family):
         _mask, alone = _patched_reads(eng, [SHORT])
@@ -259,7 +259,7 @@ def _observe_document(family: str) -> dict:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_rows_metric_is_the_same_alone_padded_and_under_batch_size_one(engines, family, tmp_path):
-    """SPEC.md:615 [R20] / SPEC.md:588 [R11] — a document's metric for the short row is the same when the row
+    """SPEC.md:616 [R20] / SPEC.md:588 [R11] — a document's metric for the short row is the same when the row
     is alone, beside a longer row (left-padded), and beside it under --batch-size 1, to 1e-5."""
     from causalab_ref.runs import compile as compiler
     from causalab_ref.runs import run
@@ -296,7 +296,7 @@ def _decode_actions(eng, ids, decode):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_both_engines_decode_the_same_tokens_and_per_step_values(engines, family):
-    """SPEC.md:1928 [E6] / SPEC.md:345 [P53] — the hooks engine decodes: on a padded batch, with a write at
+    """SPEC.md:1929 [E6] / SPEC.md:345 [P53] — the hooks engine decodes: on a padded batch, with a write at
     step 2, both engines generate the same greedy ids and read the same prompt, per-step and stacked values
     (allclose 1e-6); both hold off the same stop ids, the tokenizer's EOS among them."""
     nn, hk = engines(family)

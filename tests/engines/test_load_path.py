@@ -33,7 +33,7 @@ def _aliases(envoy) -> list:
 
 @pytest.mark.parametrize("key", ["fixture:tiny-llama", "fixture:tiny-gpt2", "fixture:tiny-qwen3next"])
 def test_plain_misses_give_every_envoy_nnsights_aliases(key, monkeypatch):
-    """SPEC.md:1878 [Q41] — the shell built with the misses named by path has, envoy by envoy, the aliases (and
+    """SPEC.md:1879 [Q41] — the shell built with the misses named by path has, envoy by envoy, the aliases (and
     the tree) of the shell built with nnsight's own lookup, which prints the subtree on each miss."""
     path = str(builder.checkpoint_dir(key))
     fast = checkpoint.standardized(path, weights=False)
@@ -44,7 +44,7 @@ def test_plain_misses_give_every_envoy_nnsights_aliases(key, monkeypatch):
 
 
 def test_the_lookup_is_nnsights_outside_a_load(tmp_path):
-    """SPEC.md:1878 [Q41] — inside, a miss is an AttributeError naming the envoy's path and an alias or a module
+    """SPEC.md:1879 [Q41] — inside, a miss is an AttributeError naming the envoy's path and an alias or a module
     is found as nnsight finds it; after a load, and after a load that is refused, the lookup is nnsight's own
     again (a miss prints the subtree)."""
     original = Envoy.__getattr__
@@ -78,7 +78,7 @@ def _outcome(spec: Model):
 @pytest.mark.parametrize("attn", [None, "sdpa", "eager"])
 @pytest.mark.parametrize("key", builder.names())
 def test_the_renaming_scan_is_skipped_only_where_it_passes(key, attn, monkeypatch):
-    """SPEC.md:1885 [Q42] — on every fixture under each attention implementation: where the load skips nnterp's
+    """SPEC.md:1886 [Q42] — on every fixture under each attention implementation: where the load skips nnterp's
     renaming check (a recipe's config, no pattern enabled), the load that runs it runs its scan, which passes
     (no fallback to a trace), and both loads give the same tree and pattern accessor, or the same refusal."""
     spec = Model(key=key, revision="seeded", dtype="fp32", attn_implementation=attn)
@@ -99,7 +99,7 @@ def test_the_renaming_scan_is_skipped_only_where_it_passes(key, attn, monkeypatc
 
 
 def test_a_config_that_is_no_recipes_keeps_the_renaming_scan(tmp_path, monkeypatch):
-    """SPEC.md:1885 [Q42] — a checkpoint folder whose config.json is not a recipe's (one key added) is loaded
+    """SPEC.md:1886 [Q42] — a checkpoint folder whose config.json is not a recipe's (one key added) is loaded
     with nnterp's renaming check: its scan runs."""
     folder = tmp_path / "llama"
     shutil.copytree(builder.checkpoint_dir("fixture:tiny-llama"), folder)
@@ -118,7 +118,7 @@ def test_a_config_that_is_no_recipes_keeps_the_renaming_scan(tmp_path, monkeypat
 
 
 def test_the_timed_load_keeps_every_check(tmp_path):
-    """SPEC.md:1862 [Q40] — the load bench (m) times, of an exported folder: records its files' digests and the
+    """SPEC.md:1863 [Q40] — the load bench (m) times, of an exported folder: records its files' digests and the
     recipe; a weight file swapped for one of other values is recorded by its new digest and without the recipe
     (S29); one lacking a tensor is refused naming it (S22); a config naming its own code is refused (S20)."""
     from safetensors.torch import load_file, save_file

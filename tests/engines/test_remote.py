@@ -28,7 +28,7 @@ def nothing_loads(monkeypatch):
 @pytest.mark.parametrize("argv", [["validate", PATCHING], ["explain", PATCHING], ["model", "fixture:tiny-llama"],
                                   ["run", PATCHING, "--out", "OUT"]])
 def test_ndif_is_refused_by_name_before_anything_loads(argv, nothing_loads, capsys, tmp_path):
-    """SPEC.md:1968 [E12] validate, explain, run and model take `--engine ndif` (no argparse "invalid choice")
+    """SPEC.md:1969 [E12] validate, explain, run and model take `--engine ndif` (no argparse "invalid choice")
     and refuse it in one line, status 2, naming what remote execution needs and the local engines; nothing is
     loaded and run writes nothing."""
     argv = [str(tmp_path / "out") if a == "OUT" else a for a in argv]
@@ -43,13 +43,13 @@ def test_ndif_is_refused_by_name_before_anything_loads(argv, nothing_loads, caps
 
 @pytest.mark.fast
 def test_the_cli_names_the_engines_loading_knows():
-    """SPEC.md:1968 [E12] the command line's engine choices are the loader's."""
+    """SPEC.md:1969 [E12] the command line's engine choices are the loader's."""
     assert cli.ENGINES == loading.ENGINES == ("nnterp", "hooks", "ndif")
 
 
 @pytest.mark.fast
 def test_a_bad_document_is_refused_for_itself_before_the_engine(capsys, tmp_path):
-    """SPEC.md:1968 [E12] the document's own refusals come first: a document with an unknown key is refused at
+    """SPEC.md:1969 [E12] the document's own refusals come first: a document with an unknown key is refused at
     that key under --engine ndif too."""
     raw = json.loads(pathlib.Path(PATCHING).read_text(encoding="utf-8"))
     raw["bogus"] = 1
@@ -60,7 +60,7 @@ def test_a_bad_document_is_refused_for_itself_before_the_engine(capsys, tmp_path
 
 
 def test_a_compiled_plan_pickles_to_an_equal_plan():
-    """SPEC.md:1975 [E13] the plan (positions resolved from the tokenizer and rows alone) is plain data a
+    """SPEC.md:1976 [E13] the plan (positions resolved from the tokenizer and rows alone) is plain data a
     remote engine could be sent: it pickles and unpickles to an equal plan, and run.json's record says
     `remote: false` on a local engine."""
     from causalab_ref.runs import compile as compiler

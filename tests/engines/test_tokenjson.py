@@ -69,12 +69,12 @@ def pair(request):
 
 
 def test_the_texts_cover_the_seeds_tables_and_odd_text():
-    """SPEC.md:1980 [E14] — the compared texts hold the seeds' prose, the shipped tables' strings and ODD."""
+    """SPEC.md:1981 [E14] — the compared texts hold the seeds' prose, the shipped tables' strings and ODD."""
     assert len(TEXTS) > 500 and set(ODD) <= set(TEXTS) and "" in TEXTS
 
 
 def test_the_adapter_has_the_tokenizers_special_tokens_and_side(pair):
-    """SPEC.md:1980 [E14] — special tokens and their ids, the padding side, the length limit, the vocabulary
+    """SPEC.md:1981 [E14] — special tokens and their ids, the padding side, the length limit, the vocabulary
     and its size and the chat template are the AutoTokenizer's."""
     ours, theirs, texts = pair
     for name in ("bos_token", "eos_token", "pad_token", "unk_token", "bos_token_id", "eos_token_id", "pad_token_id",
@@ -84,7 +84,7 @@ def test_the_adapter_has_the_tokenizers_special_tokens_and_side(pair):
 
 
 def test_the_adapter_encodes_and_decodes_every_text_as_the_autotokenizer(pair):
-    """SPEC.md:1980 [E14] — each text's ids with and without special tokens, its pieces and its decode (every
+    """SPEC.md:1981 [E14] — each text's ids with and without special tokens, its pieces and its decode (every
     fifth text's with and without special tokens and clean-up too) are the AutoTokenizer's (transformers' own
     batch calls, which take each text as its single call does)."""
     ours, theirs, texts = pair
@@ -101,7 +101,7 @@ def test_the_adapter_encodes_and_decodes_every_text_as_the_autotokenizer(pair):
 
 
 def test_the_adapter_pads_batches_and_maps_characters_as_the_autotokenizer(pair):
-    """SPEC.md:1980 [E14] — left-padded batches of the texts (ids and attention masks) and their frames (content
+    """SPEC.md:1981 [E14] — left-padded batches of the texts (ids and attention masks) and their frames (content
     ranges, decoded texts, character maps, for the odd texts and every 20th other; P22's definition as well
     for the odd texts) are the AutoTokenizer's."""
     ours, theirs, texts = pair
@@ -121,7 +121,7 @@ def test_the_adapter_pads_batches_and_maps_characters_as_the_autotokenizer(pair)
 
 
 def test_a_chat_template_is_rendered_by_the_autotokenizer():
-    """SPEC.md:1999 [E16] — a conversation renders through the checkpoint's template to the AutoTokenizer's text."""
+    """SPEC.md:2000 [E16] — a conversation renders through the checkpoint's template to the AutoTokenizer's text."""
     key = "fixture:tiny-llama"
     path = builder.checkpoint_dir(key)
     raw = read_json(path / "config.json")
@@ -145,7 +145,7 @@ def _copy_fixture_cache(tmp_path: Path, monkeypatch) -> Path:
 
 @pytest.mark.parametrize("damage", ["truncated", "changed", "linked", "record", "foreign recipe", "missing"])
 def test_a_damaged_cached_tokenizer_is_rebuilt_never_trusted(tmp_path, monkeypatch, damage):
-    """SPEC.md:1165 [S71] — a cached tokenizer.json or adapter.json whose bytes are not its record's, a link, a
+    """SPEC.md:1166 [S71] — a cached tokenizer.json or adapter.json whose bytes are not its record's, a link, a
     damaged record or one of another recipe is not read: the files are derived again from the AutoTokenizer
     and the adapter answers as it does."""
     folder = _copy_fixture_cache(tmp_path, monkeypatch)
@@ -179,7 +179,7 @@ def test_a_damaged_cached_tokenizer_is_rebuilt_never_trusted(tmp_path, monkeypat
 
 @pytest.mark.parametrize("block", ["file", "link"])
 def test_a_cache_that_cannot_be_written_still_serves_the_adapter(tmp_path, monkeypatch, block):
-    """SPEC.md:1185 [S72] — where the tokenizers folder is a file, or a link (nothing is written through it), the
+    """SPEC.md:1186 [S72] — where the tokenizers folder is a file, or a link (nothing is written through it), the
     adapter is served from memory."""
     folder = _copy_fixture_cache(tmp_path, monkeypatch)
     elsewhere = tmp_path / "elsewhere"
@@ -195,7 +195,7 @@ def test_a_cache_that_cannot_be_written_still_serves_the_adapter(tmp_path, monke
 
 
 def test_a_tokenizer_class_that_overrides_a_served_call_is_not_adapted(pair):
-    """SPEC.md:1996 [E15] — a tokenizer whose class overrides one of the calls the adapter answers is not
+    """SPEC.md:1997 [E15] — a tokenizer whose class overrides one of the calls the adapter answers is not
     derived (the caller keeps the AutoTokenizer)."""
     _ours, theirs, _texts = pair
     assert tokenjson.servable(theirs)
@@ -236,7 +236,7 @@ class Mirror(tokenjson.JsonTokenizer):
 
 
 def test_compile_and_the_run_engines_tokenizer_agree_on_every_shipped_document(monkeypatch):
-    """SPEC.md:1980 [E14] — validating every shipped document (documents/, steps_first/ too), each tokenizer call
+    """SPEC.md:1981 [E14] — validating every shipped document (documents/, steps_first/ too), each tokenizer call
     compile makes gives on the adapter what it gives on the AutoTokenizer the run engines load (ids, masks,
     decodes, pieces): the batches, and so the positions compiled with one, are the other's."""
     from inprocess import cli
@@ -258,7 +258,7 @@ def test_compile_and_the_run_engines_tokenizer_agree_on_every_shipped_document(m
 
 
 def test_what_a_killed_writer_left_is_removed_by_the_next_write(tmp_path, monkeypatch):
-    """SPEC.md:1165 [S71] — a staging folder a dead process left beside the derived tokenizer's folder is removed
+    """SPEC.md:1166 [S71] — a staging folder a dead process left beside the derived tokenizer's folder is removed
     when the files are next written, and the files are whole."""
     folder = _copy_fixture_cache(tmp_path, monkeypatch)
     cached = tokenjson.folder_of(folder)
@@ -326,7 +326,7 @@ def _merges_reversed(derived: dict) -> None:
         "llama-sentencepiece-ids-exchanged"])
 def test_a_derived_tokenizer_whose_record_was_rewritten_to_match_is_not_trusted(tmp_path, monkeypatch, key,
                                                                                  forgery):
-    """SPEC.md:1172 [S78] — a cached tokenizer.json whose vocabulary (two ids exchanged), merges or added tokens
+    """SPEC.md:1173 [S78] — a cached tokenizer.json whose vocabulary (two ids exchanged), merges or added tokens
     differ from the fixture's source files, its record's sha256 line rewritten to match, is not served: the
     tokenizer is derived again and encodes as the AutoTokenizer does (before, the forged ids were served)."""
     folder, cached = _copy_with_derived(tmp_path, monkeypatch, key)
@@ -344,7 +344,7 @@ def test_a_derived_tokenizer_whose_record_was_rewritten_to_match_is_not_trusted(
 
 
 def test_a_record_of_other_sources_is_derived_again(tmp_path, monkeypatch):
-    """SPEC.md:1172 [S78] — a record whose `sources` are not the recipe's source digests (a tokenizer derived from
+    """SPEC.md:1173 [S78] — a record whose `sources` are not the recipe's source digests (a tokenizer derived from
     other files) is not served as it is: the files are derived again and the record names the recipe's."""
     key = "fixture:tiny-gpt2"
     _folder, cached = _copy_with_derived(tmp_path, monkeypatch, key)
@@ -357,7 +357,7 @@ def test_a_record_of_other_sources_is_derived_again(tmp_path, monkeypatch):
 
 
 def test_the_sources_are_the_recipes_not_the_caches():
-    """SPEC.md:1172 [S78] — the digests a derived tokenizer is bound to are hashed from the package's own files:
+    """SPEC.md:1173 [S78] — the digests a derived tokenizer is bound to are hashed from the package's own files:
     for a BPE fixture, the committed vocab.json and merges.txt (recomputed here from the files themselves)."""
     import hashlib
 

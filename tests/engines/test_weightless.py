@@ -44,7 +44,7 @@ def _tokenizer_facts(tok) -> dict:
 @pytest.mark.parametrize("attn", [None, "eager", "sdpa"])
 @pytest.mark.parametrize("key", builder.names())
 def test_the_weightless_engine_answers_as_the_meta_load(key, attn):
-    """SPEC.md:1947 [E9] — on every fixture under each attention implementation: the weightless engine is
+    """SPEC.md:1948 [E9] — on every fixture under each attention implementation: the weightless engine is
     there exactly where the meta load loads, and its layers, attention, config values (families.READS), its
     tokenizer and every place at every layer (and one past the stack) resolve to the same answer."""
     spec = Model(key=key, revision="seeded", dtype="fp32", attn_implementation=attn)
@@ -66,7 +66,7 @@ def test_the_weightless_engine_answers_as_the_meta_load(key, attn):
 
 
 def test_a_config_that_is_no_recipes_gets_the_meta_load(tmp_path):
-    """SPEC.md:1947 [E9] — a checkpoint folder whose config.json is not a fixture recipe's (one key added)
+    """SPEC.md:1948 [E9] — a checkpoint folder whose config.json is not a fixture recipe's (one key added)
     gets no weightless engine, and `loading.compiled` compiles on the meta load instead."""
     folder = tmp_path / "llama"
     shutil.copytree(builder.checkpoint_dir("fixture:tiny-llama"), folder)
@@ -79,7 +79,7 @@ def test_a_config_that_is_no_recipes_gets_the_meta_load(tmp_path):
 
 
 def test_a_config_question_the_view_was_not_built_for_is_compiled_on_the_meta_load():
-    """SPEC.md:1947 [E9] — a compile that asks the config a name outside families.READS meets `Uncovered` on
+    """SPEC.md:1948 [E9] — a compile that asks the config a name outside families.READS meets `Uncovered` on
     the weightless engine and is redone on the meta load, which answers it."""
     spec = Model(key="fixture:tiny-llama", revision="seeded", dtype="fp32")
     tried = []
@@ -102,7 +102,7 @@ print(status, *(name for name in ("nnsight", "nnterp", "transformers") if name i
 
 @pytest.mark.parametrize("verb", ["validate", "explain"])
 def test_validate_and_explain_import_no_nnsight_nnterp_or_transformers(verb):
-    """SPEC.md:1947 [E9] SPEC.md:2004 [E17] — `validate` and `explain` of documents/patching.json, in a new process
+    """SPEC.md:1948 [E9] SPEC.md:2005 [E17] — `validate` and `explain` of documents/patching.json, in a new process
     and once the fixture's tokenizer.json is cached, answer (status 0) without nnsight, nnterp or transformers
     ever being imported."""
     weightless.load(Model(key="fixture:tiny-llama", revision="seeded", dtype="fp32"))  # the tokenizer cached

@@ -50,7 +50,7 @@ def compiled(raw, eng):
      "a loaded featurizer has no seed: its weights are its bytes"),
 ])
 def test_featurizer_declarations_are_refused_in_the_reference_order(change, path, message):
-    """SPEC.md:1504 [FZ18] the validator's featurizer refusals, in order: a gate's k, a basis without k, a loaded kind
+    """SPEC.md:1505 [FZ18] the validator's featurizer refusals, in order: a gate's k, a basis without k, a loaded kind
     without file_path, a gate's seed, a loaded featurizer's seed."""
     raw = das()
     raw["featurizers"]["rot"] = change
@@ -60,7 +60,7 @@ def test_featurizer_declarations_are_refused_in_the_reference_order(change, path
 
 
 def test_one_featurizer_name_is_one_site():
-    """SPEC.md:1509 [FZ19] the featurizer's site is the one site of every read and write naming it; two sites, or
+    """SPEC.md:1510 [FZ19] the featurizer's site is the one site of every read and write naming it; two sites, or
     none (declared but unused), are refused with the reference's text."""
     raw = das()
     raw["interventions"]["das"]["reads"]["h"] = {"site": "head", "pos": -1, "input": "base", "featurizer": "rot"}
@@ -73,7 +73,7 @@ def test_one_featurizer_name_is_one_site():
 
 
 def test_undeclared_featurizer_and_logits_view_and_metric_of_features_are_refused():
-    """SPEC.md:1509 [FZ19] a read or write names 'identity' or a declared featurizer; a logits view and a metric's
+    """SPEC.md:1510 [FZ19] a read or write names 'identity' or a declared featurizer; a logits view and a metric's
     read are via 'identity'."""
     raw = das()
     raw["interventions"]["das"]["writes"]["patch"]["featurizer"] = "rott"
@@ -89,7 +89,7 @@ def test_undeclared_featurizer_and_logits_view_and_metric_of_features_are_refuse
 
 
 def test_fit_refusals_name_what_to_write_instead():
-    """SPEC.md:1515 [FZ20] a fit trains declared, trainable featurizers, anneals only gates it trains, watches and
+    """SPEC.md:1516 [FZ20] a fit trains declared, trainable featurizers, anneals only gates it trains, watches and
     minimizes metrics of its intervention or `<gate>.mask`, and saves only train/loss and train/eval."""
     cases = [
         (("params",), ["nope"], "steps.fit.params", "step 'fit': trains ['nope'], which is not a declared featurizer"),
@@ -121,7 +121,7 @@ def test_fit_refusals_name_what_to_write_instead():
 
 
 def test_fixed_kinds_are_not_trained_and_loaded_dictionaries_not_published():
-    """SPEC.md:1515 [FZ20] pca, sae and linear are fixed by definition; a weights step publishes no loaded sae/linear."""
+    """SPEC.md:1516 [FZ20] pca, sae and linear are fixed by definition; a weights step publishes no loaded sae/linear."""
     raw = das()
     raw["featurizers"]["rot"] = {"kind": "pca", "k": 4, "file_path": "b.safetensors"}
     assert refused(raw).message == ("step 'fit': trains 'rot', a pca, which is fixed by definition — a pca basis can "
@@ -135,7 +135,7 @@ def test_fixed_kinds_are_not_trained_and_loaded_dictionaries_not_published():
 
 
 def test_a_featurizer_used_before_its_fit_is_refused():
-    """SPEC.md:1520 [FZ21] no step uses a featurizer before the fit that trains it: the reference's sentence."""
+    """SPEC.md:1521 [FZ21] no step uses a featurizer before the fit that trains it: the reference's sentence."""
     raw = das()
     steps = raw["steps"]
     raw["steps"] = {"score": steps["score"], "fit": steps["fit"], "weights": steps["weights"]}
@@ -147,7 +147,7 @@ def test_a_featurizer_used_before_its_fit_is_refused():
 
 
 def test_k_past_the_site_width_is_refused_at_compile(meta):
-    """SPEC.md:1523 [FZ22] `k` of a subspace or pca is at most the site's width d (after heads/units)."""
+    """SPEC.md:1524 [FZ22] `k` of a subspace or pca is at most the site's width d (after heads/units)."""
     raw = das()
     raw["featurizers"]["rot"]["k"] = 999
     r = refused(raw, lambda d: compiled(d, meta))
@@ -156,7 +156,7 @@ def test_k_past_the_site_width_is_refused_at_compile(meta):
 
 
 def test_units_narrow_a_featurizers_width(meta):
-    """SPEC.md:1523 [FZ22] d is the site's width after heads/units: a gate at 4 units of block_output is 4 wide."""
+    """SPEC.md:1524 [FZ22] d is the site's width after heads/units: a gate at 4 units of block_output is 4 wide."""
     raw = das()
     raw["sites"]["target"]["units"] = [0, 1, 2, 3]
     raw["featurizers"]["rot"] = {"kind": "gate"}
@@ -165,7 +165,7 @@ def test_units_narrow_a_featurizers_width(meta):
 
 
 def test_a_place_with_no_width_refuses_a_featurizer():
-    """SPEC.md:1526 [FZ23] a featurizer at a place with no width (the pattern's key axis, an `extra` name) is refused
+    """SPEC.md:1527 [FZ23] a featurizer at a place with no width (the pattern's key axis, an `extra` name) is refused
     at compile with the seed's sentence (L23)."""
     eager = loading.load(Model(key="fixture:tiny-llama", revision="seeded", dtype="fp32",
                               attn_implementation="eager"), weights=False)
@@ -180,7 +180,7 @@ def test_a_place_with_no_width_refuses_a_featurizer():
 
 
 def test_features_out_of_range_are_refused_at_compile(meta):
-    """SPEC.md:1528 [FZ24] `features` are distinct indices below the feature space's width (the featurizer's k, or the
+    """SPEC.md:1529 [FZ24] `features` are distinct indices below the feature space's width (the featurizer's k, or the
     site's width for identity), refused at compile with the reference's text."""
     raw = das()
     raw["interventions"]["das"]["writes"]["patch"]["features"] = [8]
@@ -193,7 +193,7 @@ def test_features_out_of_range_are_refused_at_compile(meta):
 
 
 def test_explain_shows_featurizers_fit_and_weights(meta):
-    """SPEC.md:1532 [FZ25] explain prints the plan's featurizers first (`rot: subspace k=8 d=16 cayley seed=0
+    """SPEC.md:1533 [FZ25] explain prints the plan's featurizers first (`rot: subspace k=8 d=16 cayley seed=0
     trained=True`, the seed taken from the fit), the fit with its first update and its eval pass, reads and
     writes via their featurizer, and the weights step."""
     text = compiled(das(), meta).text().splitlines()
@@ -207,7 +207,7 @@ def test_explain_shows_featurizers_fit_and_weights(meta):
 
 
 def test_eval_rows_must_not_share_rows_with_the_fit(meta):
-    """SPEC.md:1537 [FZ26] fit and eval rows from different refs share no base row; the same ref is allowed."""
+    """SPEC.md:1538 [FZ26] fit and eval rows from different refs share no base row; the same ref is allowed."""
     raw = das()
     raw["steps"]["fit"]["eval"]["rows"] = {"base": "weekdays/pairs", "counterfactual": "weekdays/pairs"}
     r = refused(raw, lambda d: compiled(d, meta))
@@ -218,7 +218,7 @@ def test_eval_rows_must_not_share_rows_with_the_fit(meta):
 
 
 def test_a_bundle_of_another_layer_is_refused_at_compile(meta, tmp_path):
-    """SPEC.md:1540 [FZ27] a loaded bundle's stamp is checked against the document key by key at compile."""
+    """SPEC.md:1541 [FZ27] a loaded bundle's stamp is checked against the document key by key at compile."""
     raw = das()
     del raw["steps"]["fit"]
     file = tmp_path / "rot.safetensors"
@@ -230,7 +230,7 @@ def test_a_bundle_of_another_layer_is_refused_at_compile(meta, tmp_path):
 
 
 def test_a_tensor_file_compares_as_tensors_and_metadata(tmp_path):
-    """SPEC.md:1564 [FZ32] the conformance runner reads a .safetensors file as dtype, shape and values per tensor plus
+    """SPEC.md:1565 [FZ32] the conformance runner reads a .safetensors file as dtype, shape and values per tensor plus
     the metadata without `engine`, so another implementation's bundle compares with this one's."""
     from causalab_ref.conformance import conform
     file = tmp_path / "rot.safetensors"
@@ -271,7 +271,7 @@ def harvest(llama, tmp_path_factory):
 
 
 def test_pca_harvest_publishes_the_top_principal_directions(harvest):
-    """SPEC.md:1577 [FZ34] pca_harvest.json's basis is the top 4 right singular vectors of the centred vectors
+    """SPEC.md:1578 [FZ34] pca_harvest.json's basis is the top 4 right singular vectors of the centred vectors
     of block_output[0] at every content token of weekdays/train, (16, 4), stamped as a pca of that site."""
     basis, stamp = tensor(harvest / "pca.safetensors")
     vectors = tensor(harvest / "vectors.safetensors")[0]
@@ -286,7 +286,7 @@ def test_pca_harvest_publishes_the_top_principal_directions(harvest):
 
 
 def test_the_shipped_pca_basis_is_what_pca_harvest_writes(harvest):
-    """SPEC.md:1577 [FZ34] documents/artifacts/pca.safetensors is pca_harvest.json's save: the same tensor and the
+    """SPEC.md:1578 [FZ34] documents/artifacts/pca.safetensors is pca_harvest.json's save: the same tensor and the
     same stamp (shipped, never hand-edited)."""
     got, stamp = tensor(harvest / "pca.safetensors")
     ship, ship_stamp = tensor(ROOT / PCA_FILE)
@@ -299,7 +299,7 @@ def test_the_shipped_pca_basis_is_what_pca_harvest_writes(harvest):
 
 
 def test_pca_control_swaps_in_the_harvested_basis(harvest, llama, tmp_path):
-    """SPEC.md:1571 [FZ33] SPEC.md:1577 [FZ34] pca_control.json loads the harvested basis Q as its pca featurizer:
+    """SPEC.md:1572 [FZ33] SPEC.md:1578 [FZ34] pca_control.json loads the harvested basis Q as its pca featurizer:
     the base activation x at block_output[0] becomes x + ((y - x)·Q)·Qᵀ with y the counterfactual's (the base keeps
     its 12-dimensional complement), and its weights step publishes Q unchanged."""
     raw = shipped("pca_control")
@@ -326,7 +326,7 @@ def test_pca_control_swaps_in_the_harvested_basis(harvest, llama, tmp_path):
      "kind: bundle says 'pca', document says 'subspace'; parametrization: bundle says '', document says 'cayley'"),
 ])
 def test_a_pca_basis_loads_only_as_the_pca_of_its_place(meta, change, wrong):
-    """SPEC.md:1571 [FZ33] the harvested basis's stamp is checked key by key: another k, another layer, or another
+    """SPEC.md:1572 [FZ33] the harvested basis's stamp is checked key by key: another k, another layer, or another
     kind (a pca basis is not a Cayley parameter) is refused at compile."""
     raw = shipped("pca_control")
     del raw["steps"]["weights"]

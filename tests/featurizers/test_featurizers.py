@@ -41,7 +41,7 @@ def _all():
 
 @pytest.mark.parametrize("kind", ["identity", "subspace", "pca", "gate", "sae", "linear"])
 def test_inverse_of_featurize_is_the_activation(kind):
-    """SPEC.md:1448 [FZ1] inverse(featurize(x)) == x with no edit, for every kind (rectangular and flat)."""
+    """SPEC.md:1449 [FZ1] inverse(featurize(x)) == x with no edit, for every kind (rectangular and flat)."""
     featurizer = _all()[kind]
     for x in (_x(3, 2), _x(5)):
         back = kinds.change_through(featurizer, x, lambda f: f)
@@ -49,7 +49,7 @@ def test_inverse_of_featurize_is_the_activation(kind):
 
 
 def test_cayley_basis_is_orthonormal_for_any_parameter():
-    """SPEC.md:1450 [FZ2] Q = solve(I − A, (I + A)E) has QᵀQ = I even for a parameter scaled to 50; W = 0 gives E."""
+    """SPEC.md:1451 [FZ2] Q = solve(I − A, (I + A)E) has QᵀQ = I even for a parameter scaled to 50; W = 0 gives E."""
     w = kinds.initial_draw(D, 8, 1) * 50
     q = kinds.cayley(w)
     assert torch.allclose(q.T @ q, torch.eye(8), atol=1e-4)
@@ -57,7 +57,7 @@ def test_cayley_basis_is_orthonormal_for_any_parameter():
 
 
 def test_initial_draw_is_the_seeded_cpu_randn_over_root_d():
-    """SPEC.md:1454 [FZ3] the untrained parameter is randn(d, k) on a fresh CPU generator seeded with the seed, / √d."""
+    """SPEC.md:1455 [FZ3] the untrained parameter is randn(d, k) on a fresh CPU generator seeded with the seed, / √d."""
     want = torch.randn(D, 8, generator=torch.Generator().manual_seed(7), dtype=torch.float32) / D ** 0.5
     assert torch.equal(kinds.drawn("subspace", D, 8, 7).weight, want)
     assert not torch.equal(kinds.drawn("subspace", D, 8, 8).weight, want)
@@ -66,7 +66,7 @@ def test_initial_draw_is_the_seeded_cpu_randn_over_root_d():
 
 
 def test_subspace_swap_with_k_equal_d_is_a_plain_swap():
-    """SPEC.md:1457 [FZ4] a subspace swap with k = d lands the operand's activation itself."""
+    """SPEC.md:1458 [FZ4] a subspace swap with k = d lands the operand's activation itself."""
     rot = kinds.drawn("subspace", D, D, 2)
     base, source = _x(4, 1, seed=1), _x(4, 1, seed=2)
     operand = kinds.read(rot, source)
@@ -75,7 +75,7 @@ def test_subspace_swap_with_k_equal_d_is_a_plain_swap():
 
 
 def test_subspace_swap_keeps_the_base_complement():
-    """SPEC.md:1457 [FZ4] a k < d swap changes only the part in Q's directions: the base's orthogonal complement stays."""
+    """SPEC.md:1458 [FZ4] a k < d swap changes only the part in Q's directions: the base's orthogonal complement stays."""
     rot = kinds.drawn("subspace", D, 4, 2)
     base, source = _x(4, 1, seed=1), _x(4, 1, seed=2)
     out = kinds.change_through(rot, base, lambda f, o: o, None, kinds.read(rot, source))
@@ -87,7 +87,7 @@ def test_subspace_swap_keeps_the_base_complement():
 
 @pytest.mark.parametrize("kind", ["identity", "subspace", "gate", "sae"])
 def test_features_touch_only_their_dimensions(kind):
-    """SPEC.md:1459 [FZ5] with `features`, the mechanism sees f[..., features]; every other dimension passes
+    """SPEC.md:1460 [FZ5] with `features`, the mechanism sees f[..., features]; every other dimension passes
     through bit for bit, and a full-width operand is sliced to the same dimensions."""
     featurizer = _all()[kind]
     f, _ = featurizer.featurize(_x(3, 1))
@@ -106,7 +106,7 @@ def test_features_touch_only_their_dimensions(kind):
 
 
 def test_identity_features_leave_other_units_of_the_activation():
-    """SPEC.md:1459 [FZ5] through the seam with identity, `features` [0, 2] change units 0 and 2 only."""
+    """SPEC.md:1460 [FZ5] through the seam with identity, `features` [0, 2] change units 0 and 2 only."""
     x = _x(2, 1)
     out = kinds.change_through(kinds.Identity(D), x, lambda part, o: o, (0, 2), 0.0)
     assert torch.equal(out[..., [0, 2]], torch.zeros(2, 1, 2))
@@ -115,7 +115,7 @@ def test_identity_features_leave_other_units_of_the_activation():
 
 
 def test_sae_error_term_passes_through_an_edit():
-    """SPEC.md:1463 [FZ6] inverse(f', err, x) = decode(f') + err: an edit moves x by exactly decode's change."""
+    """SPEC.md:1464 [FZ6] inverse(f', err, x) = decode(f') + err: an edit moves x by exactly decode's change."""
     sae = _encoder("sae")
     x = _x(2, 1)
     f, err = sae.featurize(x)
@@ -127,7 +127,7 @@ def test_sae_error_term_passes_through_an_edit():
 
 
 def test_sae_without_w_dec_is_tied():
-    """SPEC.md:1466 [FZ7] a missing W_dec decodes with W_encᵀ; missing biases are zeros."""
+    """SPEC.md:1467 [FZ7] a missing W_dec decodes with W_encᵀ; missing biases are zeros."""
     sae = kinds.KINDS["sae"].build({"W_enc": _orthonormal(4)})
     assert torch.equal(sae.table["W_dec"], sae.table["W_enc"].T)
     assert torch.equal(sae.table["b_dec"], torch.zeros(D)) and torch.equal(sae.table["b_enc"], torch.zeros(4))
@@ -135,7 +135,7 @@ def test_sae_without_w_dec_is_tied():
 
 
 def test_linear_is_sae_without_the_relu():
-    """SPEC.md:1466 [FZ7] `linear` encodes without the nonlinearity: it keeps negative latents that `sae` zeroes."""
+    """SPEC.md:1467 [FZ7] `linear` encodes without the nonlinearity: it keeps negative latents that `sae` zeroes."""
     x = _x(6)
     f_lin, _ = _encoder("linear").featurize(x)
     f_sae, _ = _encoder("sae").featurize(x)
@@ -143,7 +143,7 @@ def test_linear_is_sae_without_the_relu():
 
 
 def test_unfitted_gate_writes_nothing_and_soft_mask_is_half():
-    """SPEC.md:1470 [FZ8] a gate starts at θ = 0: the hard mask (outside a fit's update) is all zeros, so a
+    """SPEC.md:1471 [FZ8] a gate starts at θ = 0: the hard mask (outside a fit's update) is all zeros, so a
     write through it changes nothing; while training the mask is sigmoid(θ/T) = ½."""
     gate = kinds.drawn("gate", D, None, 0)
     x, source = _x(2, 1, seed=1), _x(2, 1, seed=2)
@@ -158,7 +158,7 @@ def test_unfitted_gate_writes_nothing_and_soft_mask_is_half():
 
 
 def test_declared_featurizers_compute_in_float32():
-    """SPEC.md:1473 [FZ9] every declared kind featurizes in float32 whatever the activation's dtype; identity
+    """SPEC.md:1474 [FZ9] every declared kind featurizes in float32 whatever the activation's dtype; identity
     keeps it."""
     x = _x(2, 1).to(torch.bfloat16)
     for kind, featurizer in _all().items():
@@ -167,7 +167,7 @@ def test_declared_featurizers_compute_in_float32():
 
 
 def test_bundle_bytes_are_canonical_and_safetensors_reads_them(tmp_path):
-    """SPEC.md:1475 [FZ10] the same tensors and metadata always give the same bytes, whatever the dict order,
+    """SPEC.md:1476 [FZ10] the same tensors and metadata always give the same bytes, whatever the dict order,
     and the file is an ordinary safetensors file."""
     w = kinds.initial_draw(D, 8, 0)
     a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
@@ -180,7 +180,7 @@ def test_bundle_bytes_are_canonical_and_safetensors_reads_them(tmp_path):
 
 
 def test_bundle_refusals_in_order(tmp_path):
-    """SPEC.md:1478 [FZ11] a bundle is checked by tensor names, then its stamp key by key, then shapes, with the
+    """SPEC.md:1479 [FZ11] a bundle is checked by tensor names, then its stamp key by key, then shapes, with the
     reference's texts; a missing file is `no bundle at`."""
     where = "featurizers.rot.file_path"
     with pytest.raises(Refusal, match=r"featurizer 'rot': no bundle at '.*nope.safetensors'"):
@@ -204,7 +204,7 @@ def test_bundle_refusals_in_order(tmp_path):
 
 
 def test_every_metadata_value_of_a_shipped_or_corpus_tensor_file_follows_the_encoding():
-    """SPEC.md:1559 [FZ36] in documents/artifacts, the corpus's files/ and every tensor file a corpus case expects,
+    """SPEC.md:1560 [FZ36] in documents/artifacts, the corpus's files/ and every tensor file a corpus case expects,
     `layer`, `heads`, `units`, `k` and `d` are JSON text (an int, a list of ints or null) and the names are text."""
     import json
     from pathlib import Path

@@ -14,7 +14,7 @@ D = 8
 
 
 def test_schedule_is_one_seeded_generator_across_epochs():
-    """SPEC.md:1486 [FZ12] each epoch is a fresh permutation from one random.Random(seed), split into minibatches of `pairs`."""
+    """SPEC.md:1487 [FZ12] each epoch is a fresh permutation from one random.Random(seed), split into minibatches of `pairs`."""
     order = random.Random(3)
     first, second = order.sample(range(5), 5), order.sample(range(5), 5)
     plan = fit.schedule(5, 2, 2, 3)
@@ -24,7 +24,7 @@ def test_schedule_is_one_seeded_generator_across_epochs():
 
 
 def test_anneal_is_geometric_per_planned_update():
-    """SPEC.md:1489 [FZ13] T = start·(end/start)^(done/(total−1)): dbm's 20 updates from 1.0 to 0.05 give
+    """SPEC.md:1490 [FZ13] T = start·(end/start)^(done/(total−1)): dbm's 20 updates from 1.0 to 0.05 give
     1.000/0.532/0.242/0.110/0.050 at updates 1/5/10/15/20."""
     got = [round(fit.temperature(1.0, 0.05, u - 1, 20), 3) for u in (1, 5, 10, 15, 20)]
     assert got == [1.0, 0.532, 0.242, 0.110, 0.05]
@@ -47,7 +47,7 @@ def _toy(seed=0, epochs=6, patience=10, mode="min", lr=0.05):
 
 
 def test_loss_falls_and_curves_have_their_shapes():
-    """SPEC.md:1492 [FZ14] the loss is Σ weight·mean(term), minimized by AdamW over the trained leaves;
+    """SPEC.md:1493 [FZ14] the loss is Σ weight·mean(term), minimized by AdamW over the trained leaves;
     train/loss has one float32 entry per update run, train/eval one row per epoch run."""
     rot, result = _toy()
     loss, evals = result["train/loss"], result["train/eval"]
@@ -57,7 +57,7 @@ def test_loss_falls_and_curves_have_their_shapes():
 
 
 def test_same_seed_same_weights():
-    """SPEC.md:1497 [FZ15] a fit is deterministic on CPU: the same seed trains the identical parameter, another
+    """SPEC.md:1498 [FZ15] a fit is deterministic on CPU: the same seed trains the identical parameter, another
     seed a different one."""
     a, ra = _toy(seed=1)
     b, rb = _toy(seed=1)
@@ -67,7 +67,7 @@ def test_same_seed_same_weights():
 
 
 def test_early_stop_is_strict_and_keeps_the_last_weights():
-    """SPEC.md:1499 [FZ16] with mode max on a falling loss nothing improves after the first epoch, so patience
+    """SPEC.md:1500 [FZ16] with mode max on a falling loss nothing improves after the first epoch, so patience
     p stops after p + 1 epochs; the weights kept are the last update's, not the best epoch's."""
     rot, result = _toy(mode="max", patience=2)
     assert result["train/eval"].shape == (3, 1)
@@ -78,7 +78,7 @@ def test_early_stop_is_strict_and_keeps_the_last_weights():
 
 
 def test_gate_trains_with_soft_mask_and_reports_hard_mask():
-    """SPEC.md:1502 [FZ17] a trained gate's `<g>.mask` objective term is its soft mask's mean (L1 pressure)
+    """SPEC.md:1503 [FZ17] a trained gate's `<g>.mask` objective term is its soft mask's mean (L1 pressure)
     while updating; train/eval's column for it is the hard mask's mean, the fraction of units kept."""
     gate = kinds.drawn("gate", D, None, 0)
     x, source = torch.zeros(3, D), torch.ones(3, D)

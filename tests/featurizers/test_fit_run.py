@@ -44,7 +44,7 @@ def fitted(llama, tmp_path_factory):
 
 
 def test_das_fit_lowers_its_loss_and_trains_the_rotation(fitted):
-    """SPEC.md:1543 [FZ28] the DAS fit on the Llama fixture lowers its training loss from the first epoch to the last;
+    """SPEC.md:1544 [FZ28] the DAS fit on the Llama fixture lowers its training loss from the first epoch to the last;
     the saved bundle holds the Cayley parameter (16, 8), moved from the seed-0 draw, with the stamp."""
     loss, meta = tensor(fitted / "train_loss.safetensors")
     assert loss.shape == (3,) and loss.dtype == torch.float32 and meta is None
@@ -60,7 +60,7 @@ def test_das_fit_lowers_its_loss_and_trains_the_rotation(fitted):
 
 
 def test_a_reloaded_bundle_reproduces_the_last_eval_exactly(fitted, llama, tmp_path):
-    """SPEC.md:1549 [FZ29] SPEC.md:1540 [FZ27] the saved bundle, loaded by `file_path` into a run over the
+    """SPEC.md:1550 [FZ29] SPEC.md:1541 [FZ27] the saved bundle, loaded by `file_path` into a run over the
     eval rows, reproduces the fit's final eval metric bit for bit."""
     raw = das()
     raw["featurizers"]["rot"] = {"kind": "subspace", "k": 8, "file_path": str(fitted / "rot.safetensors")}
@@ -72,7 +72,7 @@ def test_a_reloaded_bundle_reproduces_the_last_eval_exactly(fitted, llama, tmp_p
 
 
 def test_two_fits_with_one_seed_write_byte_identical_bundles(fitted, llama, tmp_path):
-    """SPEC.md:1551 [FZ30] a fit is deterministic on CPU: the same document writes byte-identical bundle and curve
+    """SPEC.md:1552 [FZ30] a fit is deterministic on CPU: the same document writes byte-identical bundle and curve
     files; another seed fits another rotation."""
     again = execute(das(), llama, tmp_path / "again")
     for name in ("rot.safetensors", "train_loss.safetensors"):
@@ -84,7 +84,7 @@ def test_two_fits_with_one_seed_write_byte_identical_bundles(fitted, llama, tmp_
 
 
 def test_a_fit_on_the_hooks_engine_trains_what_the_nnterp_engine_trains(fitted, tmp_path):
-    """SPEC.md:1585 [FZ35] the DAS fit run on the hooks engine trains the nnterp engine's rotation and writes its
+    """SPEC.md:1586 [FZ35] the DAS fit run on the hooks engine trains the nnterp engine's rotation and writes its
     train/loss curve and held-out table (allclose 1e-6): a fit reaches the model only through the contract."""
     hooks = loading.load(Model(key="fixture:tiny-llama", revision="seeded", dtype="fp32"), "hooks")
     out = execute(das(), hooks, tmp_path / "hooks")
@@ -103,7 +103,7 @@ def _patching(llama, tmp_path, name, change):
 
 
 def test_a_full_rank_subspace_swap_is_a_plain_swap(llama, tmp_path):
-    """SPEC.md:1457 [FZ4] through the engine, a subspace swap with k = d (an untrained seeded rotation) gives the
+    """SPEC.md:1458 [FZ4] through the engine, a subspace swap with k = d (an untrained seeded rotation) gives the
     plain swap's numbers (to float32 rounding)."""
     def full(raw):
         raw["featurizers"] = {"rot": {"kind": "subspace", "k": 16, "seed": 3}}
@@ -114,7 +114,7 @@ def test_a_full_rank_subspace_swap_is_a_plain_swap(llama, tmp_path):
 
 
 def test_an_unfitted_gate_writes_nothing_in_a_run(llama, tmp_path):
-    """SPEC.md:1470 [FZ8] through the engine, a swap via an unfitted gate (θ = 0, hard mask zero) leaves the base
+    """SPEC.md:1471 [FZ8] through the engine, a swap via an unfitted gate (θ = 0, hard mask zero) leaves the base
     run's numbers; a features subset of identity touches only those units."""
     def gate(raw):
         raw["featurizers"] = {"mask": {"kind": "gate"}}
@@ -131,14 +131,14 @@ def test_an_unfitted_gate_writes_nothing_in_a_run(llama, tmp_path):
 
 
 def test_the_shipped_sae_is_its_deterministic_build():
-    """SPEC.md:1553 [FZ31] documents/artifacts/sae.safetensors is exactly what bundles.example_sae builds (seeded,
+    """SPEC.md:1554 [FZ31] documents/artifacts/sae.safetensors is exactly what bundles.example_sae builds (seeded,
     canonical bytes): shipped, never hand-edited."""
     from causalab_ref.featurizers import bundles
     assert (ROOT / bundles.EXAMPLE_SAE).read_bytes() == bundles.example_sae()
 
 
 def test_an_sae_write_of_its_own_latents_changes_nothing(llama, tmp_path):
-    """SPEC.md:1463 [FZ6] through the engine, swapping the SAE's latents with themselves returns decode(f) + err = x:
+    """SPEC.md:1464 [FZ6] through the engine, swapping the SAE's latents with themselves returns decode(f) + err = x:
     the numbers are the unwritten model's; zeroing an active latent moves them, an inactive one does not."""
     raw = json.loads((ROOT / "documents" / "sae_ablation.json").read_text())
     raw["interventions"]["ablation"]["writes"]["zero"]["features"] = [0]

@@ -48,7 +48,7 @@ def _lens(pos_sweep: dict, every: bool) -> dict:
 
 
 def test_a_table_by_layer_beside_a_sweep_is_its_explicit_layer_sweep_turned(tmp_path):
-    """SPEC.md:2443 [FG2] a table by layer (layers "all") beside a position sweep takes its layer as the second
+    """SPEC.md:2444 [FG2] a table by layer (layers "all") beside a position sweep takes its layer as the second
     axis: the heatmap is the same document's with the layers swept, its axes the other way round, cell for cell
     (D34: each layer's rows are the swept point's, value for value)."""
     swept = {"pos": {"sweep": [-1, -2]}}
@@ -62,7 +62,7 @@ def test_a_table_by_layer_beside_a_sweep_is_its_explicit_layer_sweep_turned(tmp_
 
 
 def test_a_table_by_layer_beside_two_sweep_axes_is_refused_as_three(tmp_path):
-    """SPEC.md:2443 [FG2] beside two sweep axes a table by layer would be a third axis: refused, naming it."""
+    """SPEC.md:2444 [FG2] beside two sweep axes a table by layer would be a third axis: refused, naming it."""
     out = _run(_lens({"pos": {"sweep": [-1, -2]}, "view": {"sweep": ["logits"]}}, True), tmp_path, "three")
     with pytest.raises(Refusal) as refused:
         plot.panels(out)
@@ -76,7 +76,7 @@ def _mean(file: Path) -> float:
 
 
 def test_a_two_axis_sweep_is_a_heatmap_of_each_points_mean(tracing):
-    """SPEC.md:2443 [FG2] the first axis down, the second across, each cell the mean over the point's eligible rows
+    """SPEC.md:2444 [FG2] the first axis down, the second across, each cell the mean over the point's eligible rows
     (recomputed here from each point's own table)."""
     panel = next(p for p in plot.panels(tracing) if p.title.startswith("logit_diff"))
     assert panel.kind == "heatmap" and (panel.ylabel, panel.xlabel) == ("layers", "pos")
@@ -87,7 +87,7 @@ def test_a_two_axis_sweep_is_a_heatmap_of_each_points_mean(tracing):
 
 
 def test_a_point_without_the_table_is_an_empty_cell(tracing, tmp_path):
-    """SPEC.md:2443 [FG2] a point whose folder lacks a table (here the first point's, deleted) is an empty cell of
+    """SPEC.md:2444 [FG2] a point whose folder lacks a table (here the first point's, deleted) is an empty cell of
     that table's heatmap; the other cells keep their means."""
     import shutil
 
@@ -108,7 +108,7 @@ def _plan(out: Path, capsys) -> list:
 
 
 def test_a_position_axis_is_labelled_by_the_decoded_tokens(tracing, capsys):
-    """SPEC.md:2452 [FG3] the axis that moves where a write lands names, under each value, the first row's tokens
+    """SPEC.md:2453 [FG3] the axis that moves where a write lands names, under each value, the first row's tokens
     there (as explain resolves them; seed 000:141 splits 'If today is Thursday, tomorrow is' as [..., ',', 'tom',
     'orrow', 'is']); the layer axis, which moves no position, names its values alone."""
     panel = next(p for p in plot.panels(tracing, _plan(tracing, capsys)) if p.title.startswith("iia"))
@@ -117,7 +117,7 @@ def test_a_position_axis_is_labelled_by_the_decoded_tokens(tracing, capsys):
 
 
 def test_the_drawn_figure_has_the_panels_axes_and_labels(tracing, capsys):
-    """SPEC.md:2443 [FG2] SPEC.md:2452 [FG3] the matplotlib figure: one axes per metric table (and a colorbar each), titled, with
+    """SPEC.md:2444 [FG2] SPEC.md:2453 [FG3] the matplotlib figure: one axes per metric table (and a colorbar each), titled, with
     the sweep's axis names and tick labels."""
     fig = plot.figure(tracing, _plan(tracing, capsys))
     axes = [ax for ax in fig.axes if ax.get_title()]
@@ -128,7 +128,7 @@ def test_the_drawn_figure_has_the_panels_axes_and_labels(tracing, capsys):
 
 
 def test_a_run_with_no_sweep_is_bars_per_row(tmp_path):
-    """SPEC.md:2460 [FG4] no sweep: a bar per row (ineligible rows at 0), titled with how many rows were eligible."""
+    """SPEC.md:2461 [FG4] no sweep: a bar per row (ineligible rows at 0), titled with how many rows were eligible."""
     out = _run(_patching(), tmp_path, "plain")
     panel = next(p for p in plot.panels(out) if p.title.startswith("logit_diff"))
     rows = json.loads((out / "logit_diff.json").read_text(encoding="utf-8"))
@@ -137,7 +137,7 @@ def test_a_run_with_no_sweep_is_bars_per_row(tmp_path):
 
 
 def test_a_bar_whose_value_is_not_a_number_is_drawn_at_zero(tmp_path):
-    """SPEC.md:2460 [FG4] a damaged table whose eligible row holds an object, a string or a boolean (fuzz case
+    """SPEC.md:2461 [FG4] a damaged table whose eligible row holds an object, a string or a boolean (fuzz case
     7610) is drawn, that row's bar at 0, not an internal error in matplotlib."""
     out = _run(_patching(), tmp_path, "plain")
     rows = json.loads((out / "logit_diff.json").read_text(encoding="utf-8"))
@@ -150,7 +150,7 @@ def test_a_bar_whose_value_is_not_a_number_is_drawn_at_zero(tmp_path):
 
 
 def test_one_metric_in_several_tables_is_first_drawn_as_a_bar_per_table(tmp_path):
-    """SPEC.md:2470 [FG8] a run with no sweep whose tables hold one metric twice or more: a first panel of that
+    """SPEC.md:2471 [FG8] a run with no sweep whose tables hold one metric twice or more: a first panel of that
     metric, a bar per table in path order at its mean over eligible rows (None where no row counts); each
     per-row panel is titled by its table's path; a metric held by one table gets no such panel."""
     out = _run(_patching(), tmp_path, "plain")
@@ -168,7 +168,7 @@ def test_one_metric_in_several_tables_is_first_drawn_as_a_bar_per_table(tmp_path
 
 
 def test_a_crowded_row_of_bar_ticks_is_turned_on_end(tmp_path):
-    """SPEC.md:2470 [FG8] a bar panel whose ticks hold more than 60 characters side by side is turned 90
+    """SPEC.md:2471 [FG8] a bar panel whose ticks hold more than 60 characters side by side is turned 90
     degrees; one whose ticks fit is not."""
     out = _run(_patching(), tmp_path, "plain")
     rows = json.loads((out / "iia.json").read_text(encoding="utf-8"))
@@ -182,7 +182,7 @@ def test_a_crowded_row_of_bar_ticks_is_turned_on_end(tmp_path):
 
 
 def test_a_fits_loss_curve_is_a_line_over_updates(tmp_path):
-    """SPEC.md:2463 [FG5] a save of `<fit>/loss` is drawn as the losses in update order, read from its tensor file."""
+    """SPEC.md:2464 [FG5] a save of `<fit>/loss` is drawn as the losses in update order, read from its tensor file."""
     from safetensors.torch import load_file
 
     out = tmp_path / "das"
@@ -194,14 +194,14 @@ def test_a_fits_loss_curve_is_a_line_over_updates(tmp_path):
 
 
 def test_the_figure_is_written_whole_as_png_or_svg(tracing, tmp_path):
-    """SPEC.md:2465 [FG6] the file is PNG or SVG by its suffix, and no staging file is left beside it."""
+    """SPEC.md:2466 [FG6] the file is PNG or SVG by its suffix, and no staging file is left beside it."""
     png, svg = plot.draw(tracing, tmp_path / "f.png"), plot.draw(tracing, tmp_path / "f.svg")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and b"<svg" in svg.read_bytes()[:2000]
     assert sorted(os.listdir(tmp_path)) == ["f.png", "f.svg"]
 
 
 def test_plot_refuses_what_it_cannot_draw_in_one_line(tracing, tmp_path, capsys):
-    """SPEC.md:2441 [FG1] SPEC.md:2465 [FG6] a folder no run wrote, a suffix that is no figure, an existing file without
+    """SPEC.md:2442 [FG1] SPEC.md:2466 [FG6] a folder no run wrote, a suffix that is no figure, an existing file without
     --replace, a link, a name too long for the file system: exit 2, one line, nothing written, the link's target
     unchanged."""
     (tmp_path / "plain").mkdir()
@@ -222,7 +222,7 @@ def test_plot_refuses_what_it_cannot_draw_in_one_line(tracing, tmp_path, capsys)
 
 
 def test_a_sweep_over_three_axes_is_refused(tmp_path):
-    """SPEC.md:2443 [FG2] a heatmap has two axes: a run swept over three is refused, naming the count."""
+    """SPEC.md:2444 [FG2] a heatmap has two axes: a run swept over three is refused, naming the count."""
     doc = _patching()
     doc["sites"]["target"]["layers"] = {"sweep": [[0], [1]]}
     doc["interventions"]["patching"]["metrics"]["logit_diff"]["a"] = {"sweep": ["cf_answer", "answer"]}
@@ -234,7 +234,7 @@ def test_a_sweep_over_three_axes_is_refused(tmp_path):
 
 
 def test_without_matplotlib_plot_names_the_extra(tracing, monkeypatch):
-    """SPEC.md:2469 [FG7] matplotlib is an optional extra: without it, one line naming `causalab_ref[plot]`."""
+    """SPEC.md:2470 [FG7] matplotlib is an optional extra: without it, one line naming `causalab_ref[plot]`."""
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(Refusal) as caught:
         plot.figure(tracing)
@@ -242,7 +242,7 @@ def test_without_matplotlib_plot_names_the_extra(tracing, monkeypatch):
 
 
 def test_what_is_not_a_metric_table_or_a_curve_in_the_folder_is_not_drawn(tmp_path):
-    """SPEC.md:1106 [S13] a file that is not JSON (or nested too deep to read), JSON that is not a metric table, a link
+    """SPEC.md:1107 [S13] a file that is not JSON (or nested too deep to read), JSON that is not a metric table, a link
     to a table outside, and a
     loss save whose tensor is not 1-D add no panel and raise nothing: the figure is the run's own tables."""
     import shutil
@@ -280,7 +280,7 @@ def weekday_tracing(tmp_path_factory):
 
 
 def test_a_scoped_positions_tick_is_its_anchor_and_tokens_not_its_json(weekday_tracing, capsys):
-    """SPEC.md:2452 [FG3] the weekday tracing heatmap's position ticks, read off the drawn axes: a scoped
+    """SPEC.md:2453 [FG3] the weekday tracing heatmap's position ticks, read off the drawn axes: a scoped
     position is its variable and index over the first test row's tokens (the row's entity is Monday, its shared
     word tomorrow, its last token ' is'), `-1` is short enough to stand as itself; no tick holds JSON, and no
     line of a tick is over 16 characters; three short ticks are not turned."""
@@ -301,7 +301,7 @@ def first_row_of_the_test_table() -> dict:
 
 
 def test_a_long_tick_is_shortened_and_a_crowded_row_is_turned(tmp_path):
-    """SPEC.md:2452 [FG3] tokens over 16 characters are shortened to 15 and an ellipsis; a value over 6 characters
+    """SPEC.md:2453 [FG3] tokens over 16 characters are shortened to 15 and an ellipsis; a value over 6 characters
     with no scope is left out, one with no tokens under it is shortened; twelve such ticks side by side are turned."""
     assert plot.tick("-2", "' a very long stretch of text'") == "-2\n' a very long s\u2026"
     assert plot.tick('{"index":-1,"scope":{"segment":"user"}}', "' hi'") == "user[-1]\n' hi'"
@@ -322,7 +322,7 @@ def _plain_with(tmp_path: Path, rows_of) -> Path:
 
 
 def test_a_value_past_a_floats_range_is_drawn_as_not_a_number(tmp_path):
-    """SPEC.md:2478 [FG9] an eligible row whose value is a 400-digit integer (valid JSON, S41) is drawn as a value
+    """SPEC.md:2479 [FG9] an eligible row whose value is a 400-digit integer (valid JSON, S41) is drawn as a value
     that is not a finite number, and a 300-digit one as its float; the figure is written (it was an internal
     error, OverflowError)."""
     out = _plain_with(tmp_path, lambda rows: [dict(rows[0], value=10 ** 400), dict(rows[1], value=10 ** 300),
@@ -333,7 +333,7 @@ def test_a_value_past_a_floats_range_is_drawn_as_not_a_number(tmp_path):
 
 
 def test_a_long_table_draws_its_first_rows_and_says_so(tmp_path):
-    """SPEC.md:2478 [FG9] a table of 100,000 rows is drawn as 100 bars and 100 ticks, titled with every row's
+    """SPEC.md:2479 [FG9] a table of 100,000 rows is drawn as 100 bars and 100 ticks, titled with every row's
     eligible count and `the first 100 drawn` (it drew a bar and a tick per row)."""
     n = 100_000
     out = _plain_with(tmp_path, lambda rows: [dict(rows[k % len(rows)], example_id=str(k), eligible=k % 3 > 0)
@@ -348,7 +348,7 @@ def test_a_long_table_draws_its_first_rows_and_says_so(tmp_path):
 
 
 def test_a_figure_draws_at_most_24_panels_and_says_how_many_it_left(tmp_path):
-    """SPEC.md:2478 [FG9] 30 metric tables give 24 panels and a title naming 24 of the panels there are."""
+    """SPEC.md:2479 [FG9] 30 metric tables give 24 panels and a title naming 24 of the panels there are."""
     out = _run(_patching(), tmp_path, "plain")
     rows = json.loads((out / "iia.json").read_text(encoding="utf-8"))
     for k in range(28):
@@ -360,7 +360,7 @@ def test_a_figure_draws_at_most_24_panels_and_says_how_many_it_left(tmp_path):
 
 
 def test_a_readout_table_of_lists_is_not_drawn(tmp_path):
-    """SPEC.md:2478 [FG9] a table whose rows hold lists ([token, probability] pairs, a top_k readout) is not
+    """SPEC.md:2479 [FG9] a table whose rows hold lists ([token, probability] pairs, a top_k readout) is not
     drawn; the other tables are, and a folder holding only such tables is refused in one line."""
     pairs = [[" Monday", 0.5], [" Tuesday", 0.25]]
     out = _plain_with(tmp_path, lambda rows: [dict(r, metric="top_k", value=pairs, unit="") for r in rows])
@@ -372,7 +372,7 @@ def test_a_readout_table_of_lists_is_not_drawn(tmp_path):
 
 
 def test_a_fraction_is_drawn_on_0_1_and_a_logit_difference_centred_on_0(tracing):
-    """SPEC.md:2487 [FG10] read from the drawn figure: the iia heatmap's colour limits are (0, 1) whatever its
+    """SPEC.md:2488 [FG10] read from the drawn figure: the iia heatmap's colour limits are (0, 1) whatever its
     means; the logit_diff heatmap's are (-m, m), m the largest |mean| recomputed from the points' tables, with a
     diverging map."""
     fig = plot.figure(tracing)
@@ -385,7 +385,7 @@ def test_a_fraction_is_drawn_on_0_1_and_a_logit_difference_centred_on_0(tracing)
 
 
 def test_a_small_fraction_is_not_drawn_in_the_colour_of_one(tmp_path):
-    """SPEC.md:2487 [FG10] a heatmap of fractions 0.074 and 0.08 (its range's ends, which the colour scale was
+    """SPEC.md:2488 [FG10] a heatmap of fractions 0.074 and 0.08 (its range's ends, which the colour scale was
     fit to) draws 0.074 near the colour of 0: the limits are (0, 1), not (0.074, 0.08)."""
     plt = plot._pyplot()
     fig, ax = plt.subplots()

@@ -122,7 +122,7 @@ def test_a_group_past_the_end_is_an_error():
     ((4, 5), 1, (3, 4), True, None),
 ])
 def test_windows_that_are_one_run_gather_what_the_index_gather_takes(shape, seq_axis, window, ragged, groups):
-    """SPEC.md:1741 [Q13] three rows sharing one run of positions are gathered as a slice with exactly the values
+    """SPEC.md:1742 [Q13] three rows sharing one run of positions are gathered as a slice with exactly the values
     the index gather takes for them (a fourth, different row sends the same rows through the index gather)."""
     x = _t(*shape)
     g, take = groups if groups else (None, None)
@@ -137,7 +137,7 @@ def test_windows_that_are_one_run_gather_what_the_index_gather_takes(shape, seq_
 
 
 def test_the_last_position_of_every_row_is_gathered_as_a_view():
-    """SPEC.md:1741 [Q13] the last token of each row of a left-padded batch is read as a view of the tensor
+    """SPEC.md:1742 [Q13] the last token of each row of a left-padded batch is read as a view of the tensor
     (no index copy); the values are the tensor's own."""
     x = _t(3, 5, 6)
     g = gather(x, Selection(windows=((4,),) * 3))

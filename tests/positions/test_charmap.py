@@ -29,14 +29,14 @@ def tok(request):
 
 
 def test_both_fixture_tokenizers_are_served(tok):
-    """SPEC.md:1671 [Q2] — the sentencepiece and the byte-level BPE fixtures take the linear map."""
+    """SPEC.md:1672 [Q2] — the sentencepiece and the byte-level BPE fixtures take the linear map."""
     assert resolve.linear_map_serves(tok)
 
 
 @SETTINGS
 @given(text=TEXTS, end=st.integers(min_value=0, max_value=200))
 def test_the_linear_map_is_the_definition_on_generated_text(tok, text, end):
-    """SPEC.md:1664 [Q1] SPEC.md:1678 [Q3] — identical offsets on a whole row and on the same row truncated anywhere
+    """SPEC.md:1665 [Q1] SPEC.md:1679 [Q3] — identical offsets on a whole row and on the same row truncated anywhere
     (truncated mid-character, it ends in bytes that never make a character)."""
     ids = tok.encode(text, add_special_tokens=False)
     assert resolve.linear_char_map(tok, ids) == resolve.char_map(tok, ids)
@@ -46,7 +46,7 @@ def test_the_linear_map_is_the_definition_on_generated_text(tok, text, end):
 @SETTINGS
 @given(ids=st.lists(st.integers(min_value=0, max_value=999), max_size=30))
 def test_the_linear_map_is_the_definition_on_any_ids(tok, ids):
-    """SPEC.md:1664 [Q1] SPEC.md:1678 [Q3] — ids no encoder produced (stray byte pieces, special tokens anywhere)
+    """SPEC.md:1665 [Q1] SPEC.md:1679 [Q3] — ids no encoder produced (stray byte pieces, special tokens anywhere)
     map as the definition maps them, as a continuation's do."""
     assert resolve.linear_char_map(tok, ids) == resolve.char_map(tok, ids)
 
@@ -70,7 +70,7 @@ class _Counting:
 
 
 def test_the_run_maps_a_long_row_in_linear_work(tok, monkeypatch):
-    """SPEC.md:1664 [Q1] — a frame of a row of some 400 tokens is built without the definition and decodes a
+    """SPEC.md:1665 [Q1] — a frame of a row of some 400 tokens is built without the definition and decodes a
     bounded number of ids per token (the definition decodes about n * n / 2 of them), with the same offsets."""
     text = " ".join(["If today is Thursday, 日本語 é 😀 tomorrow is"] * 16)
     ids = tok.encode(text, add_special_tokens=False)
@@ -85,7 +85,7 @@ def test_the_run_maps_a_long_row_in_linear_work(tok, monkeypatch):
 
 
 def test_a_byte_piece_that_never_makes_a_character_is_placed_as_the_definition_places_it(tok, monkeypatch):
-    """SPEC.md:1678 [Q3] — a lone byte piece decodes to U+FFFD, so its prefix is a prefix of the text and the piece
+    """SPEC.md:1679 [Q3] — a lone byte piece decodes to U+FFFD, so its prefix is a prefix of the text and the piece
     covers a character there; the linear map places it where the definition does, not as a miss, and maps
     the rest of the row by decoded stretches (the whole-row definition is not called)."""
     byte = next(i for i in range(1000) if tok.decode([i]) == "\ufffd")
@@ -98,7 +98,7 @@ def test_a_byte_piece_that_never_makes_a_character_is_placed_as_the_definition_p
 
 
 def test_other_tokenizers_get_the_definition():
-    """SPEC.md:1671 [Q2] — a WordPiece tokenizer (its decoder joins with spaces and merges '##'), a slow Python
+    """SPEC.md:1672 [Q2] — a WordPiece tokenizer (its decoder joins with spaces and merges '##'), a slow Python
     tokenizer and a tokenizer class that overrides decode are not served; their frames use the definition."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -133,7 +133,7 @@ class _Words:
 
 
 def test_stretches_that_do_not_rebuild_the_row_fall_back_to_the_definition():
-    """SPEC.md:1683 [Q4] — an end marker only a long decode writes: every short stretch extends its head, but the
+    """SPEC.md:1684 [Q4] — an end marker only a long decode writes: every short stretch extends its head, but the
     pieces miss the marker and do not rebuild the text, so the row is mapped by the definition (the stretches
     alone would place every long prefix, which the definition does not)."""
     tok, ids = _Words(after=" END", above=11), list(range(20))
@@ -141,14 +141,14 @@ def test_stretches_that_do_not_rebuild_the_row_fall_back_to_the_definition():
 
 
 def test_a_stretch_that_does_not_extend_its_head_falls_back_to_the_definition():
-    """SPEC.md:1683 [Q4] — a quote marker a decode of three ids writes: once the stretch starts past the first
+    """SPEC.md:1684 [Q4] — a quote marker a decode of three ids writes: once the stretch starts past the first
     clean prefix, a stretch of three no longer starts with its head of two, and the row is mapped by the definition."""
     tok, ids = _Words(before="> ", above=2), list(range(20))
     assert resolve.linear_char_map(tok, ids) == resolve.char_map(tok, ids)
 
 
 def test_a_sentencepiece_row_is_mapped_from_its_pieces_with_one_decode(monkeypatch):
-    """SPEC.md:1758 [Q14] — on the Llama fixture (the sentencepiece decoder) a frame of a long row with byte
+    """SPEC.md:1759 [Q14] — on the Llama fixture (the sentencepiece decoder) a frame of a long row with byte
     pieces decodes that row's ids once, for its text, and nothing else; the offsets are the definition's."""
     tok = builder.tokenizer("fixture:tiny-llama")
     assert resolve.decodes_by_pieces(tok) and not resolve.decodes_by_pieces(builder.tokenizer("fixture:tiny-gpt2"))
@@ -162,7 +162,7 @@ def test_a_sentencepiece_row_is_mapped_from_its_pieces_with_one_decode(monkeypat
 
 
 def test_the_rows_of_one_frame_share_their_pieces_and_each_is_the_definition():
-    """SPEC.md:1758 [Q14] — a frame's rows look each id's piece up once for all of them; rows without byte pieces
+    """SPEC.md:1759 [Q14] — a frame's rows look each id's piece up once for all of them; rows without byte pieces
     (offsets as running lengths), with byte pieces, and with a leading space, each get the definition's offsets."""
     tok = builder.tokenizer("fixture:tiny-llama")
     texts = ["If today is Thursday, tomorrow is", "日本語 鿰 é 😀 Thursday", " leading space, Thursday again", "x"]

@@ -383,7 +383,7 @@ def test_left_padding_same_last_index_each_rows_own_first_token(llama):
 
 
 def test_cli_tokens_shows_a_documents_rows_with_indices():
-    """SPEC.md:610 [R19] seed 000:175-195 (document-format §16) — `tokens --document DOC` prints each role's rows of the
+    """SPEC.md:611 [R19] seed 000:175-195 (document-format §16) — `tokens --document DOC` prints each role's rows of the
     first step as index:'piece', indices into the padded batch."""
     done = inprocess.cli("tokens", "--document", "documents/entity_patch.json")
     assert done.returncode == 0, done.stderr
@@ -397,7 +397,7 @@ def test_cli_tokens_shows_a_documents_rows_with_indices():
 
 @pytest.mark.parametrize("name", ["minimal_protocol.json", "steps_first/readout.json", "steps_first/pos_sweep.json"])
 def test_cli_tokens_of_another_format_are_those_of_the_document_it_lowers_to(name, tmp_path):
-    """SPEC.md:610 [R19] SPEC.md:2501 [SF1] SPEC.md:1598 [PR1] — a protocol or steps-first document
+    """SPEC.md:611 [R19] SPEC.md:2502 [SF1] SPEC.md:1599 [PR1] — a protocol or steps-first document
     is read as the plan-shaped document it lowers to, so `tokens --document` prints what it prints for that one.
     Ground: that identity (the lowered text written to a file and shown the same way). Before, an unswept one
     ended in an internal error (KeyError 'roles'): its plan carries the document as given (PR15, SF15)."""
@@ -410,7 +410,7 @@ def test_cli_tokens_of_another_format_are_those_of_the_document_it_lowers_to(nam
 
 
 def test_cli_tokens_shows_the_first_observe_step_and_refuses_a_document_with_none(tmp_path):
-    """SPEC.md:610-614 [R19] — `tokens --document` shows the first observe step's rows (the Reading: a fit's rows
+    """SPEC.md:611 [R19] — `tokens --document` shows the first observe step's rows (the Reading: a fit's rows
     run in shuffled minibatches, a weights step has none); a document with no observe step is refused at compile
     in one line. Before, a document whose first step is a fit (the shipped distributed_das.json) ended in an
     internal error (AttributeError: a FitPlan has no forwards), which the fuzz found once it ran this verb."""

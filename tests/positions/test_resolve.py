@@ -93,13 +93,13 @@ def test_imports_only_stdlib_torch_and_shapes():
 
 
 def test_content_text_excludes_bos(weekdays):
-    """seed 000:140 — the content text is the prompt itself, no BOS. SPEC.md:253 [P24] SPEC.md:649 [X4]"""
+    """seed 000:140 — the content text is the prompt itself, no BOS. SPEC.md:253 [P24] SPEC.md:650 [X4]"""
     _ids, _mask, frame = weekdays
     assert repr(frame.texts[0]) == "'If today is Thursday, tomorrow is'"
 
 
 def test_content_pieces_of_the_weekday_prompt(llama, weekdays):
-    """seed 000:141 — the content range covers exactly the prompt's pieces. SPEC.md:253 [P24] SPEC.md:649 [X4]"""
+    """seed 000:141 — the content range covers exactly the prompt's pieces. SPEC.md:253 [P24] SPEC.md:650 [X4]"""
     ids, _mask, frame = weekdays
     pieces = [llama.decode([i]) for i in ids[0][frame.starts[0] : frame.ends[0]]]
     assert pieces == ["If", "today", "is", "Th", "urs", "day", ",", "tom", "orrow", "is"]
@@ -107,7 +107,7 @@ def test_content_pieces_of_the_weekday_prompt(llama, weekdays):
 
 def test_offsets_from_decoding_growing_prefixes(weekdays):
     """seed 000:116,142 — offsets[k] is where token k starts; the last entry is len(text).
-    SPEC.md:242 [P22] SPEC.md:649 [X4]"""
+    SPEC.md:242 [P22] SPEC.md:650 [X4]"""
     _ids, _mask, frame = weekdays
     assert frame.offsets[0] == (0, 2, 8, 11, 14, 17, 20, 21, 25, 30, 33)
 
@@ -195,7 +195,7 @@ def test_spelling_of_an_anchored_all():
 
 def test_index_minus_one_is_the_anchors_last_token(weekdays):
     """seed 000:58,144 — negatives count from the end of the run: Thursday's last piece is 'day'.
-    SPEC.md:199 [P5] SPEC.md:649 [X4]"""
+    SPEC.md:199 [P5] SPEC.md:650 [X4]"""
     _ids, _mask, frame = weekdays
     where = Where(index=-1, scope=Anchor(variable="e"))
     windows, reasons = resolve.resolve(frame, where, ("Thursday", "Friday"))
@@ -220,7 +220,7 @@ def test_anchor_absent_or_none_is_missing(weekdays):
 
 def test_anchor_index_moves_with_the_tokens_after_it(llama):
     """seed 000:179-193 — ' Tuesday' is three tokens, so the number's index is 8 or 6.
-    SPEC.md:199 [P5] SPEC.md:649 [X4]"""
+    SPEC.md:199 [P5] SPEC.md:650 [X4]"""
     _ids, _mask, frame = resolve.frame_of_texts(llama, ARITHMETIC)
     windows, reasons = resolve.resolve(
         frame, Where(index=-1, scope=Anchor(variable="number")), ("one", "three", "two", "five")
@@ -239,7 +239,7 @@ def test_special_prefix_is_bos_on_llama(llama):
 
 
 def test_index_zero_is_the_first_word_on_llama(llama):
-    """seed 000:168 — the run starts after BOS, so index 0 is 'If'. SPEC.md:253 [P24] SPEC.md:255 [P25] SPEC.md:649 [X4]"""
+    """seed 000:168 — the run starts after BOS, so index 0 is 'If'. SPEC.md:253 [P24] SPEC.md:255 [P25] SPEC.md:650 [X4]"""
     ids, _mask, frame = resolve.frame_of_texts(llama, [WEEKDAYS[0]])
     windows, _reasons = resolve.resolve(frame, Where(index=0))
     assert ids[0][:4] == (1, 960, 9826, 338) and frame.starts == (1,)
@@ -432,7 +432,7 @@ def test_continuation_ends_at_the_first_stop_token(llama):
     """seed 000:269 — a row ends at its first stop token, which it keeps; one that never
     stopped keeps the bound. SPEC.md:319 [P37]"""
     frame = resolve.frame_of_continuation(llama, GENERATED, llama.eos_token_id)
-    assert frame.kind == "generated"
+    assert frame.name == "generated"
     assert frame.starts == (0, 0) and frame.ends == (4, 6)
 
 

@@ -177,7 +177,7 @@ def test_gpt2_has_no_pad_token_and_pads_with_eos():
 @pytest.mark.parametrize("ref", ["weekdays/" + "x" * 300, "x" * 300 + "/train", "weekdays/" + "x" * 251])
 def test_an_over_long_dataset_ref_is_refused_with_its_path(ref, capsys):
     """SPEC.md:597 [R14] a dataset ref whose folder or table name the file system cannot take is one
-    refusal at the ref's path (from the reader and from the CLI, status 2), never an OSError; SPEC.md:1110 [S76] the
+    refusal at the ref's path (from the reader and from the CLI, status 2), never an OSError; SPEC.md:1111 [S76] the
     CLI's line shortens the long name to its first 64 characters and says its length."""
     from causalab_ref import cli
 

@@ -67,7 +67,7 @@ def interventions(draw):
 @settings(max_examples=500, deadline=None, database=None, derandomize=True)
 @given(drawn=interventions())
 def test_the_forward_order_is_the_plain_definitions(drawn):
-    """SPEC.md:562 [R23] SPEC.md:1854 [Q39] on random graphs of models: the same order, or the same cycle
+    """SPEC.md:562 [R23] SPEC.md:1855 [Q39] on random graphs of models: the same order, or the same cycle
     refused naming the same model."""
     intervention, needed = drawn
     want = _plain_order(intervention, needed)
@@ -81,7 +81,7 @@ def test_the_forward_order_is_the_plain_definitions(drawn):
 
 @pytest.mark.fast
 def test_a_chain_of_three_thousand_models_is_ordered_without_a_scan_per_placement():
-    """SPEC.md:1854 [Q39] m1 needs m0's value, m2 m1's, ... m2999: the order is the chain (the plain definition
+    """SPEC.md:1855 [Q39] m1 needs m0's value, m2 m1's, ... m2999: the order is the chain (the plain definition
     rescans every pending forward per placement; this is its result on a shape it would take minutes on)."""
     n = 3000
     reads = tuple((f"r{k}", Read(site="s", pos=None, model=f"m{k}", input="a")) for k in range(n))

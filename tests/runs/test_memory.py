@@ -63,7 +63,7 @@ def _head_shapes(eng, call):
 
 
 def test_head_is_computed_only_at_the_positions_read(eng, tmp_path):
-    """SPEC.md:1701 [Q8] A document reading lm_head at -1: the head computes one position per row, and a forward
+    """SPEC.md:1702 [Q8] A document reading lm_head at -1: the head computes one position per row, and a forward
     that reads no head is bounded to no position (the counterfactual forward, which Q36 also stops at its read
     of block_output[0], before the head)."""
     plan = compiler.compile_document(PATCHING, eng, DATA)
@@ -81,7 +81,7 @@ def test_head_is_computed_only_at_the_positions_read(eng, tmp_path):
 
 
 def test_head_bound_gives_the_values_of_the_whole_head(eng, monkeypatch):
-    """SPEC.md:1701 [Q8] Reads and a write at lm_head and logits, and every metric, are exactly the values the
+    """SPEC.md:1702 [Q8] Reads and a write at lm_head and logits, and every metric, are exactly the values the
     head computed at every position gives."""
     doc = _head_doc()
     bound = _values(eng, doc)
@@ -95,7 +95,7 @@ def test_head_bound_gives_the_values_of_the_whole_head(eng, monkeypatch):
 
 
 def test_decode_computes_the_head_at_one_position_per_step(eng):
-    """SPEC.md:1711 [Q9] In a decode, the prompt's forward included, the head computes the last position only."""
+    """SPEC.md:1712 [Q9] In a decode, the prompt's forward included, the head computes the last position only."""
     step = compiler.compile_document(GENERATED, eng, DATA).steps[0]
     shapes = _head_shapes(eng, lambda: run.run_step(eng, step))
     rows = len(step.example_ids)
@@ -104,7 +104,7 @@ def test_decode_computes_the_head_at_one_position_per_step(eng):
 
 
 def test_estimate_counts_the_head_at_the_positions_read(llama):
-    """SPEC.md:1714 [Q10] The estimate counts the head at the union of its taps' positions: reading every
+    """SPEC.md:1715 [Q10] The estimate counts the head at the union of its taps' positions: reading every
     position instead of the last adds 2 x (length - 1) x vocab x 4 bytes of working set per row, and the read
     kept grows by (length - 1) x vocab x 4 (here the last 8, every row's whole content: a cut some row cannot
     fit is refused at compile, P58)."""
@@ -118,7 +118,7 @@ def test_estimate_counts_the_head_at_the_positions_read(llama):
 
 
 def test_rows_are_split_into_passes_under_the_budget(eng, monkeypatch):
-    """SPEC.md:1726 [Q11] With no --batch-size the run uses the rows per pass the budget allows: 2 rows here,
+    """SPEC.md:1727 [Q11] With no --batch-size the run uses the rows per pass the budget allows: 2 rows here,
     so 4 rows are 2 passes of 2 forwards; positions, reasons and eligibility are one pass's and values equal it to
     float32 rounding (R11); --batch-size wins over it."""
     per_row = memory.pass_cost(eng, compiler.compile_document(PATCHING, eng, DATA).steps[0])[0]
@@ -142,7 +142,7 @@ def test_rows_are_split_into_passes_under_the_budget(eng, monkeypatch):
 
 
 def test_execute_takes_the_plans_rows_per_pass(llama, monkeypatch, tmp_path):
-    """SPEC.md:1726 [Q11] `run` without --batch-size runs the plan's rows per pass and records it in run.json."""
+    """SPEC.md:1727 [Q11] `run` without --batch-size runs the plan's rows per pass and records it in run.json."""
     per_row = memory.pass_cost(llama, compiler.compile_document(PATCHING, llama, DATA).steps[0])[0]
     plan = compiler.compile_document(PATCHING, llama, DATA, budget=3 * per_row)
     calls = []
@@ -160,7 +160,7 @@ def _cli(capsys, *args) -> tuple[int, list[str]]:
 
 
 def test_a_pass_one_row_of_which_does_not_fit_is_refused_at_compile(llama):
-    """SPEC.md:1736 [Q12] One row above the budget is refused at compile (so by validate and explain too, before
+    """SPEC.md:1737 [Q12] One row above the budget is refused at compile (so by validate and explain too, before
     any forward), naming the step's rows, the sizes and what to change."""
     with pytest.raises(Refusal) as refused:
         compiler.compile_document(PATCHING, llama, DATA, budget=100 * 1024)
@@ -172,7 +172,7 @@ def test_a_pass_one_row_of_which_does_not_fit_is_refused_at_compile(llama):
 
 
 def test_a_memory_budget_that_is_not_a_size_is_refused(capsys):
-    """SPEC.md:1266 [S47] `--memory-budget 1x` is refused at validation in one line saying what to write."""
+    """SPEC.md:1267 [S47] `--memory-budget 1x` is refused at validation in one line saying what to write."""
     code, lines = _cli(capsys, "validate", str(ROOT / "documents/patching.json"), "--memory-budget", "1x")
     assert code == 2 and lines == [
         "validation: --memory-budget: --memory-budget '1x' is not a size; write a number of bytes, or a number "
@@ -181,7 +181,7 @@ def test_a_memory_budget_that_is_not_a_size_is_refused(capsys):
 
 
 def test_many_rows_run_in_passes_under_the_default_budget(llama, tmp_path):
-    """SPEC.md:1261 [S46] Many rows with no --batch-size (1,200 reading the head at 8 positions each): compile
+    """SPEC.md:1262 [S46] Many rows with no --batch-size (1,200 reading the head at 8 positions each): compile
     splits them into passes whose estimate fits the default budget (the run takes them, Q11), not one pass."""
     root = tmp_path / "data"
     (root / "weekdays").mkdir(parents=True)
@@ -198,7 +198,7 @@ def test_many_rows_run_in_passes_under_the_default_budget(llama, tmp_path):
 
 
 def test_a_read_only_metrics_use_is_kept_as_its_scores(eng):
-    """SPEC.md:1714 [Q10] The run's own passes score a read only metrics use chunk by chunk and keep its scores,
+    """SPEC.md:1715 [Q10] The run's own passes score a read only metrics use chunk by chunk and keep its scores,
     not its values: the tables are exactly those of the same chunks keeping every value."""
     step = compiler.compile_document(PATCHING, eng, DATA).steps[0]
     as_it_goes, kept = run.run_step(eng, step, 2, score_as_you_go=True), run.run_step(eng, step, 2)

@@ -20,7 +20,7 @@ SPECIALS = (float("nan"), float("inf"), float("-inf"))
 @pytest.mark.fast
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
 def test_finite_rows_is_isfinite_all_for_every_special_value_at_every_place(dtype):
-    """SPEC.md:1790 [Q25] a NaN, +inf or -inf at the first, a middle, the next-to-last or the last entry of a row, at
+    """SPEC.md:1791 [Q25] a NaN, +inf or -inf at the first, a middle, the next-to-last or the last entry of a row, at
     widths around the vector lengths a reduction unrolls by, contiguous or strided: the row, and only it, is not
     finite, exactly as `torch.isfinite(m).all(-1)` says, and as scoring's named definition `finite_rows_plain` says."""
     for width in (1, 2, 7, 8, 9, 31, 32, 33, 65, 1000):
@@ -37,7 +37,7 @@ def test_finite_rows_is_isfinite_all_for_every_special_value_at_every_place(dtyp
 
 @pytest.mark.fast
 def test_finite_rows_of_rows_wholly_special_or_mixed():
-    """SPEC.md:1790 [Q25] a row all NaN, all +inf, +inf beside -inf, NaN beside inf, and the float32 extremes
+    """SPEC.md:1791 [Q25] a row all NaN, all +inf, +inf beside -inf, NaN beside inf, and the float32 extremes
     (finite): each row's answer is isfinite's."""
     big = torch.finfo(torch.float32).max
     m = torch.tensor([[float("nan")] * 3, [float("inf")] * 3, [float("inf"), 0.0, float("-inf")],
@@ -56,7 +56,7 @@ def _entity_plan(llama):
 
 
 def test_a_frames_rows_are_the_frame_of_those_rows_alone(llama):
-    """SPEC.md:1796 [Q26] rows lo..hi of the frame of a padded batch (anchored rows of different lengths, char maps
+    """SPEC.md:1797 [Q26] rows lo..hi of the frame of a padded batch (anchored rows of different lengths, char maps
     built) equal the frame `frame_of_ids` builds from those rows alone at the same width, for every chunk."""
     forward = _entity_plan(llama).steps[0].forwards[0]
     whole = resolve.frame_of_ids(llama.tokenizer, forward.ids, forward.mask)
@@ -69,7 +69,7 @@ def test_a_frames_rows_are_the_frame_of_those_rows_alone(llama):
 
 
 def test_a_chunked_run_builds_no_frame_and_writes_what_it_wrote_building_them(llama, tmp_path, monkeypatch):
-    """SPEC.md:1796 [Q26] with --batch-size 3 the run builds no frame (compile built them over all the rows), and
+    """SPEC.md:1797 [Q26] with --batch-size 3 the run builds no frame (compile built them over all the rows), and
     its files are byte for byte those of the same run building each chunk's frame itself."""
     from causalab_ref.runs import passes, placement, run
 
@@ -104,7 +104,7 @@ def _general_pieces_map(tok, ids, text):
 
 @pytest.mark.fast
 def test_a_row_without_byte_pieces_has_its_pieces_running_lengths_as_offsets():
-    """SPEC.md:1802 [Q27] rows with no byte piece (words, digits, punctuation, a leading space, one token, none) are
+    """SPEC.md:1803 [Q27] rows with no byte piece (words, digits, punctuation, a leading space, one token, none) are
     mapped from the running lengths of their pieces, the offsets Q14's pass over every piece gives and the
     definition's (P22)."""
     from causalab_ref.fixtures import builder
@@ -122,7 +122,7 @@ def test_a_row_without_byte_pieces_has_its_pieces_running_lengths_as_offsets():
 
 @pytest.mark.fast
 def test_the_tokens_over_a_span_found_by_bisection_are_the_scans():
-    """SPEC.md:1806 [Q28] on non-decreasing offsets with tokens that cover no character (equal neighbours), for every
+    """SPEC.md:1807 [Q28] on non-decreasing offsets with tokens that cover no character (equal neighbours), for every
     character span [lo, hi) around and inside the text, the bisection gives the range the scan of every token
     gives (P23)."""
     import random
@@ -143,7 +143,7 @@ def test_the_tokens_over_a_span_found_by_bisection_are_the_scans():
 
 @pytest.mark.fast
 def test_stale_cleanup_among_many_runs_removes_what_a_scan_of_every_entry_removes(tmp_path):
-    """SPEC.md:1812 [Q29] beside --out `res`: other runs' folders and files (`0`..`299`, `.res2.partial-pid…`, `res.x`,
+    """SPEC.md:1813 [Q29] beside --out `res`: other runs' folders and files (`0`..`299`, `.res2.partial-pid…`, `res.x`,
     `.res.lock`), a dead run's staging folder of each kind, and a file and a symlink named as one; with --out there
     and missing, exactly the entries the scan of every entry (`clean_stale_plain`) removes or puts back go, and the
     rest stay."""
@@ -176,7 +176,7 @@ def test_stale_cleanup_among_many_runs_removes_what_a_scan_of_every_entry_remove
 
 @pytest.mark.fast
 def test_argmax_is_is_argmax_equal_with_ties_infinities_and_nan():
-    """SPEC.md:1815 [Q30] rows of few distinct values (ties everywhere), rows with +inf, -inf, all -inf, NaN at the
+    """SPEC.md:1816 [Q30] rows of few distinct values (ties everywhere), rows with +inf, -inf, all -inf, NaN at the
     front, middle and end; each row's expected id before, at and after its first maximum: the match is exactly
     `argmax(-1) == expected` (metrics' named definition, `argmax_is_plain`), so the metric's values are argmax's."""
     from causalab_ref.documents import metrics
@@ -205,7 +205,7 @@ def test_argmax_is_is_argmax_equal_with_ties_infinities_and_nan():
 
 @pytest.mark.fast
 def test_finite_rows_whose_sum_overflows_are_finite_and_special_rows_are_not():
-    """SPEC.md:1820 [Q33] rows of float32 extremes whose sums overflow to +inf, -inf or NaN (the sum cannot say), beside a
+    """SPEC.md:1821 [Q33] rows of float32 extremes whose sums overflow to +inf, -inf or NaN (the sum cannot say), beside a
     row with an infinity and a row with a NaN: each answer is `torch.isfinite(m).all(-1)`'s."""
     big = torch.finfo(torch.float32).max
     m = torch.tensor([[big, big, 1.0], [-big, -big, 0.0], [big, big, -big], [big, float("inf"), 0.0],
@@ -215,7 +215,7 @@ def test_finite_rows_whose_sum_overflows_are_finite_and_special_rows_are_not():
 
 
 def test_the_metrics_of_one_read_ask_its_finiteness_once_and_score_as_each_alone(llama, monkeypatch):
-    """SPEC.md:1820 [Q33] patching.json's two metrics read one head: a step asks `finite_rows` once per chunk (once
+    """SPEC.md:1821 [Q33] patching.json's two metrics read one head: a step asks `finite_rows` once per chunk (once
     whole, three times with --batch-size 2 over 6 rows), and each metric's values, a NaN row made None included,
     are those of scoring it alone."""
     from causalab_ref.runs import compile as compiler, run
@@ -240,7 +240,7 @@ def test_the_metrics_of_one_read_ask_its_finiteness_once_and_score_as_each_alone
 
 
 def test_a_frames_texts_are_each_rows_own_decode():
-    """SPEC.md:1828 [Q34] on the Llama, GPT-2 and weekday fixtures' tokenizers, a left-padded batch of prompts with
+    """SPEC.md:1829 [Q34] on the Llama, GPT-2 and weekday fixtures' tokenizers, a left-padded batch of prompts with
     special tokens, byte pieces and a chat turn's markers: the frame's texts, read by one decode_batch, are each
     row's content decoded alone (special tokens kept, no clean-up)."""
     from causalab_ref.fixtures import builder
@@ -257,7 +257,7 @@ def test_a_frames_texts_are_each_rows_own_decode():
 
 @pytest.mark.fast
 def test_a_scatter_over_one_run_of_positions_is_the_indexed_scatter():
-    """SPEC.md:1831 [Q35] a run of positions the same in every row (the first rows of the batch, or all), on a
+    """SPEC.md:1832 [Q35] a run of positions the same in every row (the first rows of the batch, or all), on a
     (B, T, F) boundary, a (B, H, T, D) per-head tensor (seq_axis 2) and a (B, T) tensor: the slice assignment
     gives the tensor the indexed assignment gives, written entry by entry here."""
     from causalab_ref.locations import select
@@ -299,7 +299,7 @@ def _layer_calls(eng) -> tuple[list, list]:
 
 @pytest.mark.parametrize("engine_name", ["nnterp", "hooks"])
 def test_a_forward_stops_at_its_last_action_and_reads_what_the_whole_forward_holds(llama, hooked, engine_name):
-    """SPEC.md:1834 [Q36] patching.json: the counterfactual forward's last tap is block_output[0], so layer 1 runs only
+    """SPEC.md:1835 [Q36] patching.json: the counterfactual forward's last tap is block_output[0], so layer 1 runs only
     in the base forward (whose head is read); the counterfactual read equals layer 0's output at the last position
     in a plain transformers forward of the same rows run to the end."""
     from causalab_ref.runs import compile as compiler, run
@@ -329,7 +329,7 @@ def test_a_forward_stops_at_its_last_action_and_reads_what_the_whole_forward_hol
 
 
 def test_the_memory_estimate_from_compiles_frames_is_that_of_frames_built_for_it(llama):
-    """SPEC.md:1844 [Q37] for an anchored step (entity_patch.json) and an unanchored one (patching.json), every pass's
+    """SPEC.md:1845 [Q37] for an anchored step (entity_patch.json) and an unanchored one (patching.json), every pass's
     cost read from compile's frames equals the cost from frames built without character maps."""
     from causalab_ref.runs import compile as compiler, memory
 
@@ -343,7 +343,7 @@ def test_the_memory_estimate_from_compiles_frames_is_that_of_frames_built_for_it
 
 @pytest.mark.fast
 def test_the_rows_digest_tells_rows_apart_and_the_same_rows_alike():
-    """SPEC.md:1848 [Q38] the same rows in other tuples give one digest; rows that flatten alike but split otherwise,
+    """SPEC.md:1849 [Q38] the same rows in other tuples give one digest; rows that flatten alike but split otherwise,
     one row more, an empty batch, an int past 8 bytes, each give another."""
     from causalab_ref.runs import share
 
@@ -356,7 +356,7 @@ def test_the_rows_digest_tells_rows_apart_and_the_same_rows_alike():
 
 
 def test_an_interrupt_that_meets_the_stop_is_the_runs_interrupt(llama, monkeypatch):
-    """SPEC.md:1834 [Q36] nnsight lets `tracer.stop()` out of a trace only when a KeyboardInterrupt (SIGINT, or SIGTERM
+    """SPEC.md:1835 [Q36] nnsight lets `tracer.stop()` out of a trace only when a KeyboardInterrupt (SIGINT, or SIGTERM
     as the CLI raises it) arrived while it was handled: the engine raises that interrupt, so the run ends as
     interrupted (S5, S6); a stop let out with no interrupt behind it is raised as it is."""
     from nnsight.intervention.interleaver import EarlyStopException

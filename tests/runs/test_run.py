@@ -85,7 +85,7 @@ def test_metric_table_rows_have_the_fields_in_order(written):
 
 
 def test_every_file_a_run_writes_is_json_dumps_indented_by_one(written):
-    """SPEC.md:1779 [Q16] each JSON file is exactly `json.dumps(obj, indent=1)` and a newline, the flat tables
+    """SPEC.md:1780 [Q16] each JSON file is exactly `json.dumps(obj, indent=1)` and a newline, the flat tables
     (this unanchored step's) included."""
     out, _ = written
     for name in ("document.json", "run.json", "iia.json", "logit_diff.json"):
@@ -104,7 +104,7 @@ VALUES = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=
 @settings(max_examples=400, deadline=None)
 @given(obj=st.one_of(st.lists(ROWS, max_size=5), st.lists(st.one_of(ROWS, VALUES), max_size=4), VALUES))
 def test_the_results_encoder_writes_json_dumps_bytes(obj):
-    """SPEC.md:1779 [Q16] tables of flat rows (keys and strings holding braces, commas, quotes and newlines; NaN,
+    """SPEC.md:1780 [Q16] tables of flat rows (keys and strings holding braces, commas, quotes and newlines; NaN,
     infinities, big ints), tables with an empty or a nested row, and any other value: the bytes json.dumps writes."""
     assert results.dumps(obj) == json.dumps(obj, indent=1)
 

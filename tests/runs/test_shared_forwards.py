@@ -42,7 +42,7 @@ def _tables(out: pathlib.Path) -> dict:
 @pytest.mark.parametrize("batch_size", [None, 3])
 def test_a_forward_shared_by_sweep_points_runs_once_with_each_points_values(llama, monkeypatch, tmp_path,
                                                                             batch_size):
-    """SPEC.md:1686 [Q5] head_patching's four points read one counterfactual forward: 5 forwards per chunk
+    """SPEC.md:1687 [Q5] head_patching's four points read one counterfactual forward: 5 forwards per chunk
     instead of 8, and every table equals the point run on its own."""
     plan = compiler.compile_document(_doc("head_patching"), llama, DATA)
     calls = _counted(monkeypatch, llama)
@@ -58,7 +58,7 @@ def test_a_forward_shared_by_sweep_points_runs_once_with_each_points_values(llam
 
 @pytest.mark.parametrize("batch_size", [None, 3])
 def test_sweep_points_on_the_same_rows_build_each_frame_once(llama, monkeypatch, tmp_path, batch_size):
-    """SPEC.md:1770 [Q15] head_patching's four points on one set of rows build the base and counterfactual
+    """SPEC.md:1771 [Q15] head_patching's four points on one set of rows build the base and counterfactual
     frames once, not at every point: compile builds the two whole-row frames (P58), one pair for all four
     points, and the run builds neither again, in one pass or in two chunks (each chunk takes its rows of
     compile's frames, Q26); the tables are each point's own."""
@@ -83,7 +83,7 @@ def test_sweep_points_on_the_same_rows_build_each_frame_once(llama, monkeypatch,
 
 
 def test_explain_names_the_steps_that_share_a_forward(llama):
-    """SPEC.md:1694 [Q6] explain ends with the shared forwards and the `<point>/<step>` each serves."""
+    """SPEC.md:1695 [Q6] explain ends with the shared forwards and the `<point>/<step>` each serves."""
     lines = compiler.compile_document(_doc("layer_sweep"), llama, DATA).text().splitlines()
     assert lines[-2:] == ["  shared forwards (each runs once, its reads serve every step named):",
                           "    'original' on 'base'  (4 rows x 11 tokens): layers=0/score, layers=1/score"]
@@ -91,7 +91,7 @@ def test_explain_names_the_steps_that_share_a_forward(llama):
 
 
 def test_decoding_forwards_and_different_writes_are_not_shared(llama):
-    """SPEC.md:1697 [Q7] a forward that decodes is never shared, and two points whose writes land in different
+    """SPEC.md:1698 [Q7] a forward that decodes is never shared, and two points whose writes land in different
     places each run their own patched forward."""
     raw = _doc("generated_answer")
     raw["interventions"]["generation"]["reads"]["at_said"]["pos"]["index"] = {"sweep": [-1, -2]}
@@ -104,7 +104,7 @@ def test_decoding_forwards_and_different_writes_are_not_shared(llama):
 
 
 def test_a_read_that_cannot_be_placed_on_the_shared_rows_runs_its_own_forward(llama):
-    """SPEC.md:1697 [Q7] the point that runs a shared forward leaves out another point's read that the rows
+    """SPEC.md:1698 [Q7] the point that runs a shared forward leaves out another point's read that the rows
     refuse (index 99 past the prompt): its own values are its unshared ones, and the other point runs
     the forward itself and is refused with its own read's path."""
     raw = _doc("layer_sweep")

@@ -35,6 +35,37 @@ def test_broken_json_and_deep_nesting_are_refusals(tmp_path):
         assert ok and status == 2 and text.startswith("validation: "), text
 
 
+def test_a_document_nested_past_the_bound_is_refused_however_its_parser_fares(tmp_path):
+    """SPEC.md:597-601 [R14] A JSON text nested more than 100 deep nests too deeply to read, at validation in
+    one line (validate, explain and tokens here; run reads the same); 100 deep is read. Before, a layers "all"
+    document nested 600 deep in its model block (which the JSON parser still reads, and which its points'
+    digests walk before the model is validated) ended validate, explain, tokens and run in an internal error
+    (RecursionError): found by `bench/fuzz.py 2000 --seed 19`, case 20. Ground: R14's words."""
+    import json
+    from causalab_ref.documents import reader
+
+    raw = json.loads((fuzzing.REPO / "documents" / "weekday_lens_all.json").read_text(encoding="utf-8"))
+    doc = tmp_path / "doc.json"
+    for depth in (101, 600):
+        deep: object = 0
+        for _ in range(depth - 2):  # the document and its model block are two levels
+            deep = [deep]
+        doc.write_text(json.dumps(dict(raw, model=dict(raw["model"], revision=deep))), encoding="utf-8")
+        for verb in (["validate"], ["explain"], ["tokens", "--document"]):
+            ok, status, text = fuzzing.check([*verb, str(doc)])
+            assert ok and status == 2 and text.strip() == f"validation: {doc} nests too deeply to read", text
+    nested: object = 0
+    for _ in range(reader.MAX_DEPTH):
+        nested = [nested]
+    assert reader.parse(json.dumps(nested)) == nested  # exactly the bound is read, one more is not
+    try:
+        reader.parse(json.dumps([nested]))
+    except reader.Malformed as malformed:
+        assert malformed.message == "nests too deeply to read"
+    else:
+        raise AssertionError("101 deep was read")
+
+
 def test_a_key_holding_a_newline_is_still_one_line(tmp_path):
     """SPEC.md:19 [D4] A refusal quoting the document's own text stays one line (newlines escaped)."""
     import json
@@ -98,7 +129,7 @@ def test_a_metric_of_a_read_that_is_not_logits_is_a_refusal(tmp_path):
 
 
 def test_the_fuzzer_writes_the_later_languages_fields(tmp_path):
-    """SPEC.md:1335 [S63] SPEC.md:114 [D36] SPEC.md:2526 [SF6] fuzzing.language makes layers "all" (and its wrong
+    """SPEC.md:1336 [S63] SPEC.md:114 [D36] SPEC.md:2527 [SF6] fuzzing.language makes layers "all" (and its wrong
     spellings) and steps-first cycles, the steps-first documents are among its sources; each such document
     validates or is refused in one line."""
     import json

@@ -27,9 +27,9 @@ def session(tmp_path_factory) -> pathlib.Path:
 
 @pytest.mark.parametrize("surface", sorted(PER_SURFACE))
 def test_mutated_surfaces_keep_the_invariant(surface: str, session: pathlib.Path):
-    """SPEC.md:1085 [S9] SPEC.md:921 [C19] SPEC.md:1106 [S13] SPEC.md:1160 [S27] SPEC.md:1187 [S28] Whatever a bundle,
+    """SPEC.md:1086 [S9] SPEC.md:922 [C19] SPEC.md:1107 [S13] SPEC.md:1161 [S27] SPEC.md:1188 [S28] Whatever a bundle,
     a case file, an implementation, a flag, a cache folder, a results folder `plot` draws, an environment variable
-    or an exported folder holds (or a results folder `table` reads, SPEC.md:1328 [S64]), no call ends in an internal
+    or an exported folder holds (or a results folder `table` reads, SPEC.md:1329 [S64]), no call ends in an internal
     error, writes outside --out, or scores a non-finite row."""
     broken = []
     for k in range(PER_SURFACE[surface]):
@@ -39,7 +39,7 @@ def test_mutated_surfaces_keep_the_invariant(surface: str, session: pathlib.Path
 
 
 def test_the_invariant_sees_an_internal_error_a_nan_row_and_a_changed_file(tmp_path):
-    """SPEC.md:1085 [S9] The checker can fail: an internal error, an eligible NaN row under --out and a changed
+    """SPEC.md:1086 [S9] The checker can fail: an internal error, an eligible NaN row under --out and a changed
     file outside it are each reported."""
     out = tmp_path / "out"
     out.mkdir()
@@ -52,7 +52,7 @@ def test_the_invariant_sees_an_internal_error_a_nan_row_and_a_changed_file(tmp_p
 
 
 def test_the_runs_own_out_and_staging_names_are_not_outside(tmp_path):
-    """SPEC.md:1042 [S4] A change under --out or at `.<out>.partial-...` beside it is the run's own; a refused run's
+    """SPEC.md:1043 [S4] A change under --out or at `.<out>.partial-...` beside it is the run's own; a refused run's
     --out itself is not (it is left as it was, S2)."""
     out = tmp_path / "out"
     before: dict = {}
@@ -65,7 +65,7 @@ def test_the_runs_own_out_and_staging_names_are_not_outside(tmp_path):
 
 
 def test_a_memory_budget_of_5000_nines_is_not_a_size():
-    """SPEC.md:1266 [S47] A budget whose number is past any float (fuzz case 37, flags: an internal
+    """SPEC.md:1267 [S47] A budget whose number is past any float (fuzz case 37, flags: an internal
     OverflowError once) is refused as not a size at validation, not converted."""
     from causalab_ref.runs import memory
     from causalab_ref.shapes import Refusal
@@ -76,7 +76,7 @@ def test_a_memory_budget_of_5000_nines_is_not_a_size():
 
 
 def test_a_timeout_of_1e308_waits_for_the_implementation_without_overflowing(tmp_path):
-    """SPEC.md:916 [C18] `--timeout 1e308` is a positive number of seconds: the call is waited for (once an
+    """SPEC.md:917 [C18] `--timeout 1e308` is a positive number of seconds: the call is waited for (once an
     internal OverflowError in the poll, fuzz case 31, flags) and its exit status read back."""
     import sys
 
@@ -86,7 +86,7 @@ def test_a_timeout_of_1e308_waits_for_the_implementation_without_overflowing(tmp
 
 
 def test_a_case_whose_rules_are_null_is_reported_not_an_internal_error(tmp_path):
-    """SPEC.md:921 [C19] A case file with `"rules": null` (fuzz case 158, case: an internal TypeError in the
+    """SPEC.md:922 [C19] A case file with `"rules": null` (fuzz case 158, case: an internal TypeError in the
     report once) is checked and reported in its line, the rules shown as `?`."""
     import inprocess
     source = fuzz_surfaces.CORPUS / "model_components_gpt2.json"

@@ -57,7 +57,7 @@ def _long_data_root(tmp_path: Path, copies: int) -> Path:
 
 
 def test_a_killed_run_leaves_no_result_folder_and_the_next_run_clears_its_staging(tmp_path):
-    """SPEC.md:601 [R15] SPEC.md:585 [R10] SIGKILL once the staging folder exists: no --out; the next run
+    """SPEC.md:602 [R15] SPEC.md:585 [R10] SIGKILL once the staging folder exists: no --out; the next run
     beside it removes the dead run's `.out.partial-*` folder and writes --out."""
     root = _long_data_root(tmp_path, 400)
     results = tmp_path / "results"
@@ -90,7 +90,7 @@ def test_a_killed_run_leaves_no_result_folder_and_the_next_run_clears_its_stagin
 
 
 def test_staging_of_a_live_run_is_left_alone(llama, tmp_path):
-    """SPEC.md:601 [R15] a staging folder whose process is alive (here: this one's parent) is kept."""
+    """SPEC.md:602 [R15] a staging folder whose process is alive (here: this one's parent) is kept."""
     live = tmp_path / f".out.partial-pid{os.getppid()}-abcd1234"
     dead = tmp_path / ".out.partial-pid999999999-abcd1234"
     live.mkdir()
@@ -234,7 +234,7 @@ def test_loading_never_runs_a_checkpoints_own_code(tmp_path):
 
 
 def test_progress_shows_on_a_terminal_only(monkeypatch):
-    """SPEC.md:604 [R16] a bar over several passes on a terminal; none with --quiet, off a terminal,
+    """SPEC.md:605 [R16] a bar over several passes on a terminal; none with --quiet, off a terminal,
     or for a single pass."""
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
     bar = results.progress(4, True, "run")
@@ -247,7 +247,7 @@ def test_progress_shows_on_a_terminal_only(monkeypatch):
 
 
 def test_quiet_run_off_a_terminal_prints_no_bar(tmp_path):
-    """SPEC.md:604 [R16] stderr is not a terminal here: a many-row run writes nothing to it."""
+    """SPEC.md:605 [R16] stderr is not a terminal here: a many-row run writes nothing to it."""
     root = _long_data_root(tmp_path, 2)
     proc = inprocess.cli("run", str(ROOT / "documents" / "patching.json"), "--data-root", str(root),
                          "--out", str(tmp_path / "out"), "--batch-size", "2")

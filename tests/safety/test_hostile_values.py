@@ -73,7 +73,7 @@ def _pca_loading(tmp_path: pathlib.Path, weight: torch.Tensor) -> str:
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
 def test_a_bundle_holding_a_value_that_is_not_finite_is_refused_naming_the_file(tmp_path, bad):
-    """SPEC.md:1216 [S35] one NaN or infinite entry of a pca basis (issue #22 item 5: once a table of nulls) is
+    """SPEC.md:1217 [S35] one NaN or infinite entry of a pca basis (issue #22 item 5: once a table of nulls) is
     refused at compile at the file_path, naming the file and the tensor, before anything runs."""
     weight = bundles.read(PCA_FILE, "featurizers.basis.file_path", "basis")[0]["weight"].clone()
     weight[3, 1] = bad
@@ -84,7 +84,7 @@ def test_a_bundle_holding_a_value_that_is_not_finite_is_refused_naming_the_file(
 
 
 def test_a_float64_bundle_value_past_float32s_range_is_refused(tmp_path):
-    """SPEC.md:1216 [S35] a subspace bundle in float64 holding 1e300 is finite there and infinite in the float32 the
+    """SPEC.md:1217 [S35] a subspace bundle in float64 holding 1e300 is finite there and infinite in the float32 the
     featurizer computes in: refused at compile, naming the tensor and the count."""
     weight = torch.zeros(16, 8, dtype=torch.float64)
     weight[0, 0], weight[1, 1] = 1e300, -1e39
@@ -99,7 +99,7 @@ def test_a_float64_bundle_value_past_float32s_range_is_refused(tmp_path):
 
 
 def test_a_bundle_whose_tensor_is_0_d_is_refused_naming_the_file(tmp_path):
-    """SPEC.md:1222 [S36] a pca bundle whose weight is one number has no last axis to read k from: one refusal
+    """SPEC.md:1223 [S36] a pca bundle whose weight is one number has no last axis to read k from: one refusal
     naming the file, not an IndexError."""
     file = tmp_path / "basis.safetensors"
     bundles.write(file, {"weight": torch.tensor(1.0)})
@@ -120,7 +120,7 @@ def test_a_bundle_whose_tensor_is_0_d_is_refused_naming_the_file(tmp_path):
     ({"site": "target", "pos": -1, "mechanism": "clamp", "params": {"hi": 2 ** 200}}, "hi"),
 ])
 def test_a_mechanism_param_past_float32s_range_is_refused_at_validation(tmp_path, write, key):
-    """SPEC.md:1298 [S50] a gaussian scale or a lerp t of 1e300 (issue #22 item 5: exit 0 and a table of nulls)
+    """SPEC.md:1299 [S50] a gaussian scale or a lerp t of 1e300 (issue #22 item 5: exit 0 and a table of nulls)
     is refused at validation at the param, with float32's bound in the message."""
     line = _refusal(["validate", _write(tmp_path, _patching_with(write))])
     assert line.startswith(f"validation: interventions.patching.writes.patch.params.{key}: mechanism "
@@ -129,7 +129,7 @@ def test_a_mechanism_param_past_float32s_range_is_refused_at_validation(tmp_path
 
 
 def test_a_gaussian_seed_is_not_held_to_float32s_range():
-    """SPEC.md:1298 [S50] the seed is an integer a generator takes, not a value a float32 holds: 2**64 - 1 and
+    """SPEC.md:1299 [S50] the seed is an integer a generator takes, not a value a float32 holds: 2**64 - 1 and
     -2**63 pass (far past float32's exact integers); one past either end is refused, as torch refuses it."""
     for seed in (2 ** 64 - 1, -(2 ** 63)):
         assert mechanisms.check("gaussian", False, {"seed": seed, "scale": 1.0}, "w") is None
@@ -142,7 +142,7 @@ def test_a_gaussian_seed_is_not_held_to_float32s_range():
 
 
 def test_clamp_with_lo_above_hi_is_refused_not_swapped(tmp_path):
-    """SPEC.md:1298 [S50] clamp lo 1, hi -1 has no value between them (torch would set every value to hi): refused."""
+    """SPEC.md:1299 [S50] clamp lo 1, hi -1 has no value between them (torch would set every value to hi): refused."""
     write = {"site": "target", "pos": -1, "mechanism": "clamp", "params": {"lo": 1, "hi": -1}}
     line = _refusal(["validate", _write(tmp_path, _patching_with(write))])
     assert line == ("validation: interventions.patching.writes.patch.params: mechanism 'clamp': lo 1 is above hi -1, "
@@ -154,7 +154,7 @@ def test_clamp_with_lo_above_hi_is_refused_not_swapped(tmp_path):
 
 
 def test_a_forward_that_overflows_writes_ineligible_non_finite_rows(tmp_path):
-    """SPEC.md:1311 [S52] gaussian scale 3e38 is within float32 but its noise overflows the forward: every row of
+    """SPEC.md:1312 [S52] gaussian scale 3e38 is within float32 but its noise overflows the forward: every row of
     both tables is `value: null, eligible: false, reason: "non_finite"`, never a null marked eligible; the match
     metric, whose argmax of NaN logits is a number, included."""
     write = {"site": "target", "pos": -1, "mechanism": "gaussian", "params": {"seed": 0, "scale": 3e38}}
@@ -167,7 +167,7 @@ def test_a_forward_that_overflows_writes_ineligible_non_finite_rows(tmp_path):
 
 
 def test_an_unharmed_run_marks_no_row_non_finite(tmp_path):
-    """SPEC.md:1311 [S52] the rule takes nothing else: the shipped patching document's rows are all eligible with
+    """SPEC.md:1312 [S52] the rule takes nothing else: the shipped patching document's rows are all eligible with
     a number and reason ''."""
     out = tmp_path / "out"
     ok, status, text = fuzzing.check(["run", _write(tmp_path, PATCHING), "--out", str(out), "--quiet"])
@@ -180,7 +180,7 @@ def test_an_unharmed_run_marks_no_row_non_finite(tmp_path):
 
 
 def test_a_fit_whose_weights_become_infinite_is_refused_and_nothing_is_saved(tmp_path):
-    """SPEC.md:1225 [S37] an lr within S51's bound with a weight decay sends the gate's θ past float32 on its
+    """SPEC.md:1226 [S37] an lr within S51's bound with a weight decay sends the gate's θ past float32 on its
     second update: the run is refused at the fit, naming the update, and leaves no --out (nothing saved)."""
     raw = copy.deepcopy(DBM)
     raw["steps"]["fit"].update(optimizer={"name": "adamw", "lr": 3e37, "weight_decay": 0.01}, epochs=2,
@@ -193,7 +193,7 @@ def test_a_fit_whose_weights_become_infinite_is_refused_and_nothing_is_saved(tmp
 
 
 def test_fit_train_stops_at_the_first_update_that_leaves_a_parameter_not_finite():
-    """SPEC.md:1225 [S37] the check runs after every update: a loss whose gradient is NaN stops the loop at
+    """SPEC.md:1226 [S37] the check runs after every update: a loss whose gradient is NaN stops the loop at
     epochs[0][0], with the count of values that are not finite."""
     class Leaf:
         kind, training = "subspace", False
@@ -212,7 +212,7 @@ def test_fit_train_stops_at_the_first_update_that_leaves_a_parameter_not_finite(
 
 
 def test_a_fit_whose_objective_reaches_no_trained_featurizer_is_refused_before_any_update(tmp_path):
-    """SPEC.md:1229 [S79] bench/fuzz.py's case 7805: das.json with its `logits` read's `model` removed reads the
+    """SPEC.md:1230 [S79] bench/fuzz.py's case 7805: das.json with its `logits` read's `model` removed reads the
     unintervened model, so the loss holds no gradient; once an internal error in backward, now one run line at
     the objective naming the update and the featurizer, and no --out."""
     raw = json.loads((DOCUMENTS / "das.json").read_text(encoding="utf-8"))
@@ -225,7 +225,7 @@ def test_a_fit_whose_objective_reaches_no_trained_featurizer_is_refused_before_a
 
 
 def test_fit_train_refuses_a_loss_with_no_gradient_before_any_update():
-    """SPEC.md:1229 [S79] a loss that does not depend on the trained leaves raises Untrainable at epochs[0][0] and
+    """SPEC.md:1230 [S79] a loss that does not depend on the trained leaves raises Untrainable at epochs[0][0] and
     leaves them as they were (no update applied); the same loss through the leaf trains."""
     weight = torch.ones(3)
 
@@ -248,7 +248,7 @@ def test_fit_train_refuses_a_loss_with_no_gradient_before_any_update():
 
 
 def test_epochs_past_the_bound_are_refused_at_validation_with_the_bound(tmp_path):
-    """SPEC.md:1285 [S49] `epochs: 10**9` once kept validate busy for minutes; refused at validation, the bound
+    """SPEC.md:1286 [S49] `epochs: 10**9` once kept validate busy for minutes; refused at validation, the bound
     in the message."""
     raw = copy.deepcopy(DAS)
     raw["steps"]["fit"]["epochs"] = 10 ** 9
@@ -258,7 +258,7 @@ def test_epochs_past_the_bound_are_refused_at_validation_with_the_bound(tmp_path
 
 
 def test_a_patience_past_the_bound_is_refused_at_validation(tmp_path):
-    """SPEC.md:1285 [S49] patience counts epochs, and is bounded as they are."""
+    """SPEC.md:1286 [S49] patience counts epochs, and is bounded as they are."""
     raw = copy.deepcopy(DAS)
     raw["steps"]["fit"]["early_stop"]["patience"] = 10 ** 18
     line = _refusal(["validate", _write(tmp_path, raw)])
@@ -267,7 +267,7 @@ def test_a_patience_past_the_bound_is_refused_at_validation(tmp_path):
 
 
 def test_more_than_a_million_updates_are_refused_at_compile(tmp_path):
-    """SPEC.md:1285 [S49] 10,000 epochs of 120 one-pair updates are 1,200,000 updates: refused at compile (so by
+    """SPEC.md:1286 [S49] 10,000 epochs of 120 one-pair updates are 1,200,000 updates: refused at compile (so by
     validate) at steps.fit.epochs, naming the product."""
     root = tmp_path / "data"
     shutil.copytree(fuzzing.DATA, root)
@@ -301,7 +301,7 @@ def _compile_das(llama, epochs: int, pairs: int = 8):
 
 
 def test_compiling_a_fit_costs_the_same_for_one_epoch_and_ten_thousand(llama, monkeypatch):
-    """SPEC.md:1285 [S49] compile plans the first epoch only: das.json at 1 and at 10,000 epochs plans the same
+    """SPEC.md:1286 [S49] compile plans the first epoch only: das.json at 1 and at 10,000 epochs plans the same
     number of observe passes, and explain still says 10000 epochs and shows the first update."""
     calls = _counting_plans(monkeypatch)
     _compile_das(llama, 1)
@@ -314,7 +314,7 @@ def test_compiling_a_fit_costs_the_same_for_one_epoch_and_ten_thousand(llama, mo
 
 
 def test_a_fits_later_epochs_are_planned_as_the_schedule_says(llama):
-    """SPEC.md:1285 [S49] FZ12's minibatches, planned lazily: every epoch's updates hold the rows `fit.schedule`
+    """SPEC.md:1286 [S49] FZ12's minibatches, planned lazily: every epoch's updates hold the rows `fit.schedule`
     gives (8 rows in runs of 3), epoch by epoch, as if all were planned up front."""
     step = next(s for s in _compile_das(llama, 3, pairs=3).steps if s.kind == "fit")
     train = data.rows_of("weekdays/pairs#train", fuzzing.DATA)
@@ -339,7 +339,7 @@ def test_a_fits_later_epochs_are_planned_as_the_schedule_says(llama):
     ("featurizers.rot.seed", lambda raw: raw["featurizers"]["rot"].update(seed=-(2 ** 63) - 1)),
 ])
 def test_a_setting_torch_would_reject_is_refused_at_validation(tmp_path, where, change):
-    """SPEC.md:1303 [S51] a negative lr or weight decay, an lr near float32's max, an lr x weight_decay past it, a
+    """SPEC.md:1304 [S51] a negative lr or weight decay, an lr near float32's max, an lr x weight_decay past it, a
     fit or featurizer seed outside what a generator takes: each once an internal error inside torch, now one
     refusal at validation at its path."""
     raw = copy.deepcopy(DAS)
@@ -349,7 +349,7 @@ def test_a_setting_torch_would_reject_is_refused_at_validation(tmp_path, where, 
 
 
 def test_an_anneal_temperature_float32_rounds_to_zero_is_refused(tmp_path):
-    """SPEC.md:1303 [S51] an anneal ending at 1e-300 is above 0 but 0 in float32, where θ / T is NaN."""
+    """SPEC.md:1304 [S51] an anneal ending at 1e-300 is above 0 but 0 in float32, where θ / T is NaN."""
     raw = copy.deepcopy(DBM)
     raw["steps"]["fit"]["anneal"]["mask"]["end"] = 1e-300
     line = _refusal(["validate", _write(tmp_path, raw)])
@@ -358,7 +358,7 @@ def test_an_anneal_temperature_float32_rounds_to_zero_is_refused(tmp_path):
 
 
 def test_the_lr_bound_is_adamws_own():
-    """SPEC.md:1303 [S51] the ground of the lr bound: AdamW steps at lr = float32's max x (1 - 0.9) and fails inside
+    """SPEC.md:1304 [S51] the ground of the lr bound: AdamW steps at lr = float32's max x (1 - 0.9) and fails inside
     torch just above it (its first step is lr / (1 - β1) as a float32)."""
     def step(lr: float) -> None:
         w = torch.zeros(2, requires_grad=True)
@@ -374,7 +374,7 @@ def test_the_lr_bound_is_adamws_own():
 
 
 def test_a_data_table_that_is_a_link_loop_is_one_refusal(tmp_path):
-    """SPEC.md:1325 [S53] weekdays/train.json a link to itself (Python 3.11 resolves it with RuntimeError): one
+    """SPEC.md:1326 [S53] weekdays/train.json a link to itself (Python 3.11 resolves it with RuntimeError): one
     refusal naming the ref, not an internal error."""
     root = tmp_path / "data"
     shutil.copytree(fuzzing.DATA, root)
@@ -387,7 +387,7 @@ def test_a_data_table_that_is_a_link_loop_is_one_refusal(tmp_path):
 
 
 def test_a_data_root_that_is_a_link_loop_is_one_refusal(tmp_path):
-    """SPEC.md:1325 [S53] `--data-root` a link to itself: the same one refusal."""
+    """SPEC.md:1326 [S53] `--data-root` a link to itself: the same one refusal."""
     root = tmp_path / "loop"
     os.symlink(root, root)
     line = _refusal(["validate", str(DOCUMENTS / "patching.json"), "--data-root", str(root)])
@@ -396,8 +396,8 @@ def test_a_data_root_that_is_a_link_loop_is_one_refusal(tmp_path):
 
 
 def test_a_memory_budget_of_400_digits_is_not_a_size(tmp_path):
-    """SPEC.md:1266 [S47] 400 digits read as a float are infinite (no int): S47's refusal, before anything loads;
-    SPEC.md:1110 [S76] the line shortens the 400 digits to their first 64 and says how many there were."""
+    """SPEC.md:1267 [S47] 400 digits read as a float are infinite (no int): S47's refusal, before anything loads;
+    SPEC.md:1111 [S76] the line shortens the 400 digits to their first 64 and says how many there were."""
     digits = "9" * 400
     line = _refusal(["validate", str(DOCUMENTS / "patching.json"), "--memory-budget", digits])
     assert line == (f"validation: --memory-budget: --memory-budget '{digits[:64]}…(400 chars)' is not a size; write a number of bytes, "
@@ -442,7 +442,7 @@ def _prompts(tmp_path: pathlib.Path, texts: list[str]) -> pathlib.Path:
 
 
 def test_a_prompt_of_megabytes_is_refused_before_the_tokenizer_sees_it(tmp_path, llama):
-    """SPEC.md:1269 [S48] a 6 MB prompt (once ~200 s and GBs of tokenizing at 30 MB) is refused at compile as S45
+    """SPEC.md:1270 [S48] a 6 MB prompt (once ~200 s and GBs of tokenizing at 30 MB) is refused at compile as S45
     says, naming the row and its characters; the tokenizer never sees a text longer than 2048 x 16 characters
     (the Llama fixture's positions times its longest vocabulary entry)."""
     root = _prompts(tmp_path, ["short", "word " * 1_200_000])
@@ -458,7 +458,7 @@ def test_a_prompt_of_megabytes_is_refused_before_the_tokenizer_sees_it(tmp_path,
 
 
 def test_a_prompt_within_the_character_bound_is_tokenized_and_judged_by_its_tokens(tmp_path, llama):
-    """SPEC.md:1269 [S48] the bound refuses only what must be too long: 4000 characters (over 2048, within 2048 x 16)
+    """SPEC.md:1270 [S48] the bound refuses only what must be too long: 4000 characters (over 2048, within 2048 x 16)
     are tokenized, and S45 judges the tokens (this one fits)."""
     root = _prompts(tmp_path, ["word " * 800])
     engine = Delegate(llama)
@@ -499,6 +499,6 @@ BPE = {"type": "BPE", "fuse_unk": False, "byte_fallback": False}
     ({"normalizer": None, "pre_tokenizer": None, "model": dict(BPE, fuse_unk=True)}, None),
 ])
 def test_the_character_bound_is_taken_only_where_no_character_is_dropped(spec, per):
-    """SPEC.md:1269 [S48] L is the longest entry when every part keeps every character; NFKC, a shrinking Replace,
+    """SPEC.md:1270 [S48] L is the longest entry when every part keeps every character; NFKC, a shrinking Replace,
     whitespace splitting, a removing Split, WordPiece and a fused unknown have no bound (None: tokenized whole)."""
     assert data.characters_per_token(_FakeTokenizer(spec)) == per

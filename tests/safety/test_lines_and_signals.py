@@ -40,7 +40,7 @@ def _with_role(name: str) -> dict:
                                         ("\x7f", "\\x7f"), ("\x9b", "\\x9b"), ("\u2028", "\\u2028"),
                                         ("\u2066", "\\u2066"), ("\n", "\\n"), ("\r", "\\r"), ("\t", "\\t")])
 def test_a_refusal_line_escapes_control_and_bidi_characters(tmp_path, raw, shown):
-    """SPEC.md:1110 [S76] — a role named with a control or bidi character is refused in one line that holds
+    """SPEC.md:1111 [S76] — a role named with a control or bidi character is refused in one line that holds
     the character's escape, never the character (NUL, ESC and RLO were printed raw)."""
     proc = _validate(tmp_path, _with_role(f"a{raw}b"))
     line = proc.stderr.decode("utf-8")
@@ -50,7 +50,7 @@ def test_a_refusal_line_escapes_control_and_bidi_characters(tmp_path, raw, shown
 
 
 def test_a_long_name_is_cut_with_its_length_said(tmp_path):
-    """SPEC.md:1110 [S76] — a 100,000-character role name gives a line of a few hundred characters naming the
+    """SPEC.md:1111 [S76] — a 100,000-character role name gives a line of a few hundred characters naming the
     name's length (it gave a 100,000-character line)."""
     proc = _validate(tmp_path, _with_role("x" * 100_000))
     line = proc.stderr.decode("utf-8").rstrip("\n")
@@ -59,7 +59,7 @@ def test_a_long_name_is_cut_with_its_length_said(tmp_path):
 
 
 def test_ordinary_text_is_unchanged():
-    """SPEC.md:1110 [S76] — text without control characters, with backslashes, quotes, non-ASCII letters and
+    """SPEC.md:1111 [S76] — text without control characters, with backslashes, quotes, non-ASCII letters and
     names of 255 bytes in a dotted path, is printed byte for byte as it is."""
     name = "\u00e9" * 127 + "a"  # 255 bytes of UTF-8, the longest name S43 allows
     text = (f"validation: steps.{name}.reads.{name}: name '\\\\' is 'caf\u00e9 \u2026'; "
@@ -70,7 +70,7 @@ def test_ordinary_text_is_unchanged():
 
 
 def test_a_shortened_run_of_control_characters_prints_at_most_its_kept_escapes():
-    """SPEC.md:1110 [S76] — a run is shortened before it is escaped: 10,000 NULs print 64 escapes and the length."""
+    """SPEC.md:1111 [S76] — a run is shortened before it is escaped: 10,000 NULs print 64 escapes and the length."""
     line = printable("x: " + "\x00" * 10_000)
     assert line == "x: " + "\\x00" * 64 + "\u2026(10000 chars)"
 
@@ -106,7 +106,7 @@ sys.exit(cli.main())
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 @pytest.mark.parametrize("moment", ["print", "restore"])
 def test_an_interrupt_as_the_verb_finishes_prints_no_traceback(tmp_path, signum, moment):
-    """SPEC.md:1054 [S77] — a signal that arrives as the answer is printed (the command line, `main()`) or as
+    """SPEC.md:1055 [S77] — a signal that arrives as the answer is printed (the command line, `main()`) or as
     `main` puts the caller's handlers back (`main(argv)`) leaves the answer whole, its status the verb's, and
     nothing on stderr (a KeyboardInterrupt traceback escaped `main`'s `finally`)."""
     script = tmp_path / "late.py"
@@ -135,7 +135,7 @@ sys.exit(cli.main(["vocab"]))
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_failure_after_a_swallowed_interrupt_is_the_interrupt(tmp_path, signum):
-    """SPEC.md:1054 [S77] — an interrupt that a library caught, followed by that library's failure, ends as the
+    """SPEC.md:1055 [S77] — an interrupt that a library caught, followed by that library's failure, ends as the
     interrupt: 130 and S6's one line, never `internal error` (the interrupt fuzz surface met `module 'sympy' has
     no attribute 'core'` when a signal landed in torch's import)."""
     script = tmp_path / "swallowed.py"
@@ -175,7 +175,7 @@ sys.exit(cli.main())
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 @pytest.mark.parametrize("how", ["plain", "nested", "failing", "last"])
 def test_an_interrupt_during_an_import_is_taken_when_the_import_ends(tmp_path, signum, how):
-    """SPEC.md:1054 [S77] — a signal that arrives while a module is being imported lets that import (and every
+    """SPEC.md:1055 [S77] — a signal that arrives while a module is being imported lets that import (and every
     import inside it) run to its end, then stops the verb in the code that imported it, before its next line (or
     at its end, or as the import's own failure reaches it): S6's line and 130, no traceback. The interrupt was
     raised inside the module's body, which left it half-run (bench/fuzz_surfaces.py's interrupt surface, case
@@ -206,7 +206,7 @@ cli.command_line()
 
 @pytest.mark.parametrize("argv, status", [(["vocab"], 0), (["--bogus"], 2), (["--help"], 0)])
 def test_the_command_line_ends_with_its_answer_flushed_and_no_shutdown(tmp_path, argv, status):
-    """SPEC.md:1054 [S77] — the command line's process ends once its answer is flushed, with the verb's status
+    """SPEC.md:1055 [S77] — the command line's process ends once its answer is flushed, with the verb's status
     (argparse's 2 and 0 too), and no interpreter shutdown runs (no atexit callback), where CPython would have put
     the signals' default actions back: a SIGTERM there ended a finished `validate` with -15."""
     script = tmp_path / "ending.py"
@@ -221,7 +221,7 @@ def test_the_command_line_ends_with_its_answer_flushed_and_no_shutdown(tmp_path,
 
 
 def test_a_usage_line_naming_an_argument_escapes_it(capsys):
-    """SPEC.md:1110 [S76] — argparse's `unrecognized arguments` line names the argument as given: an ESC in it
+    """SPEC.md:1111 [S76] — argparse's `unrecognized arguments` line names the argument as given: an ESC in it
     is printed as its escape, in one line (it was printed raw)."""
     from causalab_ref import cli
 
@@ -249,7 +249,7 @@ sys.exit(cli.main(["schema"]))
 
 
 def test_an_interrupt_noted_by_a_nested_call_stops_the_calling_verb(tmp_path):
-    """SPEC.md:1054 [S77] — `main` called in-process by a verb of the tool (conform's in-process check) notes an
+    """SPEC.md:1055 [S77] — `main` called in-process by a verb of the tool (conform's in-process check) notes an
     interrupt that arrives as its answer is printed and hands it to the calling tool's handler: the outer verb
     stops with S6's line and 130, rather than the interrupt being lost."""
     script = tmp_path / "nested.py"
@@ -261,7 +261,7 @@ def test_an_interrupt_noted_by_a_nested_call_stops_the_calling_verb(tmp_path):
 
 
 def test_an_interrupt_a_callback_swallowed_prints_no_ignored_traceback():
-    """SPEC.md:1054 [S77] — the handler's KeyboardInterrupt raised inside a callback CPython cannot raise from (a
+    """SPEC.md:1055 [S77] — the handler's KeyboardInterrupt raised inside a callback CPython cannot raise from (a
     weakref callback, as importlib's module-lock one, where bench/fuzz_surfaces.py's interrupt surface met it at
     2045888, case 161) is not reported (CPython's "Exception ignored" traceback is its hook's report) while the
     handler is installed; any other unraisable exception still reaches the hook that was there before, and that
@@ -300,7 +300,7 @@ def test_an_interrupt_a_callback_swallowed_prints_no_ignored_traceback():
 
 
 def test_conforms_report_escapes_a_case_files_lone_surrogate_and_control_characters():
-    """SPEC.md:1110 [S76] — a case file's text in conform's report (its name, a difference) is printed escaped, never
+    """SPEC.md:1111 [S76] — a case file's text in conform's report (its name, a difference) is printed escaped, never
     shortened: a lone surrogate as `\\ud800` (before: text no UTF-8 stdout holds, fuzz surface `case` 3232) and ESC as
     `\\x1b`, every line encodable as UTF-8; a long difference keeps its length."""
     import io

@@ -111,7 +111,7 @@ class _Mount:
 
 @pytest.mark.parametrize("name", ["", ".", "..", "sub/..", "/"])
 def test_an_out_that_names_no_folder_is_refused_and_nothing_changes(tmp_path, monkeypatch, name):
-    """SPEC.md:1033 [S1] `--out ""`, `.`, `..` (with --replace) are refused before anything is written."""
+    """SPEC.md:1034 [S1] `--out ""`, `.`, `..` (with --replace) are refused before anything is written."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "keep.txt").write_text("mine", encoding="utf-8")
     (tmp_path / "sub").mkdir()
@@ -122,7 +122,7 @@ def test_an_out_that_names_no_folder_is_refused_and_nothing_changes(tmp_path, mo
 
 
 def test_replace_of_the_current_folder_is_refused_by_the_cli(tmp_path):
-    """SPEC.md:1033 [S1] through the CLI: `run --out . --replace` is one line, exit 2, the folder untouched."""
+    """SPEC.md:1034 [S1] through the CLI: `run --out . --replace` is one line, exit 2, the folder untouched."""
     (tmp_path / "keep.txt").write_text("mine", encoding="utf-8")
     proc = subprocess.run([sys.executable, "-m", "causalab_ref", "run", str(DOC), "--data-root", str(DATA),
                            "--out", ".", "--replace"], cwd=tmp_path, env={**ENV, "PYTHONPATH": str(ROOT)},
@@ -132,7 +132,7 @@ def test_replace_of_the_current_folder_is_refused_by_the_cli(tmp_path):
 
 
 def test_replace_refuses_a_folder_no_run_wrote(tmp_path):
-    """SPEC.md:1035 [S2] --replace on a data root (a folder of someone's files) is refused, unchanged."""
+    """SPEC.md:1036 [S2] --replace on a data root (a folder of someone's files) is refused, unchanged."""
     root = tmp_path / "data"
     shutil.copytree(DATA, root)
     before = _tree(root)
@@ -143,7 +143,7 @@ def test_replace_refuses_a_folder_no_run_wrote(tmp_path):
 
 
 def test_replace_takes_a_folder_a_run_wrote(llama, tmp_path):
-    """SPEC.md:1035 [S2] a previous run's folder carries its record, so --replace replaces it."""
+    """SPEC.md:1036 [S2] a previous run's folder carries its record, so --replace replaces it."""
     out = _result(llama, tmp_path / "out")
     (out / "stray.txt").write_text("old", encoding="utf-8")
     run.execute(compiler.compile_document(PATCHING, llama, DATA), llama, out, replace=True, progress=False)
@@ -152,7 +152,7 @@ def test_replace_takes_a_folder_a_run_wrote(llama, tmp_path):
 
 
 def test_a_second_run_to_a_claimed_out_is_refused_and_removes_nothing(llama, tmp_path):
-    """SPEC.md:1038 [S3] while one run holds --out (here: this process), a second run with --replace is
+    """SPEC.md:1039 [S3] while one run holds --out (here: this process), a second run with --replace is
     refused in one line naming the holder, and the first run's result and staging folder are intact."""
     out = _result(llama, tmp_path / "out")
     before = _tree(out)
@@ -168,7 +168,7 @@ def test_a_second_run_to_a_claimed_out_is_refused_and_removes_nothing(llama, tmp
 
 
 def test_a_reader_sees_the_old_result_or_the_new_one_whole_during_replaces(tmp_path):
-    """SPEC.md:1042 [S4] a reader polling --out while it is replaced 40 times never finds it missing or
+    """SPEC.md:1043 [S4] a reader polling --out while it is replaced 40 times never finds it missing or
     partly written: every look finds one run's three files, whole and of one generation (a look that opened
     the old folder just before the swap may find it removed: that is the old result retired, not a mix)."""
     out = tmp_path / "out"
@@ -221,7 +221,7 @@ def test_a_reader_sees_the_old_result_or_the_new_one_whole_during_replaces(tmp_p
 
 
 def test_an_interrupt_during_a_replace_leaves_the_old_result_whole(llama, tmp_path):
-    """SPEC.md:1048 [S5] SIGINT mid-run with --replace: the old result stays, byte for byte, and no
+    """SPEC.md:1049 [S5] SIGINT mid-run with --replace: the old result stays, byte for byte, and no
     staging folder or lock is left."""
     out = _result(llama, tmp_path / "results" / "out")
     before = _tree(out)
@@ -231,7 +231,7 @@ def test_an_interrupt_during_a_replace_leaves_the_old_result_whole(llama, tmp_pa
 
 
 def test_a_result_moved_aside_by_a_killed_replace_is_put_back(tmp_path):
-    """SPEC.md:1048 [S5] S4's fallback killed between its two renames: --out is missing and the old result
+    """SPEC.md:1049 [S5] S4's fallback killed between its two renames: --out is missing and the old result
     is aside under this tool's exact name; the next run's cleanup puts it back (or drops it once --out exists)."""
     out = tmp_path / "out"
     aside = tmp_path / ".out.old-pid999999999-abcd1234"
@@ -245,7 +245,7 @@ def test_a_result_moved_aside_by_a_killed_replace_is_put_back(tmp_path):
 
 
 def test_sigterm_is_handled_like_sigint(tmp_path):
-    """SPEC.md:1052 [S6] SIGTERM mid-run: exit 130 with one line, no --out, and the staging folder removed."""
+    """SPEC.md:1053 [S6] SIGTERM mid-run: exit 130 with one line, no --out, and the staging folder removed."""
     out = tmp_path / "results" / "out"
     out.parent.mkdir()
     proc = _signalled_mid_run(tmp_path, out, signal.SIGTERM)
@@ -254,7 +254,7 @@ def test_sigterm_is_handled_like_sigint(tmp_path):
 
 
 def test_stale_cleanup_touches_only_this_tools_exact_names(tmp_path):
-    """SPEC.md:1078 [S7] a dead run's `.o*t.partial-pid<P>-<8>` is removed; folders of other names — no pid,
+    """SPEC.md:1079 [S7] a dead run's `.o*t.partial-pid<P>-<8>` is removed; folders of other names — no pid,
     another suffix, another --out that the name `o*t` would match as a glob, a live pid — stay."""
     out = tmp_path / "o*t"
     dead = tmp_path / ".o*t.partial-pid999999999-abcd_123"
@@ -268,7 +268,7 @@ def test_stale_cleanup_touches_only_this_tools_exact_names(tmp_path):
 
 
 def test_conform_cases_cannot_write_data_outside_their_root(tmp_path, capsys):
-    """SPEC.md:1082 [S8] a case's inline data keys `../../x.json` and an absolute path are refused in one
+    """SPEC.md:1083 [S8] a case's inline data keys `../../x.json` and an absolute path are refused in one
     line, and no file appears where they point."""
     target = tmp_path / "escaped.json"
     repo = tmp_path / "repo"
@@ -300,7 +300,7 @@ def _case_with(tmp_path, **fields):
 
 
 def test_a_case_files_entry_that_climbs_out_fails_that_case_and_writes_nothing_outside(tmp_path, capsys):
-    """SPEC.md:1102 [S12] a `files` entry `../r/planted.txt` shipped inside the corpus is neither read from
+    """SPEC.md:1103 [S12] a `files` entry `../r/planted.txt` shipped inside the corpus is neither read from
     outside files/ nor written outside the case's temporary folder: that case fails with one line naming the
     entry, and the file does not appear where the entry points."""
     cases = _case_with(tmp_path, files=["../r/planted.txt"])
@@ -316,7 +316,7 @@ def test_a_case_files_entry_that_climbs_out_fails_that_case_and_writes_nothing_o
 
 
 def test_a_case_files_entry_through_a_link_out_fails_that_case(tmp_path, capsys):
-    """SPEC.md:1102 [S12] a `files` entry that is a link in files/ to a file outside the corpus is not read."""
+    """SPEC.md:1103 [S12] a `files` entry that is a link in files/ to a file outside the corpus is not read."""
     cases = _case_with(tmp_path, files=["secret.txt"])
     (tmp_path / "secret.txt").write_text("secret", encoding="utf-8")
     os.symlink(tmp_path / "secret.txt", cases / "files" / "secret.txt")
@@ -326,7 +326,7 @@ def test_a_case_files_entry_through_a_link_out_fails_that_case(tmp_path, capsys)
 
 
 def test_a_data_file_a_case_names_outside_the_corpus_fails_that_case(tmp_path, capsys):
-    """SPEC.md:1102 [S12] a table named by file as `../../x.json` is not read from outside the corpus."""
+    """SPEC.md:1103 [S12] a table named by file as `../../x.json` is not read from outside the corpus."""
     (tmp_path / "x.json").write_text("[]", encoding="utf-8")
     cases = _case_with(tmp_path, data={"weekdays/x.json": "../x.json"})
     with pytest.raises(SystemExit):
@@ -336,7 +336,7 @@ def test_a_data_file_a_case_names_outside_the_corpus_fails_that_case(tmp_path, c
 
 @pytest.mark.parametrize("plant", ["symlink", "hardlink", "fifo"])
 def test_a_planted_lock_is_refused_and_its_target_is_left_whole(tmp_path, plant):
-    """SPEC.md:1098 [S11] `.<out>.lock` planted as a link to a file (or a hard link, or a fifo) is refused
+    """SPEC.md:1099 [S11] `.<out>.lock` planted as a link to a file (or a hard link, or a fifo) is refused
     in one line naming it, and the file it points at keeps every byte (it was once emptied, twice)."""
     victim = tmp_path / "victim.txt"
     victim.write_text("precious", encoding="utf-8")
@@ -352,7 +352,7 @@ def test_a_planted_lock_is_refused_and_its_target_is_left_whole(tmp_path, plant)
 
 
 def test_a_run_with_a_planted_lock_link_exits_2_and_empties_nothing(llama, tmp_path):
-    """SPEC.md:1098 [S11] the attack through the CLI as a subprocess: `run` exits 2 with one line, and the
+    """SPEC.md:1099 [S11] the attack through the CLI as a subprocess: `run` exits 2 with one line, and the
     link's target is unchanged."""
     victim = tmp_path / "victim.txt"
     victim.write_text("precious", encoding="utf-8")
@@ -365,7 +365,7 @@ def test_a_run_with_a_planted_lock_link_exits_2_and_empties_nothing(llama, tmp_p
 
 
 def test_an_out_under_a_file_or_with_an_overlong_name_is_one_line(tmp_path):
-    """SPEC.md:1085 [S9] environment faults name the path and the cause, as refusals of --out."""
+    """SPEC.md:1086 [S9] environment faults name the path and the cause, as refusals of --out."""
     (tmp_path / "file").write_text("x", encoding="utf-8")
     for out, cause in ((tmp_path / "file" / "out", "Not a directory"), (tmp_path / ("x" * 300), "File name too long")):
         with pytest.raises(Refusal) as caught:
@@ -376,7 +376,7 @@ def test_an_out_under_a_file_or_with_an_overlong_name_is_one_line(tmp_path):
 
 
 def test_a_read_only_or_full_file_system_under_out_is_one_line(llama, tmp_path):
-    """SPEC.md:1085 [S9] a run onto a read-only tmpfs, and onto one too small for its files: exit 2, one
+    """SPEC.md:1086 [S9] a run onto a read-only tmpfs, and onto one too small for its files: exit 2, one
     line naming the path and the cause, no staging folder left (through the CLI)."""
     mount = _Mount(tmp_path / "mnt", "size=8k")
     try:
@@ -393,10 +393,10 @@ def test_a_read_only_or_full_file_system_under_out_is_one_line(llama, tmp_path):
 
 
 def test_a_bug_while_loading_stays_an_internal_error(monkeypatch, capsys):
-    """SPEC.md:1088 [S10] an exception loading does not raise for a bad checkpoint (a TypeError here) is the
+    """SPEC.md:1089 [S10] an exception loading does not raise for a bad checkpoint (a TypeError here) is the
     project's failure: exit 1 and `internal error`, never a refusal of model.key. The bug is in every load
     validate may make: the weightless engine's tokenizer, served from the cached tokenizer.json (tokenjson.py) or
-    loaded by transformers on a cold cache (either then leaves the compile to the meta load, SPEC.md:1947 [E9]),
+    loaded by transformers on a cold cache (either then leaves the compile to the meta load, SPEC.md:1948 [E9]),
     and the meta load."""
     def broken(*args, **kwargs):
         raise TypeError("a bug")
@@ -409,7 +409,7 @@ def test_a_bug_while_loading_stays_an_internal_error(monkeypatch, capsys):
 
 
 def test_the_summary_line_shows_the_mean_the_count_and_a_few_values(tmp_path):
-    """SPEC.md:1124 [S19] 12 rows, one unscored: the mean of 11, `11 of 12`, the first 5 values, `7 more`."""
+    """SPEC.md:1125 [S19] 12 rows, one unscored: the mean of 11, `11 of 12`, the first 5 values, `7 more`."""
     values = [float(v) for v in range(11)] + [None]
     rows = [{"metric": "iia", "value": v, "unit": "fraction"} for v in values]
     (tmp_path / "iia.json").write_text(json.dumps(rows), encoding="utf-8")
@@ -441,7 +441,7 @@ def _own_code(ckpt: Path, marker: Path, file: str) -> None:
 
 @pytest.mark.parametrize("file", ["config.json", "tokenizer_config.json"])
 def test_a_checkpoint_naming_its_own_code_is_refused_on_every_verb_and_engine(tmp_path, capsys, file):
-    """SPEC.md:1129 [S20] an `auto_map` (config.json or tokenizer_config.json) with its .py beside it:
+    """SPEC.md:1130 [S20] an `auto_map` (config.json or tokenizer_config.json) with its .py beside it:
     validate, explain, model, tokens and run, on both engines, refuse in one line naming the file, and the
     code never runs."""
     ckpt = _copy(tmp_path)
@@ -463,7 +463,7 @@ def test_a_checkpoint_naming_its_own_code_is_refused_on_every_verb_and_engine(tm
 
 
 def test_a_checkpoint_naming_its_own_code_never_reads_stdin(tmp_path):
-    """SPEC.md:1129 [S20] a tokenizer auto_map with "y" waiting on stdin: no question, the code never runs."""
+    """SPEC.md:1130 [S20] a tokenizer auto_map with "y" waiting on stdin: no question, the code never runs."""
     ckpt = _copy(tmp_path)
     marker = tmp_path / "ran"
     _own_code(ckpt, marker, "tokenizer_config.json")
@@ -473,7 +473,7 @@ def test_a_checkpoint_naming_its_own_code_never_reads_stdin(tmp_path):
 
 
 def test_an_auto_map_key_is_found_by_parsing_and_a_string_that_says_auto_map_is_not_one(tmp_path):
-    """SPEC.md:1129 [S20] the JSON files are parsed: an `auto_map` key spelled with an escape is refused; the
+    """SPEC.md:1130 [S20] the JSON files are parsed: an `auto_map` key spelled with an escape is refused; the
     value "auto_map" (a string, not a key) is no code, and the checkpoint loads."""
     ckpt = _copy(tmp_path)
     config = ckpt / "tokenizer_config.json"
@@ -489,7 +489,7 @@ def test_an_auto_map_key_is_found_by_parsing_and_a_string_that_says_auto_map_is_
 
 
 def test_a_hub_key_not_in_the_cache_fails_naming_what_was_tried(tmp_path):
-    """SPEC.md:1136 [S21] offline first: a hub key not in the local cache, with the hub off (HF_HUB_OFFLINE),
+    """SPEC.md:1137 [S21] offline first: a hub key not in the local cache, with the hub off (HF_HUB_OFFLINE),
     is refused naming the key, the revision, the cache and the hub."""
     proc = _cli("model", "nobody/none", env={**ENV, "HF_HOME": str(tmp_path / "hf")})
     line = _one_line(proc, "compile: model.key: model 'nobody/none' at revision 'main' could not be found: tried ")
@@ -497,7 +497,7 @@ def test_a_hub_key_not_in_the_cache_fails_naming_what_was_tried(tmp_path):
 
 
 def test_a_hub_key_with_no_network_fails_naming_the_unreachable_hub(tmp_path):
-    """SPEC.md:1136 [S21] not offline by setting but unreachable: the hub's host is tried once (a refused
+    """SPEC.md:1137 [S21] not offline by setting but unreachable: the hub's host is tried once (a refused
     connection here: a local port nothing listens on), then the key is refused naming it."""
     env = {k: v for k, v in ENV.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     env = {k: v for k, v in env.items() if "proxy" not in k.lower()}
@@ -533,7 +533,7 @@ def _reshape_norm(t):
     (_reshape_norm, "mis-shaped", "model.norm.weight"),
 ])
 def test_weights_that_do_not_match_the_model_are_refused_naming_the_tensors(tmp_path, change, kind, named):
-    """SPEC.md:1141 [S22] missing (the head and all of layer 1), unexpected and mis-shaped tensors are refused
+    """SPEC.md:1142 [S22] missing (the head and all of layer 1), unexpected and mis-shaped tensors are refused
     on both engines, naming them; nothing loads with random values."""
     ckpt = _copy(tmp_path)
     _weights(ckpt, change)
@@ -554,7 +554,7 @@ def own_cache(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("damage", ["overwrite", "truncate", "delete", "record", "nested record"])
 def test_a_damaged_fixture_is_rebuilt_not_trusted(own_cache, damage):
-    """SPEC.md:1145 [S23] weight bytes overwritten, a truncated file, a missing file, a record without the
+    """SPEC.md:1146 [S23] weight bytes overwritten, a truncated file, a missing file, a record without the
     files' digests or nested past the reader: the next use rebuilds the folder to its recorded bytes."""
     folder, before = own_cache
     weights = folder / "model.safetensors"
@@ -578,7 +578,7 @@ def test_a_damaged_fixture_is_rebuilt_not_trusted(own_cache, damage):
 
 
 def test_a_damaged_fixture_in_a_read_only_cache_is_one_line(tmp_path, monkeypatch):
-    """SPEC.md:1149 [S24] a fixture that must be rebuilt where the cache cannot be written: refused naming
+    """SPEC.md:1150 [S24] a fixture that must be rebuilt where the cache cannot be written: refused naming
     the folder, the cause and $CAUSALAB_REF_CACHE."""
     mount = _Mount(tmp_path / "cache", "size=4m")
     try:
@@ -614,7 +614,7 @@ def _entries(root: Path) -> dict:
 
 
 def test_a_file_dropped_into_a_verified_fixture_folder_is_removed_not_read(tmp_path, monkeypatch):
-    """SPEC.md:1151 [S25] a tokenizer.json dropped beside the Llama-2 tokenizer.model of a verified tiny-llama
+    """SPEC.md:1152 [S25] a tokenizer.json dropped beside the Llama-2 tokenizer.model of a verified tiny-llama
     cache folder (and a link to a file outside) would be read in its place: a plain load of a copy of the
     folder gives other ids. The next load removes both, the link's target untouched, and gives the seed's
     Llama-2 ids again."""
@@ -637,7 +637,7 @@ def test_a_file_dropped_into_a_verified_fixture_folder_is_removed_not_read(tmp_p
 
 
 def test_run_json_names_the_recipe_only_for_files_checked_against_it(tmp_path):
-    """SPEC.md:1195 [S29] a run on an exported tiny-llama folder records the recipe while its files are the
+    """SPEC.md:1196 [S29] a run on an exported tiny-llama folder records the recipe while its files are the
     manifest's; after one weight value changes (same shapes) it records no recipe, and its model_files are
     the sha256 of the folder's files as they are now."""
     exported.export(tmp_path / "fx", keys=["fixture:tiny-llama"])
@@ -665,7 +665,7 @@ def test_run_json_names_the_recipe_only_for_files_checked_against_it(tmp_path):
 
 
 def test_a_cache_root_that_cannot_be_created_is_one_line_naming_the_variable(tmp_path, monkeypatch, capsys):
-    """SPEC.md:1160 [S27] $CAUSALAB_REF_CACHE=/proc/x: `fixtures export` is one refusal naming the fixture's folder,
+    """SPEC.md:1161 [S27] $CAUSALAB_REF_CACHE=/proc/x: `fixtures export` is one refusal naming the fixture's folder,
     the cause and $CAUSALAB_REF_CACHE, not an internal error."""
     monkeypatch.setenv(builder.CACHE_ENV, "/proc/x")
     assert cli.main(["fixtures", "export", str(tmp_path / "fx"), "--key", "fixture:tiny-gpt2"]) == 2
@@ -702,7 +702,7 @@ def _plants(dest: Path) -> dict:
                                    "a link of the fixture's name", "a user's folder of the fixture's name",
                                    "an exported folder with a file added", "a manifest no export wrote"])
 def test_an_export_onto_what_it_did_not_write_is_one_line_and_changes_nothing(tmp_path, capsys, plant):
-    """SPEC.md:1187 [S28] DIR a file or a link, a file or a link or a user's folder of a fixture's name, a file
+    """SPEC.md:1188 [S28] DIR a file or a link, a file or a link or a user's folder of a fixture's name, a file
     added to an exported folder, a manifest.json no export wrote: one refusal at DIR naming it, exit 2, and
     every byte, link and folder under the test's folder as it was."""
     dest = tmp_path / "w" / "fx"
@@ -733,7 +733,7 @@ exported.export(Path(sys.argv[1]), keys=["fixture:tiny-gpt2"])
 
 
 def test_a_killed_exports_staging_folder_does_not_survive_the_next_export(tmp_path):
-    """SPEC.md:1155 [S26] an export killed (SIGKILL) while it copies leaves `.tiny-gpt2.partial-pid<P>-<8>` in
+    """SPEC.md:1156 [S26] an export killed (SIGKILL) while it copies leaves `.tiny-gpt2.partial-pid<P>-<8>` in
     DIR; the next export removes it and writes the folder. A staging name of a live process, a link of a
     dead one's name and a name with another suffix stay."""
     dest = tmp_path / "fx"
@@ -759,7 +759,7 @@ def test_a_killed_exports_staging_folder_does_not_survive_the_next_export(tmp_pa
 
 
 def test_a_killed_builds_staging_folder_is_removed_by_the_next_build(tmp_path, monkeypatch):
-    """SPEC.md:1155 [S26] a staging folder of a process that is gone, beside a fixture's cache folder, is removed
+    """SPEC.md:1156 [S26] a staging folder of a process that is gone, beside a fixture's cache folder, is removed
     when the fixture is next built."""
     monkeypatch.setenv(builder.CACHE_ENV, str(tmp_path / "cache"))
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -774,7 +774,7 @@ def test_a_killed_builds_staging_folder_is_removed_by_the_next_build(tmp_path, m
 
 
 def test_a_stale_folder_named_with_a_pid_past_any_process_is_left_and_raises_nothing(tmp_path):
-    """SPEC.md:1078 [S7] `.<out>.partial-pid<P>-<8>` whose P is too large for the system call: not a process this
+    """SPEC.md:1079 [S7] `.<out>.partial-pid<P>-<8>` whose P is too large for the system call: not a process this
     tool can judge dead, so the folder is kept, and the cleanup raises nothing (it once raised OverflowError)."""
     out = tmp_path / "out"
     huge = tmp_path / f".out.partial-pid{10 ** 30}-abcd1234"

@@ -39,7 +39,7 @@ def _data_root(tmp_path: pathlib.Path) -> pathlib.Path:
 
 
 def test_a_key_named_twice_in_a_document_is_refused_naming_its_path(tmp_path):
-    """SPEC.md:1235 [S40] `"layers": [0], "layers": [1]` would run layer 1; it is refused at the key's dotted path."""
+    """SPEC.md:1236 [S40] `"layers": [0], "layers": [1]` would run layer 1; it is refused at the key's dotted path."""
     text = PATCHING_FILE.read_text(encoding="utf-8").replace('"layers": [0]', '"layers": [0], "layers": [1]', 1)
     doc = tmp_path / "doc.json"
     doc.write_text(text, encoding="utf-8")
@@ -48,7 +48,7 @@ def test_a_key_named_twice_in_a_document_is_refused_naming_its_path(tmp_path):
 
 
 def test_a_second_model_key_is_refused_not_taken(tmp_path):
-    """SPEC.md:1235 [S40] a second `model.key` does not replace the first: refused at `model.key`."""
+    """SPEC.md:1236 [S40] a second `model.key` does not replace the first: refused at `model.key`."""
     text = PATCHING_FILE.read_text(encoding="utf-8").replace(
         '"key": "fixture:tiny-llama",', '"key": "fixture:tiny-llama", "key": "fixture:tiny-gpt2",', 1)
     doc = tmp_path / "doc.json"
@@ -57,7 +57,7 @@ def test_a_second_model_key_is_refused_not_taken(tmp_path):
 
 
 def test_a_key_named_twice_in_a_data_file_is_refused_naming_file_and_place(tmp_path):
-    """SPEC.md:1235 [S40] a data row naming a column twice is refused with the file and the row's path."""
+    """SPEC.md:1236 [S40] a data row naming a column twice is refused with the file and the row's path."""
     root = _data_root(tmp_path)
     table = root / "weekdays" / "train.json"
     rows = json.loads(table.read_text(encoding="utf-8"))
@@ -69,7 +69,7 @@ def test_a_key_named_twice_in_a_data_file_is_refused_naming_file_and_place(tmp_p
 
 
 def test_an_integer_of_more_than_4300_digits_is_a_malformed_number(tmp_path):
-    """SPEC.md:1239 [S41] a 5000-digit integer is refused at its path as a malformed number, not a ValueError."""
+    """SPEC.md:1240 [S41] a 5000-digit integer is refused at its path as a malformed number, not a ValueError."""
     text = PATCHING_FILE.read_text(encoding="utf-8").replace('"layers": [0]', '"layers": [' + "7" * 5000 + "]", 1)
     doc = tmp_path / "doc.json"
     doc.write_text(text, encoding="utf-8")
@@ -79,7 +79,7 @@ def test_an_integer_of_more_than_4300_digits_is_a_malformed_number(tmp_path):
 
 
 def test_nan_infinity_and_an_overflowing_float_are_malformed_numbers(tmp_path):
-    """SPEC.md:1239 [S41] NaN, -Infinity and 1e999 are not JSON numbers: refused at their path."""
+    """SPEC.md:1240 [S41] NaN, -Infinity and 1e999 are not JSON numbers: refused at their path."""
     doc = tmp_path / "doc.json"
     for spelled, message in (("NaN", "NaN is not a JSON number"), ("-Infinity", "-Infinity is not a JSON number"),
                              ("1e999", "1e999 is beyond the range of a 64-bit float")):
@@ -91,7 +91,7 @@ def test_nan_infinity_and_an_overflowing_float_are_malformed_numbers(tmp_path):
 
 
 def test_a_huge_integer_in_a_data_file_is_refused_by_data_and_by_validate(tmp_path):
-    """SPEC.md:1239 [S41] SPEC.md:1244 [S42] a data file's 5000-digit integer is refused by `data --json`
+    """SPEC.md:1240 [S41] SPEC.md:1245 [S42] a data file's 5000-digit integer is refused by `data --json`
     (which never prints NaN or a traceback) and by `validate`."""
     root = _data_root(tmp_path)
     table = root / "weekdays" / "train.json"
@@ -110,7 +110,7 @@ def _strict(text: str):
 
 
 def test_data_json_prints_strict_json_and_refuses_nan(tmp_path):
-    """SPEC.md:1244 [S42] `data --json` prints JSON a strict reader takes; a NaN cell is refused, not printed."""
+    """SPEC.md:1245 [S42] `data --json` prints JSON a strict reader takes; a NaN cell is refused, not printed."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert cli.main(["--json", "data", "weekdays/train", "--data-root", str(fuzzing.DATA)]) == 0
@@ -124,7 +124,7 @@ def test_data_json_prints_strict_json_and_refuses_nan(tmp_path):
 
 
 def test_a_name_with_a_slash_or_a_dot_is_refused_at_validation():
-    """SPEC.md:1246 [S43] an intervention, metric or step name that is not one path segment is refused at its path."""
+    """SPEC.md:1247 [S43] an intervention, metric or step name that is not one path segment is refused at its path."""
     cases = []
     raw = copy.deepcopy(PATCHING)
     raw["interventions"]["a/b"] = raw["interventions"].pop("patching")
@@ -147,7 +147,7 @@ def test_a_name_with_a_slash_or_a_dot_is_refused_at_validation():
 
 
 def test_a_slashed_intervention_does_not_pick_the_wrong_one_for_a_qualified_save(tmp_path):
-    """SPEC.md:1246 [S43] with interventions `a` and `a/b`, the save `a/b/iia` is refused at validation
+    """SPEC.md:1247 [S43] with interventions `a` and `a/b`, the save `a/b/iia` is refused at validation
     through the CLI rather than written for the wrong intervention."""
     raw = copy.deepcopy(PATCHING)
     raw["interventions"]["a"] = raw["interventions"]["patching"]
@@ -160,7 +160,7 @@ def test_a_slashed_intervention_does_not_pick_the_wrong_one_for_a_qualified_save
 
 
 def test_saves_that_collide_as_paths_are_refused_at_validation(tmp_path):
-    """SPEC.md:1251 [S44] `iia.json` and `iia.json/b.json` (and anything under document.json) cannot both be
+    """SPEC.md:1252 [S44] `iia.json` and `iia.json/b.json` (and anything under document.json) cannot both be
     written: refused at validation at the later save, before any forward."""
     raw = copy.deepcopy(PATCHING)
     raw["steps"]["score"]["saves"].append({"value": "logit_diff", "file_path": "iia.json/b.json"})
@@ -176,7 +176,7 @@ def test_saves_that_collide_as_paths_are_refused_at_validation(tmp_path):
 
 
 def test_a_prompt_longer_than_the_models_positions_is_refused_at_compile(tmp_path):
-    """SPEC.md:1258 [S45] `"x " * 700` on the GPT-2 fixture (512 positions) is refused at compile naming the
+    """SPEC.md:1259 [S45] `"x " * 700` on the GPT-2 fixture (512 positions) is refused at compile naming the
     rows and their lengths (1400 and 1200 tokens: the fixture BPE splits "x " in two), not a traceback
     from inside the model."""
     root = _data_root(tmp_path)

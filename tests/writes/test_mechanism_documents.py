@@ -38,7 +38,7 @@ def _values(path: Path) -> list:
 
 
 def test_steering_saves_the_steered_continuation(llama, tmp_path):
-    """SPEC.md:1424 [M19] steering.json decodes 3 tokens with add_scaled + renormalize at every step and saves
+    """SPEC.md:1425 [M19] steering.json decodes 3 tokens with add_scaled + renormalize at every step and saves
     `steered.generated`: int64 ids (rows, decode), the prompt stripped."""
     out = _run("steering", tmp_path / "steering", llama)
     ids = _weight(out / "generated.safetensors")
@@ -47,7 +47,7 @@ def test_steering_saves_the_steered_continuation(llama, tmp_path):
 
 
 def test_causal_tracing_noise_moves_the_answer_and_only_an_earlier_layer_restores_it(llama, tmp_path):
-    """SPEC.md:1357 [M3] causal_tracing.json: the seeded noise on the entity's embeddings changes the base
+    """SPEC.md:1358 [M3] causal_tracing.json: the seeded noise on the entity's embeddings changes the base
     answer's probability; restoring block_output[0] at the entity's last token moves it, while restoring the
     last layer there cannot (no later block carries that position to the last token)."""
     out = _run("causal_tracing", tmp_path / "tracing", llama)
@@ -58,7 +58,7 @@ def test_causal_tracing_noise_moves_the_answer_and_only_an_earlier_layer_restore
 
 
 def test_noise_on_a_ragged_window_does_not_depend_on_the_batch_size(llama, tmp_path):
-    """SPEC.md:1364 [M4] the entity's tokens are a ragged (flat) window; with --batch-size 1 each row takes its
+    """SPEC.md:1365 [M4] the entity's tokens are a ragged (flat) window; with --batch-size 1 each row takes its
     own positions of the whole pass's draw, so the noised scores equal the unbatched run's."""
     whole = _run("causal_tracing", tmp_path / "whole", llama)
     chunked = _run("causal_tracing", tmp_path / "chunked", llama, batch_size=1)
@@ -68,7 +68,7 @@ def test_noise_on_a_ragged_window_does_not_depend_on_the_batch_size(llama, tmp_p
 
 
 def test_attention_knockout_publishes_the_clean_pattern(tmp_path):
-    """SPEC.md:1427 [M20] attention_knockout.json saves each head's clean pattern at the last token as an
+    """SPEC.md:1428 [M20] attention_knockout.json saves each head's clean pattern at the last token as an
     unreduced output (rows, 1, keys), stamped output/none."""
     raw = json.loads((ROOT / "documents" / "attention_knockout.json").read_text())
     eager = loading.load(validate.document(sweeps.points(raw)[0][1]).model, weights=True)
@@ -80,7 +80,7 @@ def test_attention_knockout_publishes_the_clean_pattern(tmp_path):
 
 
 def test_clamp_and_mean_ablation_change_the_scores(llama, tmp_path):
-    """SPEC.md:1349 [M1] clamp.json and mean_ablation.json run; each intervention moves logit_diff off the clean
+    """SPEC.md:1350 [M1] clamp.json and mean_ablation.json run; each intervention moves logit_diff off the clean
     run's on every row."""
     out = _run("clamp", tmp_path / "clamp", llama)
     assert all(a != b for a, b in zip(_values(out / "logit_diff.json"), _values(out / "clean_logit_diff.json")))

@@ -163,7 +163,7 @@ def _run(eng, doc):
 @pytest.mark.parametrize("family", list(FAMILIES))
 @pytest.mark.parametrize("kind", ["nnterp", "hooks"])
 def test_each_mechanism_equals_a_hand_hook_in_the_prompt_frame(engines, hf, family, kind):
-    """SPEC.md:1349 [M1] each mechanism's formula, applied by the write seam at block_output[0] -1, equals a
+    """SPEC.md:1350 [M1] each mechanism's formula, applied by the write seam at block_output[0] -1, equals a
     transformers forward hook applying the reference's formula to the same rows and position (atol 1e-6),
     on the Llama and GPT-2 fixtures and on both engines."""
     eng = engines(family, kind)
@@ -176,7 +176,7 @@ def test_each_mechanism_equals_a_hand_hook_in_the_prompt_frame(engines, hf, fami
 @pytest.mark.parametrize("family", list(FAMILIES))
 @pytest.mark.parametrize("kind", ["nnterp", "hooks"])
 def test_each_mechanism_equals_a_hand_hook_at_every_decode_step(engines, hf, family, kind):
-    """SPEC.md:1354 [M2] a write at {"frame": "generated", "all": true} applies the formula at every decode
+    """SPEC.md:1355 [M2] a write at {"frame": "generated", "all": true} applies the formula at every decode
     step (steering): each step's written value and the generated ids equal a hand hook applied to every
     forward of transformers' own greedy decode, on both engines."""
     eng = engines(family, kind)
@@ -189,7 +189,7 @@ def test_each_mechanism_equals_a_hand_hook_at_every_decode_step(engines, hf, fam
 
 
 def test_gaussian_noise_is_the_seeds_independent_draw(llama):
-    """SPEC.md:1357 [M3] the noise a gaussian write adds is torch.randn(f.shape) from a new CPU generator
+    """SPEC.md:1358 [M3] the noise a gaussian write adds is torch.randn(f.shape) from a new CPU generator
     seeded with `seed`, element for element: the written value minus the clean value over scale."""
     doc = _document("llama", "prompt", ["gaussian"])
     doc["interventions"]["m"]["reads"]["clean"] = {"site": "target", "pos": -1, "model": "original",
@@ -201,7 +201,7 @@ def test_gaussian_noise_is_the_seeds_independent_draw(llama):
 
 
 def test_gaussian_noise_does_not_depend_on_the_batch_size(llama):
-    """SPEC.md:1364 [M4] Reading: a row's noise is the same with and without --batch-size (each chunk takes its rows
+    """SPEC.md:1365 [M4] Reading: a row's noise is the same with and without --batch-size (each chunk takes its rows
     of the whole pass's draw), where the original redraws per chunk and repeats chunk 1's noise."""
     doc = _document("llama", "prompt", ["gaussian"])
     plan = compiler.compile_document(doc, llama, DATA)
@@ -212,7 +212,7 @@ def test_gaussian_noise_does_not_depend_on_the_batch_size(llama):
 
 
 def test_an_integral_seed_written_as_a_float_is_that_integer(llama):
-    """SPEC.md:1368 [M5] Reading: `"seed": 7.0` is the integer seed 7 (the original hands torch the float and
+    """SPEC.md:1369 [M5] Reading: `"seed": 7.0` is the integer seed 7 (the original hands torch the float and
     fails); the noise equals `"seed": 7`'s."""
     doc = _document("llama", "prompt", ["gaussian"])
     seven = _run(llama, doc)["after_gaussian"]
@@ -259,13 +259,13 @@ W = "interventions.patching.writes.patch"
     ({"mechanism": "clamp", "operand": None}, f"{W}.params", "mechanism 'clamp' needs a bound: params lo, hi or both"),
 ])
 def test_params_are_checked_by_name_both_ways_in_the_reference_order(fields, path, message):
-    """SPEC.md:1378 [M8] missing params, then unknown params, then an operand given or missing, then clamp's
+    """SPEC.md:1379 [M8] missing params, then unknown params, then an operand given or missing, then clamp's
     bound: the first failure is the refusal, with the reference's text, at validation."""
     assert _refusal(_patching_write(**fields)) == (path, message)
 
 
 def test_a_param_is_a_finite_number():
-    """SPEC.md:1382 [M9] a param that is a boolean, a string or not finite is refused naming it."""
+    """SPEC.md:1383 [M9] a param that is a boolean, a string or not finite is refused naming it."""
     for bad in (True, "2", 1e400):
         raw = _patching_write(mechanism="add_scaled", params={"scale": bad})
         path, message = _refusal(raw)
@@ -273,7 +273,7 @@ def test_a_param_is_a_finite_number():
 
 
 def test_a_seed_that_is_not_whole_is_refused():
-    """SPEC.md:1368 [M5] `"seed": 7.5` is not an integer seed and is refused at validation."""
+    """SPEC.md:1369 [M5] `"seed": 7.5` is not an integer seed and is refused at validation."""
     path, message = _refusal(_patching_write(mechanism="gaussian", operand=None, params={"seed": 7.5}))
     assert path == f"{W}.params.seed"
     assert message.startswith("mechanism 'gaussian': seed 7.5 is not an integer a torch generator takes")
@@ -289,7 +289,7 @@ def _renormalized(order) -> dict:
 
 @pytest.mark.parametrize("order", [["restore"], ["restore", "patch"]])
 def test_renormalize_alone_or_first_at_its_site_is_refused(order):
-    """SPEC.md:1374 [M7] a renormalize must follow at least one other write at its site and be last there."""
+    """SPEC.md:1375 [M7] a renormalize must follow at least one other write at its site and be last there."""
     path, message = _refusal(_renormalized(order))
     assert path == f"interventions.patching.models.patched.writes.{order.index('restore')}"
     assert message == ("interventions.patching: model 'patched': renormalize 'restore' restores the norm the other "
@@ -298,7 +298,7 @@ def test_renormalize_alone_or_first_at_its_site_is_refused(order):
 
 
 def test_renormalize_after_a_write_at_its_site_is_accepted():
-    """SPEC.md:1374 [M7] after another write at the same site (another position counts), it is accepted."""
+    """SPEC.md:1375 [M7] after another write at the same site (another position counts), it is accepted."""
     from causalab_ref.documents import validate
     raw = _renormalized(["patch", "restore"])
     raw["interventions"]["patching"]["writes"]["restore"]["pos"] = -2
@@ -306,7 +306,7 @@ def test_renormalize_after_a_write_at_its_site_is_accepted():
 
 
 def test_renormalize_restores_the_norm_the_value_arrived_with(llama):
-    """SPEC.md:1371 [M6] renormalize's f0 is the value before the tap's first write: after a steer it restores
+    """SPEC.md:1372 [M6] renormalize's f0 is the value before the tap's first write: after a steer it restores
     the unwritten norm per row, keeping the steered direction (cosine 1)."""
     doc = _document("llama", "prompt", ["renormalize"])
     intervention = doc["interventions"]["m"]
@@ -322,7 +322,7 @@ def test_renormalize_restores_the_norm_the_value_arrived_with(llama):
 
 
 def test_vocab_lists_the_mechanisms_with_their_params():
-    """SPEC.md:1438 [M23] `vocab` prints each mechanism with its operand and params (defaults shown)."""
+    """SPEC.md:1439 [M23] `vocab` prints each mechanism with its operand and params (defaults shown)."""
     from causalab_ref import cli
     result = cli.cmd_vocab(None)
     assert result["mechanisms"] == {"swap": "swap(operand)", "add_scaled": "add_scaled(operand, scale=1.0)",
@@ -332,7 +332,7 @@ def test_vocab_lists_the_mechanisms_with_their_params():
 
 
 def test_the_written_out_float32_bounds_are_torchs():
-    """SPEC.md:1786 [Q17] the float32 bounds validation uses are written out (no torch at validation): they are
+    """SPEC.md:1787 [Q17] the float32 bounds validation uses are written out (no torch at validation): they are
     exactly torch.finfo(torch.float32)'s max and smallest normal."""
     from causalab_ref.documents import fields
     from causalab_ref.writes import mechanisms

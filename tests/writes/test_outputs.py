@@ -47,7 +47,7 @@ def _compile_refusal(raw, llama) -> tuple[str, str]:
 
 
 def test_a_bare_string_output_is_the_read_unreduced():
-    """SPEC.md:1385 [M10] `"outputs": {"acts": "x"}` means {"read": "x", "reduce": "none"}; k only with pca."""
+    """SPEC.md:1386 [M10] `"outputs": {"acts": "x"}` means {"read": "x", "reduce": "none"}; k only with pca."""
     raw = _ablation(mean={"read": "acts", "reduce": "mean"}, kept="acts")
     step = dict(validate.document(raw).steps)["harvest"]
     assert [(n, o.read, o.reduce, o.k) for n, o in step.outputs] == [("mean", "acts", "mean", None),
@@ -57,20 +57,20 @@ def test_a_bare_string_output_is_the_read_unreduced():
 @pytest.mark.parametrize("output", [{"read": "acts", "reduce": "pca"}, {"read": "acts", "reduce": "mean", "k": 2},
                                     {"read": "acts", "reduce": "pca", "k": 0}])
 def test_k_is_given_exactly_with_pca(output):
-    """SPEC.md:1385 [M10] `k` is for pca and pca needs it (the reference's text)."""
+    """SPEC.md:1386 [M10] `k` is for pca and pca needs it (the reference's text)."""
     assert _refusal(_ablation(mean=output)) == ("steps.harvest.outputs.mean.k",
                                                  "`k` is for `reduce: pca`, and pca needs it")
 
 
 def test_an_output_keeps_a_read_of_its_intervention():
-    """SPEC.md:1392 [M12] an output naming a read the step's intervention does not have is refused."""
+    """SPEC.md:1393 [M12] an output naming a read the step's intervention does not have is refused."""
     assert _refusal(_ablation(mean={"read": "logits", "reduce": "mean"})) == (
         "steps.harvest.outputs.mean.read",
         "step 'harvest': output 'mean' keeps read 'logits', which its intervention does not have")
 
 
 def test_two_steps_may_not_publish_one_name():
-    """SPEC.md:1392 [M12] the second publisher of a name is refused naming the first."""
+    """SPEC.md:1393 [M12] the second publisher of a name is refused naming the first."""
     raw = _ablation()
     raw["steps"]["clean"]["outputs"] = {"mean": "logits"}
     assert _refusal(raw) == ("steps.clean.outputs.mean",
@@ -78,7 +78,7 @@ def test_two_steps_may_not_publish_one_name():
 
 
 def test_an_output_may_not_share_a_reads_name():
-    """SPEC.md:1392 [M12] an output named like any read (here the other intervention's `logits`) is refused."""
+    """SPEC.md:1393 [M12] an output named like any read (here the other intervention's `logits`) is refused."""
     raw = _ablation(logits={"read": "acts", "reduce": "mean"})
     assert _refusal(raw) == ("steps.harvest.outputs.logits", "step 'harvest': output 'logits' shares its name with a "
                                                              "read; an operand names one or the other")
@@ -88,7 +88,7 @@ def test_an_output_may_not_share_a_reads_name():
 
 
 def test_a_ref_names_an_earlier_steps_output():
-    """SPEC.md:1396 [M13] a ref to a name no earlier step publishes is refused listing what is published."""
+    """SPEC.md:1397 [M13] a ref to a name no earlier step publishes is refused listing what is published."""
     raw = _ablation()
     raw["steps"] = {"ablated": raw["steps"]["ablated"], "harvest": raw["steps"]["harvest"]}
     assert _refusal(raw) == ("interventions.ablation.writes.ablate.operand",
@@ -97,7 +97,7 @@ def test_a_ref_names_an_earlier_steps_output():
 
 
 def test_a_bare_string_naming_an_output_is_told_to_write_a_ref():
-    """SPEC.md:1396 [M13] an output named as a bare-string operand gets D11's text pointing at {"ref": …}."""
+    """SPEC.md:1397 [M13] an output named as a bare-string operand gets D11's text pointing at {"ref": …}."""
     raw = _ablation()
     raw["interventions"]["ablation"]["writes"]["ablate"]["operand"] = "mean"
     assert _refusal(raw) == ("interventions.ablation.writes.ablate.operand",
@@ -106,7 +106,7 @@ def test_a_bare_string_naming_an_output_is_told_to_write_a_ref():
 
 
 def test_outputs_of_a_step_running_several_interventions_are_not_visible_later():
-    """SPEC.md:1396 [M13] a step that lists interventions publishes to itself only."""
+    """SPEC.md:1397 [M13] a step that lists interventions publishes to itself only."""
     raw = _ablation()
     raw["steps"]["harvest"]["interventions"] = ["harvest", "clean"]
     path, message = _refusal(raw)
@@ -134,7 +134,7 @@ def two_rows(tmp_path_factory):
 
 
 def test_an_unreduced_ref_over_other_rows_is_refused(llama, two_rows):
-    """SPEC.md:1401 [M14] an unreduced output of 4 rows swapped in over 2 rows is refused at compile."""
+    """SPEC.md:1402 [M14] an unreduced output of 4 rows swapped in over 2 rows is refused at compile."""
     raw = _ablation(mean="acts")
     raw = _sliced_rows(raw, "ablated", "weekdays/two")
     with pytest.raises(Refusal) as caught:
@@ -146,13 +146,13 @@ def test_an_unreduced_ref_over_other_rows_is_refused(llama, two_rows):
 
 
 def test_a_mean_ref_over_other_rows_is_accepted(llama, two_rows):
-    """SPEC.md:1401 [M14] a mean is one vector per position, so it fits any number of rows."""
+    """SPEC.md:1402 [M14] a mean is one vector per position, so it fits any number of rows."""
     raw = _sliced_rows(_ablation(), "ablated", "weekdays/two")
     assert compiler.compile_document(raw, llama, two_rows).steps[2].example_ids == ("0", "1")
 
 
 def test_a_pca_basis_as_an_operand_is_refused(llama):
-    """SPEC.md:1401 [M14] a pca output is a featurizer's basis, not an operand."""
+    """SPEC.md:1402 [M14] a pca output is a featurizer's basis, not an operand."""
     raw = _ablation(mean={"read": "acts", "reduce": "pca", "k": 2})
     raw["interventions"]["harvest"]["reads"]["acts"]["pos"] = {"last": 3}
     raw["interventions"]["ablation"]["writes"]["ablate"]["pos"] = {"last": 3}
@@ -163,7 +163,7 @@ def test_a_pca_basis_as_an_operand_is_refused(llama):
 
 
 def test_a_pca_over_too_few_vectors_is_refused_at_the_publishing_step(llama):
-    """SPEC.md:1409 [M15] 4 rows x 1 position are 4 vectors, which centred hold 3 independent directions: k=4 is refused."""
+    """SPEC.md:1410 [M15] 4 rows x 1 position are 4 vectors, which centred hold 3 independent directions: k=4 is refused."""
     raw = _ablation(basis={"read": "acts", "reduce": "pca", "k": 4}, mean={"read": "acts", "reduce": "mean"})
     assert _compile_refusal(raw, llama) == (
         "steps.harvest.outputs.basis",
@@ -177,7 +177,7 @@ def test_a_pca_over_too_few_vectors_is_refused_at_the_publishing_step(llama):
     ({"all": True}, "none", "covers a varying number of position(s) but 'mean' was read over 1, unreduced"),
 ])
 def test_a_ref_whose_window_does_not_fit_is_refused(llama, write_pos, reduce, message):
-    """SPEC.md:1401 [M14] a mean of a rectangle fits its own width (or a ragged write when it was one position);
+    """SPEC.md:1402 [M14] a mean of a rectangle fits its own width (or a ragged write when it was one position);
     an unreduced rectangle only its own width."""
     raw = _ablation(mean={"read": "acts", "reduce": reduce})
     raw["interventions"]["ablation"]["writes"]["ablate"]["pos"] = write_pos
@@ -187,14 +187,14 @@ def test_a_ref_whose_window_does_not_fit_is_refused(llama, write_pos, reduce, me
 
 
 def test_a_mean_of_one_position_fits_a_ragged_write(llama):
-    """SPEC.md:1401 [M14] a (1, width) mean lands at every position of a ragged write."""
+    """SPEC.md:1402 [M14] a (1, width) mean lands at every position of a ragged write."""
     raw = _ablation()
     raw["interventions"]["ablation"]["writes"]["ablate"]["pos"] = {"all": True}
     assert compiler.compile_document(raw, llama, DATA)
 
 
 def test_a_ref_of_another_width_is_refused(llama):
-    """SPEC.md:1414 [M16] a 16-wide mean written into one 4-wide head is refused at compile, naming both."""
+    """SPEC.md:1415 [M16] a 16-wide mean written into one 4-wide head is refused at compile, naming both."""
     raw = _ablation()
     raw["sites"]["one_head"] = {"component": "attention_premix", "layers": [0], "heads": [0]}
     raw["interventions"]["ablation"]["writes"]["ablate"]["site"] = "one_head"
@@ -207,7 +207,7 @@ def test_a_ref_of_another_width_is_refused(llama):
 
 
 def test_a_tensor_saved_to_a_json_path_is_refused():
-    """SPEC.md:1431 [M21] an output is a tensor: its save needs a .safetensors path (the reference's text)."""
+    """SPEC.md:1432 [M21] an output is a tensor: its save needs a .safetensors path (the reference's text)."""
     raw = _ablation()
     raw["steps"]["harvest"]["saves"][0]["file_path"] = "mean.json"
     assert _refusal(raw) == ("steps.harvest.saves.0.file_path",
@@ -215,7 +215,7 @@ def test_a_tensor_saved_to_a_json_path_is_refused():
 
 
 def test_a_metric_saved_to_a_safetensors_path_is_refused():
-    """SPEC.md:1431 [M21] a metric is a per-row table: its save needs a .json path (the reference's text)."""
+    """SPEC.md:1432 [M21] a metric is a per-row table: its save needs a .json path (the reference's text)."""
     raw = _ablation()
     raw["steps"]["clean"]["saves"][0]["file_path"] = "clean.safetensors"
     assert _refusal(raw) == ("steps.clean.saves.0.file_path",
@@ -225,7 +225,7 @@ def test_a_metric_saved_to_a_safetensors_path_is_refused():
 
 
 def test_generated_ids_are_produced_only_by_a_decoding_intervention():
-    """SPEC.md:1424 [M19] `<model>.generated` is something a step produces when its intervention decodes."""
+    """SPEC.md:1425 [M19] `<model>.generated` is something a step produces when its intervention decodes."""
     raw = copy.deepcopy(PATCHING)
     raw["steps"]["score"]["saves"].append({"value": "patched.generated", "file_path": "generated.safetensors"})
     path, message = _refusal(raw)
@@ -237,7 +237,7 @@ def test_generated_ids_are_produced_only_by_a_decoding_intervention():
 
 
 def test_an_intervention_written_in_place_is_hoisted_under_the_steps_name():
-    """SPEC.md:1435 [M22] an object in a step's `interventions` is validated and named after the step; in a list,
+    """SPEC.md:1436 [M22] an object in a step's `interventions` is validated and named after the step; in a list,
     `<step>[<k>]` beside the named ones."""
     raw = copy.deepcopy(PATCHING)
     body = raw["interventions"].pop("patching")
@@ -251,7 +251,7 @@ def test_an_intervention_written_in_place_is_hoisted_under_the_steps_name():
 
 
 def test_an_intervention_written_in_place_may_not_take_a_declared_name():
-    """SPEC.md:1435 [M22] hoisting under a name `interventions` already declares is refused."""
+    """SPEC.md:1436 [M22] hoisting under a name `interventions` already declares is refused."""
     raw = copy.deepcopy(PATCHING)
     raw["steps"]["patching"] = dict(raw["steps"].pop("score"), interventions=raw["interventions"]["patching"])
     path, message = _refusal(raw)
@@ -289,7 +289,7 @@ def ablated(llama, tmp_path_factory):
 
 
 def test_a_mean_ablations_operand_is_the_hand_mean_of_the_harvest(ablated):
-    """SPEC.md:1388 [M11] the mean output is the mean over rows of the gathered values, (1, 16) for a
+    """SPEC.md:1389 [M11] the mean output is the mean over rows of the gathered values, (1, 16) for a
     (4, 1, 16) read, and it is what the ablating write lands on every row."""
     acts, _ = _tensor(ablated / "whole" / "acts.safetensors")
     mean, _ = _tensor(ablated / "whole" / "mean.safetensors")
@@ -302,7 +302,7 @@ def test_a_mean_ablations_operand_is_the_hand_mean_of_the_harvest(ablated):
 
 
 def test_a_mean_ablation_does_not_depend_on_the_batch_size(ablated):
-    """SPEC.md:1418 [M17] with --batch-size 1 the mean, what the write lands and the scores are the unbatched
+    """SPEC.md:1419 [M17] with --batch-size 1 the mean, what the write lands and the scores are the unbatched
     run's: a reduced output is whole in every chunk."""
     for name in ("mean", "landed"):
         whole, _ = _tensor(ablated / "whole" / f"{name}.safetensors")
@@ -314,7 +314,7 @@ def test_a_mean_ablation_does_not_depend_on_the_batch_size(ablated):
 
 
 def test_an_unreduced_ref_is_narrowed_to_each_chunk_under_batch_size(llama, tmp_path):
-    """SPEC.md:1418 [M17] an unreduced output swapped in over the same rows lands row r's value on row r, with
+    """SPEC.md:1419 [M17] an unreduced output swapped in over the same rows lands row r's value on row r, with
     and without --batch-size (each chunk takes its own rows)."""
     raw = copy.deepcopy(MEAN_ABLATION)
     raw["steps"]["harvest"]["outputs"] = {"mean": "acts"}
@@ -330,9 +330,9 @@ def test_an_unreduced_ref_is_narrowed_to_each_chunk_under_batch_size(llama, tmp_
 
 
 def test_an_output_save_is_one_weight_tensor_with_the_stamp(ablated):
-    """SPEC.md:1427 [M20] a saved output is a .safetensors file of one tensor `weight`, its metadata the bundle
+    """SPEC.md:1428 [M20] a saved output is a .safetensors file of one tensor `weight`, its metadata the bundle
     stamp with kind output/mean, d the read's width, no parametrization, and a mean's missing k as JSON's null
-    (SPEC.md:1559 [FZ36])."""
+    (SPEC.md:1560 [FZ36])."""
     tensors, metadata = _tensor(ablated / "whole" / "mean.safetensors")
     assert list(tensors) == ["weight"] and tensors["weight"].dtype == torch.float32
     assert {k: metadata[k] for k in ("kind", "k", "d", "parametrization", "component", "layer", "site")} == {
@@ -341,7 +341,7 @@ def test_an_output_save_is_one_weight_tensor_with_the_stamp(ablated):
 
 
 def test_a_ref_orders_no_forward(llama):
-    """SPEC.md:1421 [M18] a step whose write takes {"ref": …} runs only its own forwards: the value is there
+    """SPEC.md:1422 [M18] a step whose write takes {"ref": …} runs only its own forwards: the value is there
     before the pass starts."""
     plan = compiler.compile_document(copy.deepcopy(MEAN_ABLATION), llama, DATA)
     ablated = plan.steps[2]
