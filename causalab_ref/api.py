@@ -298,7 +298,7 @@ def _read_file(path: Path, what: str) -> Any:
 
 
 def _point_of(entry: Any, k: int, root: Path):
-    from .runs.run import Point
+    from .runs.run import RunPoint
     ok = (isinstance(entry, dict) and isinstance(entry.get("label"), str)
           and isinstance(entry.get("coordinates"), dict) and isinstance(entry.get("folder"), str)
           and entry["folder"] == (entry["label"] or ".")
@@ -307,7 +307,7 @@ def _point_of(entry: Any, k: int, root: Path):
     if not ok:
         raise _fail(f"{root / 'run.json'}: points[{k}] is not a point (label, coordinates, folder as a run "
                     "writes them); run the document again")
-    return Point(entry["label"], entry["coordinates"], entry["folder"])
+    return RunPoint(entry["label"], entry["coordinates"], entry["folder"])
 
 
 def read_folder(folder: Union[str, os.PathLike]) -> tuple[list, list]:

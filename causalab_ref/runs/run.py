@@ -133,7 +133,7 @@ def metric_table(step: ObservePlan, result: StepResult, name: str, digest: str) 
 
 
 @dataclass(frozen=True)
-class Point:
+class RunPoint:
     """A leaf of the run: its label (its folder's name; "" unswept), its coordinates (each axis's name ->
     its value as JSON, as the label shows it) and its folder relative to the results folder ("." unswept)."""
 
@@ -152,7 +152,7 @@ class Computed:
     (tensors, metadata) for a .safetensors file; the points; and run.json's record (written second)."""
 
     files: tuple
-    points: tuple[Point, ...]
+    points: tuple[RunPoint, ...]
     record: dict
 
 
@@ -167,9 +167,10 @@ def _add(files: list, relative: str, content: Any, path: str) -> None:
         files[at] = (relative, files[at][1] + content, path)
 
 
-def leaf_points(plan: Plan) -> tuple[Point, ...]:
+def leaf_points(plan: Plan) -> tuple[RunPoint, ...]:
     """The plan's leaves as points: label, coordinates (the plan's, compile.compile_document) and folder."""
-    return tuple(Point(leaf.label, plan.coordinates.get(leaf.label, {}), leaf.label or ".") for leaf in plan.leaves())
+    return tuple(RunPoint(leaf.label, plan.coordinates.get(leaf.label, {}), leaf.label or ".")
+                 for leaf in plan.leaves())
 
 
 def compute(plan: Plan, engine, batch_size: Optional[int] = None, progress=True) -> Computed:
