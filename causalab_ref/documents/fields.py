@@ -1,12 +1,12 @@
 """Fields: the checks of raw JSON values that every part of a document is read with.
 
-An object's keys against those allowed and required there (`record`), an object of named
+An object's keys against those allowed and required there (`strict_object`), an object of named
 entries (`mapping`), a string, an integer, one of a few choices, a list of distinct indices,
 a finite number, a positive integer. Each returns the value it checked, or refuses at the
 dotted path it is given (stage "validation"), so a part is read and checked in one line:
 
-    from causalab_ref.documents.fields import choice, record
-    spec = record(raw, "model", ("key", "dtype"), ("key",))
+    from causalab_ref.documents.fields import choice, strict_object
+    spec = strict_object(raw, "model", ("key", "dtype"), ("key",))
     dtype = choice(spec.get("dtype", "fp32"), "model.dtype", ("fp32", "bf16"))
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ def _fail(path: str, message: str):
     raise Refusal(message, path=path, stage="validation")
 
 
-def record(raw: Any, path: str, allowed: tuple, required: tuple = ()) -> dict:
+def strict_object(raw: Any, path: str, allowed: tuple, required: tuple = ()) -> dict:
     """An object whose every key is one of `allowed` and which has each of `required`: the one strict-object
     reader of every format (the protocol's and the steps-first reader's `_keys` first refuse by name a key
     their format has and they do not read)."""
@@ -44,7 +44,7 @@ def record(raw: Any, path: str, allowed: tuple, required: tuple = ()) -> dict:
 
 
 def first_unknown(raw: Any, allowed: tuple) -> Any:
-    """The first key of an object that is not one of `allowed` (the one `record` refuses), else None."""
+    """The first key of an object that is not one of `allowed` (the one `strict_object` refuses), else None."""
     return next((key for key in raw if key not in allowed), None) if isinstance(raw, dict) else None
 
 

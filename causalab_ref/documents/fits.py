@@ -18,7 +18,7 @@ from typing import Any
 from ..featurizers import kinds as featurizer_table
 from . import metrics as metric_kinds
 from . import steps as step_parts
-from .fields import FLOAT32_MAX, FLOAT32_TINY, choice, mapping, number, positive, record, seed, string
+from .fields import FLOAT32_MAX, FLOAT32_TINY, choice, mapping, number, positive, strict_object, seed, string
 from ..shapes import Fit, Refusal, Weights, nearest
 
 FIT_KEYS = ("kind", "rows", "interventions", "intervention", "params", "objective", "anneal", "epochs", "pairs",
@@ -49,7 +49,7 @@ class Terms:
 def _optimizer(raw: Any, path: str) -> tuple[float, float]:
     """AdamW's lr and weight decay as torch takes them (SPEC.md S51): neither below 0, its first step
     lr / (1 - β1) and its decay factor 1 - lr·weight_decay within float32."""
-    record(raw, path, ("name", "lr", "weight_decay"), ("name", "lr"))
+    strict_object(raw, path, ("name", "lr", "weight_decay"), ("name", "lr"))
     choice(raw["name"], f"{path}.name", ("adamw",))
     lr, decay = number(raw["lr"], f"{path}.lr"), number(raw.get("weight_decay", 0.0), f"{path}.weight_decay")
     for key, value in (("lr", lr), ("weight_decay", decay)):
@@ -66,7 +66,7 @@ def _optimizer(raw: Any, path: str) -> tuple[float, float]:
 
 
 def _early_stop(raw: Any, path: str) -> tuple[str, str, int]:
-    record(raw, path, ("metric", "mode", "patience"), ("metric", "patience"))
+    strict_object(raw, path, ("metric", "mode", "patience"), ("metric", "patience"))
     return (string(raw["metric"], f"{path}.metric"), choice(raw.get("mode", "max"), f"{path}.mode", ("max", "min")),
             positive(raw["patience"], f"{path}.patience", "patience", MAX_EPOCHS))
 
@@ -85,7 +85,7 @@ def _objective(raw: Any, path: str) -> tuple[tuple[float, str], ...]:
 def _anneal(raw: Any, path: str) -> tuple[tuple[str, float, float], ...]:
     out = []
     for gate, value in mapping(raw, path).items():
-        record(value, f"{path}.{gate}", ("start", "end"), ("start", "end"))
+        strict_object(value, f"{path}.{gate}", ("start", "end"), ("start", "end"))
         ends = [number(value[e], f"{path}.{gate}.{e}") for e in ("start", "end")]
         if min(ends) <= 0:
             _fail(f"{path}.{gate}", "an anneal's start and end are temperatures above 0")
@@ -147,7 +147,7 @@ def _check_listed(terms: Terms, declared_metrics: tuple, step: str, path: str) -
 
 def fit_step(raw: dict, path: str, interventions: dict, roles: tuple, declared: dict) -> Fit:
     """A fit step (SPEC.md FZ20)."""
-    record(raw, path, FIT_KEYS, ("kind", "rows", "params", "objective", "epochs", "pairs", "optimizer",
+    strict_object(raw, path, FIT_KEYS, ("kind", "rows", "params", "objective", "epochs", "pairs", "optimizer",
                                  "early_stop", "eval"))
     step = path.split(".", 1)[1]
     rows = step_parts.rows(raw["rows"], f"{path}.rows", f"step '{step}'", roles)
@@ -163,7 +163,7 @@ def fit_step(raw: dict, path: str, interventions: dict, roles: tuple, declared: 
     metrics = sorted(m for m, _ in interventions[names[0]].metrics)
     _check_terms(terms, metrics, declared, step, path)
     _check_listed(terms, interventions[names[0]].metrics, step, path)
-    ev = record(raw["eval"], f"{path}.eval", ("rows", "saves"), ("rows",))
+    ev = strict_object(raw["eval"], f"{path}.eval", ("rows", "saves"), ("rows",))
     eval_rows = step_parts.rows(ev["rows"], f"{path}.eval.rows", f"step '{step}'.eval", roles)
     eval_saves = step_parts.saves(ev.get("saves", []), f"{path}.eval.saves", f"step '{step}'.eval", metrics,
                                   what="that pass")
@@ -177,7 +177,7 @@ def fit_step(raw: dict, path: str, interventions: dict, roles: tuple, declared: 
 
 def weights_step(raw: dict, path: str, declared: dict) -> Weights:
     """A weights step: publish featurizers' tensors; each save a stamped .safetensors bundle."""
-    record(raw, path, ("kind", "names", "saves"), ("kind", "names"))
+    strict_object(raw, path, ("kind", "names", "saves"), ("kind", "names"))
     step = path.split(".", 1)[1]
     if not isinstance(raw["names"], list) or not raw["names"]:
         _fail(f"{path}.names", "names lists the featurizers this step publishes")

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..locations import address
 from . import metrics, places
-from .fields import choice, integer, mapping, positive, record, string
+from .fields import choice, integer, mapping, positive, strict_object, string
 from .reader import type_name
 from ..shapes import IntervenedModel, Intervention, Metric, Read, Refusal, Write, nearest
 
@@ -51,7 +51,7 @@ class Within:
 
 def intervention(raw: Any, path: str, sites: dict, roles: tuple, declared: dict) -> Intervention:
     """Parse an intervention's parts, then check how they name each other, the sites and the roles."""
-    record(raw, path, ("reads", "writes", "models", "metrics", "decode"), ("reads",))
+    strict_object(raw, path, ("reads", "writes", "models", "metrics", "decode"), ("reads",))
     decode = integer(raw.get("decode", 0), f"{path}.decode")
     if decode < 0:
         _fail(f"{path}.decode", f"decode {decode} is not a number of tokens: 0 is a single forward")
@@ -83,7 +83,7 @@ def intervention(raw: Any, path: str, sites: dict, roles: tuple, declared: dict)
 def _intervened_model(name: str, raw: Any, path: str) -> IntervenedModel:
     if name == "original":
         _fail(path, "'original' is the model with no writes, and is reserved")
-    record(raw, path, ("input", "writes"), ("input", "writes"))
+    strict_object(raw, path, ("input", "writes"), ("input", "writes"))
     if not isinstance(raw["writes"], list):
         _fail(f"{path}.writes", f"expected a list of write names, got {type_name(raw['writes'])}")
     return IntervenedModel(input=string(raw["input"], f"{path}.input"),
@@ -93,12 +93,12 @@ def _intervened_model(name: str, raw: Any, path: str) -> IntervenedModel:
 def _metric(raw: Any, path: str) -> Metric:
     """One metric: its kind, `of`, the fields its kind takes (columns, `against`, `k`), its token form
     (SPEC.md D14, D24-D29)."""
-    record(raw, path, ("kind", "of", "token_form") + metrics.FIELDS, ("kind",))
+    strict_object(raw, path, ("kind", "of", "token_form") + metrics.FIELDS, ("kind",))
     kind = metrics.KINDS[choice(raw["kind"], f"{path}.kind", tuple(metrics.KINDS))]
     if "against" in kind.reads and "against" not in raw:
         _fail(f"{path}.against", f"a {kind.name} metric compares `of` with a reference: name it in `against`, a read "
                                  "of the vocabulary's logits in this intervention")
-    record(raw, path, ("kind", "of", "token_form") + kind.fields(), ("kind", "of") + kind.columns + kind.reads)
+    strict_object(raw, path, ("kind", "of", "token_form") + kind.fields(), ("kind", "of") + kind.columns + kind.reads)
     token_form = choice(raw.get("token_form", "space_prefixed"), f"{path}.token_form", metrics.TOKEN_FORMS)
     params = {p: positive(raw.get(p, default), f"{path}.{p}", p) for p, default in kind.params}
     return Metric(kind=kind.name, of=string(raw["of"], f"{path}.of"),

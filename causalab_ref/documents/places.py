@@ -18,7 +18,7 @@ from typing import Any
 
 from ..locations import address
 from ..writes import mechanisms
-from .fields import FLOAT32_MAX, choice, indices, integer, record, string
+from .fields import FLOAT32_MAX, choice, indices, integer, strict_object, string
 from .reader import type_name
 from ..shapes import CUTS, FRAMES, Anchor, Read, Ref, Refusal, Site, Where, Write
 
@@ -36,7 +36,7 @@ def where(raw: Any, path: str) -> Where:
         _fail(path, "a position is an integer or an object, got a boolean")
     if isinstance(raw, int):
         return Where(index=raw)
-    record(raw, path, CUTS + ("scope", "frame"))
+    strict_object(raw, path, CUTS + ("scope", "frame"))
     named = [c for c in CUTS
              if c in raw and raw[c] is not None and raw[c] is not False]
     if len(named) != 1:
@@ -73,7 +73,7 @@ def _span(value: Any, path: str) -> tuple[int, int]:
 
 def _anchor(raw: Any, path: str, frame: str) -> Anchor:
     """A position's scope: a variable's text, a segment of the frame, or both."""
-    scope_raw = record(raw, path, ("variable", "segment"))
+    scope_raw = strict_object(raw, path, ("variable", "segment"))
     variable = scope_raw.get("variable")
     segment = scope_raw.get("segment")
     if variable is None and segment is None:
@@ -114,7 +114,7 @@ def check_generated(pos: Where, kind: str, name: str, decode: int, path: str, pr
 
 def site(raw: Any, path: str) -> Site:
     """A declared site: a component, one layer where it has layers, and the heads or units it slices."""
-    record(raw, path, ("component", "layers", "heads", "units"), ("component",))
+    strict_object(raw, path, ("component", "layers", "heads", "units"), ("component",))
     component = string(raw["component"], f"{path}.component")
     layers = heads = units = None
     if raw.get("layers") is not None:
@@ -148,7 +148,7 @@ def site(raw: Any, path: str) -> Site:
 
 def read(raw: Any, path: str) -> Read:
     """A read: a site, a position and an input role, with its model, featurizer and view."""
-    record(raw, path, ("site", "pos", "input", "model", "featurizer", "view"), ("site", "pos", "input"))
+    strict_object(raw, path, ("site", "pos", "input", "model", "featurizer", "view"), ("site", "pos", "input"))
     featurizer = string(raw.get("featurizer", "identity"), f"{path}.featurizer")
     view = choice(raw.get("view", "raw"), f"{path}.view", ("raw", "logits"))
     return Read(site=string(raw["site"], f"{path}.site"), pos=where(raw["pos"], f"{path}.pos"),
@@ -161,7 +161,7 @@ def _operand(raw: Any, path: str):
     if raw is None or isinstance(raw, str):
         return raw
     if isinstance(raw, dict):
-        record(raw, path, ("ref",), ("ref",))
+        strict_object(raw, path, ("ref",), ("ref",))
         return Ref(string(raw["ref"], f"{path}.ref"))
     if isinstance(raw, bool) or not isinstance(raw, (int, float)):
         _fail(path, f"an operand is a read name, a number or {{\"ref\": …}}, got {type_name(raw)}")
@@ -173,7 +173,7 @@ def _operand(raw: Any, path: str):
 
 def write(raw: Any, path: str) -> Write:
     """A write: a site, a position and a mechanism with its operand, params, featurizer and features."""
-    record(raw, path, ("site", "pos", "mechanism", "operand", "featurizer", "features", "params"),
+    strict_object(raw, path, ("site", "pos", "mechanism", "operand", "featurizer", "features", "params"),
            ("site", "pos", "mechanism"))
     mechanism = choice(raw["mechanism"], f"{path}.mechanism", tuple(mechanisms.TABLE))
     operand = _operand(raw.get("operand"), f"{path}.operand")

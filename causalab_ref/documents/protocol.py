@@ -18,7 +18,7 @@ import re
 from typing import Any, NoReturn
 
 from . import sweeps
-from .fields import first_unknown, record
+from .fields import first_unknown, strict_object
 from .reader import canonical_sha256, type_name
 from ..shapes import Refusal
 
@@ -65,11 +65,11 @@ def format_of(raw: Any) -> str:
 
 
 def _keys(raw: Any, path: str, allowed: tuple, required: tuple = ()) -> dict:
-    """fields.record, what the protocol has but this reader does not implement refused by name."""
-    key = first_unknown(raw, allowed)  # refused by name here, else by record as unknown
+    """fields.strict_object, what the protocol has but this reader does not implement refused by name."""
+    key = first_unknown(raw, allowed)  # refused by name here, else by strict_object as unknown
     if key in UNIMPLEMENTED:
         _fail(f"{path}.{key}" if path else key, UNIMPLEMENTED[key])
-    return record(raw, path, allowed, required)
+    return strict_object(raw, path, allowed, required)
 
 
 def _named(raw: Any, path: str) -> dict:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..writes import outputs
-from .fields import choice, mapping, record, string
+from .fields import choice, mapping, strict_object, string
 from .names import colliding, inside_out
 from .reader import type_name
 from ..shapes import Observe, Refusal, Save, nearest
@@ -67,7 +67,7 @@ def saves(raw: Any, path: str, who: str, produced: list, tensors: tuple = (), wh
     out: list[Save] = []
     for k, s in enumerate(raw):
         sp = f"{path}.{k}"
-        record(s, sp, ("value", "file_path"), ("value", "file_path"))
+        strict_object(s, sp, ("value", "file_path"), ("value", "file_path"))
         value, file_path = string(s["value"], f"{sp}.value"), string(s["file_path"], f"{sp}.file_path")
         if value not in produced:
             tail = (f" (it produces {produced})" if what == "it" else "") + nearest(value, produced)
@@ -111,7 +111,7 @@ def produced_names(names: tuple, interventions: dict, outputs: tuple = ()) -> di
 
 def observe_step(raw: Any, path: str, interventions: dict, roles: tuple) -> Observe:
     """An observe step: its rows, the interventions it runs, the outputs it publishes and its saves."""
-    record(raw, path, ("kind", "rows", "interventions", "intervention", "outputs", "saves"), ("kind", "rows"))
+    strict_object(raw, path, ("kind", "rows", "interventions", "intervention", "outputs", "saves"), ("kind", "rows"))
     choice(string(raw["kind"], f"{path}.kind"), f"{path}.kind", ("observe", "fit", "weights"))
     step = path.split(".", 1)[1]
     step_rows = rows(raw["rows"], f"{path}.rows", f"step '{step}'", roles)

@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 
 from . import metrics, sweeps
 from .stepstages import RUNS, check_order, stages
-from .fields import first_unknown, mapping, record
+from .fields import first_unknown, mapping, strict_object
 from .reader import canonical_sha256, type_name
 from ..shapes import Refusal, nearest
 
@@ -58,11 +58,11 @@ def _fail(path: str, message: str) -> NoReturn:
 
 
 def _keys(raw: Any, path: str, allowed: tuple, required: tuple = ()) -> dict:
-    """fields.record, what the format has but this reader does not read refused by name (UNREAD)."""
-    key = first_unknown(raw, allowed)  # refused by name here, else by record as unknown
+    """fields.strict_object, what the format has but this reader does not read refused by name (UNREAD)."""
+    key = first_unknown(raw, allowed)  # refused by name here, else by strict_object as unknown
     if key in UNREAD:
         _fail(f"{path}.{key}" if path else key, UNREAD[key])
-    return record(raw, path, allowed, required)
+    return strict_object(raw, path, allowed, required)
 
 
 def digest(raw: dict) -> str:

@@ -113,12 +113,12 @@ def stages(steps: dict) -> dict[str, int]:
 
     Each step's stage (SF8): a forward step that swaps in a reduce step's value runs a stage after the forward
     that value reduces; a step it takes a read from, a metric, and a reduce run in the stage of their read. Tied
-    steps are one group; a group's stage is the longest chain of reduce values it waits on, found in one pass
-    over the groups in dependency order (SPEC.md SF8, Q39); a group that waits on itself is refused."""
+    steps are one tied set; a set's stage is the longest chain of reduce values it waits on, found in one pass
+    over the sets in dependency order (SPEC.md SF8, Q39); a set that waits on itself is refused."""
     ties = {name: _ties(name, step, steps) for name, step in steps.items()}
     parent = {name: name for name in steps}
 
-    def group(name: str) -> str:
+    def tied_set(name: str) -> str:  # the root that names the steps tied to `name`
         root = name
         while parent[root] != root:
             root = parent[root]
@@ -128,11 +128,11 @@ def stages(steps: dict) -> dict[str, int]:
 
     for name, (same, _earlier) in ties.items():
         for other in same:
-            parent[group(name)] = group(other)
-    after: dict[str, dict[str, str]] = {group(n): {} for n in steps}  # group -> {group it waits on: first step}
+            parent[tied_set(name)] = tied_set(other)
+    after: dict[str, dict[str, str]] = {tied_set(n): {} for n in steps}  # tied set -> {set it waits on: first step}
     for name, (_same, earlier) in ties.items():
         for reduce_step in earlier:
-            after[group(name)].setdefault(group(reduce_step), name)
+            after[tied_set(name)].setdefault(tied_set(reduce_step), name)
     waiting = {g: len(on) for g, on in after.items()}
     users: dict[str, list[str]] = {g: [] for g in after}
     for g, on in after.items():
@@ -148,17 +148,17 @@ def stages(steps: dict) -> dict[str, int]:
             if waiting[g] == 0:
                 ready.append(g)
     if any(waiting.values()):
-        name = _waits_on_itself(steps, group, after, waiting)
+        name = _waits_on_itself(steps, tied_set, after, waiting)
         _fail(f"steps.{name}.interventions", f"step '{name}' swaps in a reduce step's value and, in the same pass, a "
                                              "read of the forward that value reduces; the value is known only after "
                                              "that forward has run over every row, so no one pass runs both")
-    return {name: level[group(name)] for name in steps}
+    return {name: level[tied_set(name)] for name in steps}
 
 
-def _waits_on_itself(steps: dict, group, after: dict, waiting: dict) -> str:
-    """The step to blame for a stage that waits on its own reduce value: in a cycle of groups left waiting, its
+def _waits_on_itself(steps: dict, tied_set, after: dict, waiting: dict) -> str:
+    """The step to blame for a stage that waits on its own reduce value: in a cycle of tied sets left waiting, its
     first step (in the order written) that swaps in such a value."""
-    g = next(group(n) for n in steps if waiting[group(n)])
+    g = next(tied_set(n) for n in steps if waiting[tied_set(n)])
     seen: list[str] = []
     while g not in seen:
         seen.append(g)

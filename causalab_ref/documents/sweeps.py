@@ -175,11 +175,11 @@ def with_layers(raw: Any, count: int) -> Any:
                             for name, site in raw["sites"].items()})
 
 
-def bound_layers(raw: Any, groups: int, count: int) -> None:
+def bound_layers(raw: Any, folds: int, count: int) -> None:
     """The points a document with layers "all" compiles, each point of its other sweeps at every layer, are at
     most MAX_POINTS (D17, D36), counted before any is made."""
-    if groups * count > MAX_POINTS:
-        _fail(f"sites.{every_layer(raw)[0]}.layers", f"the sweeps make {groups * count} points; a sweep has at most "
+    if folds * count > MAX_POINTS:
+        _fail(f"sites.{every_layer(raw)[0]}.layers", f"the sweeps make {folds * count} points; a sweep has at most "
                                                      f"{MAX_POINTS} points")
 
 

@@ -28,7 +28,7 @@ from ..featurizers import kinds as featurizer_table
 from ..writes import outputs
 from . import fits, interventions as intervention_parts, places, protocol, reader, steps as step_parts, stepsfirst
 from . import sweeps
-from .fields import choice, integer, mapping, record, string
+from .fields import choice, integer, mapping, strict_object, string
 from .fields import seed as seed_integer
 from ..shapes import PointDocument, Featurizer, Model, Refusal, Role
 
@@ -44,7 +44,7 @@ def _fail(path: str, message: str):
 
 
 def model_block(raw: Any) -> Model:
-    record(raw, "model", ("key", "revision", "dtype", "attn_implementation"), ("key", "revision", "dtype"))
+    strict_object(raw, "model", ("key", "revision", "dtype", "attn_implementation"), ("key", "revision", "dtype"))
     attn = raw.get("attn_implementation")
     if attn is not None:
         choice(attn, "model.attn_implementation", ATTN)
@@ -55,7 +55,7 @@ def model_block(raw: Any) -> Model:
 def _roles(raw: Any) -> tuple[tuple[str, Role], ...]:
     roles = []
     for k, v in mapping(raw, "roles").items():
-        record(v, f"roles.{k}", ("field",), ("field",))
+        strict_object(v, f"roles.{k}", ("field",), ("field",))
         roles.append((k, Role(field=string(v["field"], f"roles.{k}.field"))))
     if not roles:
         _fail("roles", "a document declares at least one role")
@@ -64,7 +64,7 @@ def _roles(raw: Any) -> tuple[tuple[str, Role], ...]:
 
 def featurizer(raw: Any, path: str) -> Featurizer:
     """One declared featurizer (SPEC.md FZ18), with the validator's refusals in the reference's order."""
-    record(raw, path, ("kind", "k", "parametrization", "seed", "file_path"), ("kind",))
+    strict_object(raw, path, ("kind", "k", "parametrization", "seed", "file_path"), ("kind",))
     kind = choice(raw["kind"], f"{path}.kind", tuple(featurizer_table.KINDS))
     k = raw.get("k")
     if k is not None and (integer(k, f"{path}.k") <= 0):
@@ -118,11 +118,11 @@ def _step(raw: Any, path: str, interventions: dict, roles: tuple, declared: dict
 
 def document(raw: Any) -> PointDocument:
     """Validate one (already lowered) document."""
-    record(raw, "", ("header", "model", "roles", "sites", "featurizers", "interventions", "steps"),
+    strict_object(raw, "", ("header", "model", "roles", "sites", "featurizers", "interventions", "steps"),
            ("model", "roles", "sites", "interventions", "steps"))
     for path, _wrapper in sweeps.find_wrappers(raw, ()):
         _fail(".".join(str(p) for p in path), "a sweep wrapper must be lowered before validation")
-    header = record(raw.get("header", {}), "header", ("description",))
+    header = strict_object(raw.get("header", {}), "header", ("description",))
     string(header.get("description", ""), "header.description")  # authoring metadata: checked, not kept
     model = model_block(raw["model"])
     roles = _roles(raw["roles"])
@@ -154,19 +154,19 @@ def document(raw: Any) -> PointDocument:
 class Point:
     """One sweep point, or the unswept document: its label (its folder under --out, "" when
     unswept), its raw JSON (what is written as document.json) and its digest (produced_by, D19), its
-    PointDocument and the coordinates of the point the run writes (PY9; a layer point's are its group's:
-    D34 writes the layer as a column of the group's tables, not as a point)."""
+    PointDocument and the coordinates of the point the run writes (PY9; a layer point's are those of the point
+    it is folded into: D34 writes the layer as a column of that point's tables, not as a point)."""
     label: str
     raw: Any
     document: PointDocument
     digest: str
     coordinates: dict
-    # a document with layers "all" (D34): the point of its other sweeps it belongs to (its folder, "" when none;
-    # None without "all"), that point's document with "all" kept and its digest, the layer this point reads at,
-    # and the sites whose layers are "all"
-    group: Optional[str] = None
-    group_raw: Any = None
-    group_digest: str = ""
+    # a document with layers "all" (D34): the point of its other sweeps it is folded into (its folder, "" when
+    # none; None without "all"), that point's document with "all" kept and its digest, the layer this point
+    # reads at, and the sites whose layers are "all"
+    fold_label: Optional[str] = None
+    fold_raw: Any = None
+    fold_digest: str = ""
     layer: Optional[int] = None
     every_layer: tuple[str, ...] = ()
 
@@ -182,18 +182,18 @@ def points_of(raw: Any, layers: Optional[int] = None) -> list[Point]:
                 for label, point, at in sweeps.lowered(raw)]
     count = 1 if layers is None else layers
     sweeps.with_layers(raw, count)  # its refusals: another sweep on the axis `layers`, a model of no layers
-    groups = sweeps.lowered(raw)  # the other sweeps: "all" is no wrapper, so it stays in each point
-    sweeps.bound_layers(raw, len(groups), count)
+    folds = sweeps.lowered(raw)  # the other sweeps: "all" is no wrapper, so it stays in each point
+    sweeps.bound_layers(raw, len(folds), count)
     out: list[Point] = []
-    for glabel, graw, gat in groups:
-        group_digest = reader.digest(graw)
-        for layer, (label, point) in enumerate(sweeps.points(sweeps.with_layers(graw, count))):
+    for fold_label, fold_raw, fold_at in folds:
+        fold_digest = reader.digest(fold_raw)
+        for layer, (label, point) in enumerate(sweeps.points(sweeps.with_layers(fold_raw, count))):
             doc = document(point)
             if not out:
                 sweeps.every_layer_allows(doc, names)
-            out.append(Point(label=",".join(p for p in (glabel, label) if p), raw=point, document=doc,
-                             digest=reader.digest(point), coordinates=gat, group=glabel, group_raw=graw,
-                             group_digest=group_digest, layer=layer, every_layer=tuple(names)))
+            out.append(Point(label=",".join(p for p in (fold_label, label) if p), raw=point, document=doc,
+                             digest=reader.digest(point), coordinates=fold_at, fold_label=fold_label,
+                             fold_raw=fold_raw, fold_digest=fold_digest, layer=layer, every_layer=tuple(names)))
     return out
 
 

@@ -225,7 +225,7 @@ def _layer_count(name: str, value, spec: Model) -> None:
     if name != "config.json" or not isinstance(value, dict):
         return
     nested = value.get("text_config")
-    for where, config in (("", value), ("text_config.", nested if isinstance(nested, dict) else {})):
+    for prefix, config in (("", value), ("text_config.", nested if isinstance(nested, dict) else {})):
         for field in LAYER_FIELDS:
             count = config.get(field, _MISSING)
             if count is _MISSING or count is None:
@@ -233,7 +233,7 @@ def _layer_count(name: str, value, spec: Model) -> None:
             if type(count) is not int or not 1 <= count <= MAX_LAYERS:
                 digits = len(str(count)) if type(count) is int else 0
                 shown = count if 0 < digits <= 20 else f"an integer of {digits} digits" if digits else _json_kind(count)
-                raise Refusal(f"model '{spec.key}': config.json's `{where}{field}` is {shown}; a model has from 1 to "
+                raise Refusal(f"model '{spec.key}': config.json's `{prefix}{field}` is {shown}; a model has from 1 to "
                               f"{MAX_LAYERS:,} layers", path="model.key", stage="compile")
 
 

@@ -42,8 +42,8 @@ def head_bound(batch: Batch) -> tuple[torch.Tensor, tuple[Action, ...]]:
     every other action is unchanged."""
     kept = sorted({p for a in batch.actions if a.address.component in address.HEAD
                    for window in a.selection.windows for p in window})
-    where = {p: k for k, p in enumerate(kept)}  # a position of the sequence -> its index in (B, kept, vocab)
-    actions = tuple(replace(a, selection=replace(a.selection, windows=tuple(tuple(where[p] for p in window)
+    index_of = {p: k for k, p in enumerate(kept)}  # a position of the sequence -> its index in (B, kept, vocab)
+    actions = tuple(replace(a, selection=replace(a.selection, windows=tuple(tuple(index_of[p] for p in window)
                                                                             for window in a.selection.windows)))
                     if a.address.component in address.HEAD else a for a in batch.actions)
     return torch.tensor(kept, dtype=torch.long), actions  # (kept,)

@@ -82,7 +82,7 @@ class _Hooked:
 
     `step` counts the model's forwards (a pre-hook on the root, registered first); `length` is the
     prompt's length in a decode (0: a plain forward, no per-step placement). `last` is a plain forward's
-    last group of actions: once it has fired, the forward stops (`_Stopped`), as nothing after it is read."""
+    last boundary's actions: once they have fired, the forward stops (`_Stopped`), as nothing after it is read."""
 
     def __init__(self, actions, length: int = 0, grad: bool = False, last=None):
         self.reads = seam.Reads(actions)
@@ -94,42 +94,42 @@ class _Hooked:
     def count(self, module, args):
         self.step += 1
 
-    def fire(self, group, current: torch.Tensor) -> Optional[torch.Tensor]:
+    def fire(self, at_boundary, current: torch.Tensor) -> Optional[torch.Tensor]:
         """The boundary's actions at this step on `current`; the new tensor, or None when nothing was written."""
-        acting = seam.firing(group, self.step)
+        acting = seam.firing(at_boundary, self.step)
         if not acting:
             return None
         if self.length:
             # the positions the tensor holds at this step (the prompt's or its last ones at step 0, then 1)
             acting = [seam.at_step(a, current.shape[a.address.seq_axis], self.length) for a in acting]
-        landed = seam.apply(current, acting, self.step, self.grad)
-        self.reads.keep(landed)
-        if group is self.last:
+        applied = seam.apply(current, acting, self.step, self.grad)
+        self.reads.keep(applied)
+        if at_boundary is self.last:
             raise _Stopped
-        return landed.value if landed.changed else None
+        return applied.value if applied.changed else None
 
-    def on_input(self, group):
+    def on_input(self, at_boundary):
         def hook(module, args, kwargs):
-            where, current = _first_input(args, kwargs)
-            new = self.fire(group, current)
+            slot, current = _first_input(args, kwargs)
+            new = self.fire(at_boundary, current)
             if new is None:
                 return None
-            if where[0] == "arg":
+            if slot[0] == "arg":
                 return (new, *args[1:]), kwargs
-            return args, {**kwargs, where[1]: new}
+            return args, {**kwargs, slot[1]: new}
         return hook
 
-    def on_output(self, group):
+    def on_output(self, at_boundary):
         def hook(module, args, kwargs, output):
-            new = self.fire(group, output[0] if isinstance(output, tuple) else output)
+            new = self.fire(at_boundary, output[0] if isinstance(output, tuple) else output)
             if new is None:
                 return None
             return (new, *output[1:]) if isinstance(output, tuple) else new
         return hook
 
-    def on_logits(self, group):
+    def on_logits(self, at_boundary):
         def hook(module, args, kwargs, output):
-            new = self.fire(group, output.logits)
+            new = self.fire(at_boundary, output.logits)
             if new is None:
                 return None
             output.logits = new
@@ -206,7 +206,7 @@ class HooksEngine(Engine):
     # -------------------------------------------------------------- run-time: reaching an address
 
     def _boundaries(self, actions) -> dict[tuple[str, str], list]:
-        """The actions grouped by boundary (module name, side), keeping their order inside each group."""
+        """The actions grouped by boundary (module name, side), keeping their order at each boundary."""
         out: dict[tuple[str, str], list] = {}
         for action in actions:
             side = "logits" if address.reach(action.address.component) == "model_logits" else action.address.io
@@ -217,19 +217,19 @@ class HooksEngine(Engine):
         """Register the hooks of `bounds` (`_boundaries`' groups; the step counter first); returns their handles."""
         self._weighted()
         handles = [self.hf_model.register_forward_pre_hook(hooked.count)]
-        for (name, side), group in bounds.items():
+        for (name, side), at_boundary in bounds.items():
             module = self.hf_model.get_submodule(name)
             if side == "input":
-                handles.append(module.register_forward_pre_hook(hooked.on_input(group), with_kwargs=True))
+                handles.append(module.register_forward_pre_hook(hooked.on_input(at_boundary), with_kwargs=True))
             else:
-                hook = hooked.on_logits(group) if side == "logits" else hooked.on_output(group)
+                hook = hooked.on_logits(at_boundary) if side == "logits" else hooked.on_output(at_boundary)
                 handles.append(module.register_forward_hook(hook, with_kwargs=True))
         return handles
 
     def forward(self, batch: Batch) -> dict[str, torch.Tensor]:
         """One forward with hooks: the actions in rank order. Returns each read's value, detached, on the CPU."""
         inputs, actions = self.forward_inputs(batch)
-        bounds = self._boundaries(actions)  # in rank order: the last group is the last the forward reaches
+        bounds = self._boundaries(actions)  # in rank order: the last boundary is the last the forward reaches
         hooked = _Hooked(actions, grad=batch.grad, last=list(bounds.values())[-1] if bounds else None)
         handles = self._hook(hooked, bounds)
         try:

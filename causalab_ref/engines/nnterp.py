@@ -207,16 +207,16 @@ class NNterpEngine(Engine):
     def _land(self, actions, reads: seam.Reads, step: int = 0, length: int = 0, grad: bool = False) -> None:
         """Inside a running trace: each address's actions through the seam, in rank order; a write's result
         replaces the tensor there (`assign`), a read is saved."""
-        for addr, group in seam.by_address(actions):
-            path = f"sites.{group[0].tap.site}"
+        for addr, at_address in seam.by_address(actions):
+            path = f"sites.{at_address[0].tap.site}"
             current, enclosing = reached(self.model, addr, path=path)
             if length:
                 here = current.shape[addr.seq_axis]  # positions held at this step (seam.at_step)
-                group = [seam.at_step(a, here, length) for a in group]
-            landed = seam.apply(current, group, step, grad)
-            if landed.changed:
-                assign(self.model, addr, landed.value, path=path, enclosing=enclosing)
-            reads.keep(landed, keep=lambda v: v.save())
+                at_address = [seam.at_step(a, here, length) for a in at_address]
+            applied = seam.apply(current, at_address, step, grad)
+            if applied.changed:
+                assign(self.model, addr, applied.value, path=path, enclosing=enclosing)
+            reads.keep(applied, keep=lambda v: v.save())
 
     def forward(self, batch: Batch) -> dict[str, torch.Tensor]:
         """One trace: the actions in rank order. Returns each read's value, detached, on the CPU."""

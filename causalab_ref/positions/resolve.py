@@ -184,21 +184,21 @@ def pieces_char_map(tok, ids: Sequence[int], text: str, known: Optional[dict] = 
 def _spelled(pieces: list[str], values: list[Optional[int]]) -> tuple[str, list[int]]:
     """What a row's pieces spell (each run of byte pieces as the UTF-8 it makes), and lengths[k], the length
     ids[:k] spells before the strip, -1 where ids[:k] ends inside a character (pieces_char_map)."""
-    parts, group, lengths, length = [], bytearray(), [0], 0
+    parts, byte_run, lengths, length = [], bytearray(), [0], 0
     for k, (piece, byte) in enumerate(zip(pieces, values)):
         if byte is None:
-            if group:
-                parts.append(group.decode("utf-8", errors="replace"))
-                group = bytearray()
+            if byte_run:
+                parts.append(byte_run.decode("utf-8", errors="replace"))
+                byte_run = bytearray()
             parts.append(piece)
             length += len(piece)
         else:
-            group.append(byte)
+            byte_run.append(byte)
             length += (byte & 0xC0) != 0x80  # a byte that starts a character adds it
         after = values[k + 1] if k + 1 < len(values) else None
         lengths.append(length if byte is None or after is None or (after & 0xC0) != 0x80 else -1)
-    if group:
-        parts.append(group.decode("utf-8", errors="replace"))
+    if byte_run:
+        parts.append(byte_run.decode("utf-8", errors="replace"))
     return "".join(parts), lengths
 
 

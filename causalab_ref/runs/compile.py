@@ -179,29 +179,29 @@ def _pattern_layouts_differ(tap: Tap, read, source: Forward, forward: Forward) -
             "tokenize to the same length (documents/data/weekdays_aligned is such a table)")
 
 
-def _published(step_name: str, kept: tuple, forwards: list, rows: int) -> tuple:
+def _output_shapes(step_name: str, kept: tuple, forwards: list, rows: int) -> tuple:
     """What this step's outputs will hold, as later steps' checks need it (a pca's `k` checked here)."""
     taps = {t.name: t for f in forwards for t in f.taps if t.kind == "read"}
     out = []
     for name, output in kept:
         tap = taps[output.read]
-        source = outputs.Source(step=step_name, output=output, rows=rows,
-                                per_row=None if tap.pos.ragged else tap.pos.per_row, width=_feature_width(tap))
-        outputs.check_pca(step_name, name, source, f"steps.{step_name}.outputs.{name}")
-        out.append((name, source))
+        shape = outputs.PublishedShape(step=step_name, output=output, rows=rows,
+                                       per_row=None if tap.pos.ragged else tap.pos.per_row, width=_feature_width(tap))
+        outputs.check_pca(step_name, name, shape, f"steps.{step_name}.outputs.{name}")
+        out.append((name, shape))
     return tuple(out)
 
 
-def _check_refs(step_name: str, forwards: list, sources: dict, rows: int, path: str) -> None:
+def _check_refs(step_name: str, forwards: list, published: dict, rows: int, path: str) -> None:
     """Each write whose operand is {"ref": x}: rows, pca, windows and width against x's source (M14, M16)."""
     for forward in forwards:
         for tap in forward.taps:
             if tap.kind != "write" or not isinstance(tap.operand, Ref):
                 continue
             want = 1 if tap.pos.frame == "generated" else (None if tap.pos.ragged else tap.pos.per_row)
-            landing = outputs.Landing(step=step_name, write=tap.name, rows=rows, per_row=want,
-                                      width=_feature_width(tap))
-            outputs.check_ref(landing, tap.operand.name, sources[tap.operand.name],
+            ref_write = outputs.RefWrite(step=step_name, write=tap.name, rows=rows, per_row=want,
+                                        width=_feature_width(tap))
+            outputs.check_ref(ref_write, tap.operand.name, published[tap.operand.name],
                               f"{path}.writes.{tap.name}.operand")
 
 
@@ -238,7 +238,7 @@ class Context:
     addresses: dict
     featurizers: dict  # name -> FeaturizerPlan
     digest: str = ""
-    sources: dict = field(default_factory=dict)  # output name -> outputs.Source, published so far (SPEC.md §8.2)
+    published: dict = field(default_factory=dict)  # output name -> outputs.PublishedShape, so far (SPEC.md §8.2)
     budget: int = memory.DEFAULT_BUDGET  # --memory-budget, bytes (SPEC.md Q11)
     rows_per_pass: int = 0  # the most rows every pass so far runs at once within the budget (0: no bound)
 
@@ -317,10 +317,10 @@ def compile_point(point: validate.Point, engine, data_root: Path, cache: Optiona
             for i_name in step.interventions:
                 name = step_name if len(step.interventions) == 1 else f"{step_name}/{i_name}"
                 steps.append(observe_plan(ctx, name, i_name, rows, dict(step.child_saves)[i_name], (step_name, step)))
-                published.update(dict(steps[-1].sources))
+                published.update(dict(steps[-1].output_shapes))
             ctx.bound(steps[first:], step_name)
             if len(step.interventions) == 1:  # a step listing several publishes to itself only (M13)
-                ctx.sources.update(published)
+                ctx.published.update(published)
     return Plan(label=point.label, digest=digest, document_json=raw, steps=tuple(steps),
                 featurizers=tuple(ctx.featurizers.values()), rows_per_pass=ctx.rows_per_pass,
                 frames=ctx.cache.get("frames", {}))
@@ -402,14 +402,14 @@ def observe_plan(ctx: Context, name: str, i_name: str, rows: StepRows, saves: tu
     _check_pattern_layouts(forwards, reads, ipath)
     _check_operand_widths(forwards, ipath)
     step_name, observe = step if step is not None else (name, None)
-    _check_refs(step_name, forwards, ctx.sources, len(base_rows), ipath)
+    _check_refs(step_name, forwards, ctx.published, len(base_rows), ipath)
     kept = tuple((o, out) for o, out in (observe.outputs if observe else ()) if out.read in dict(intervention.reads))
     metric_plans = _metrics(ctx, intervention, base_rows, ipath)
     dynamic = any(tap.pos.dynamic for f in forwards for tap in f.taps)
     plan = ObservePlan(name=name, intervention=i_name, forwards=tuple(forwards), metrics=tuple(metric_plans),
                        saves=saves, example_ids=data.example_ids(base_rows), dynamic=dynamic, outputs=kept,
                        publishes=observe is None or len(observe.interventions) == 1,
-                       sources=_published(step_name, kept, forwards, len(base_rows)),
+                       output_shapes=_output_shapes(step_name, kept, forwards, len(base_rows)),
                        stamps=_stamps(ctx.doc, kept, forwards, ctx.digest) if kept else ())
     placement.check_step(ctx.engine, plan, ipath, ctx.cache.setdefault("frames", {}))  # P28-P31, P51
     return plan
@@ -523,7 +523,7 @@ def fit_plan(ctx: Context, step_name: str, step) -> FitPlan:
     eval_step_rows = StepRows(eval_rows, ctx.batches(eval_rows, tuple(step.eval_rows), f"{path}.eval.rows"))
     evaluation = observe_plan(ctx, "evaluation", i_name, eval_step_rows,
                               tuple((s.value, s.file_path) for s in step.eval_saves))
-    own = replace(ctx, sources=dict(ctx.sources))  # what later steps publish is not this fit's to read
+    own = replace(ctx, published=dict(ctx.published))  # what later steps publish is not this fit's to read
     return FitPlan(name=step_name, intervention=i_name, params=step.params, objective=step.objective, lr=step.lr,
                    weight_decay=step.weight_decay, anneal=step.anneal, early_stop=step.early_stop,
                    epochs=step.epochs, first=first, evaluation=evaluation,
@@ -545,11 +545,11 @@ def compile_document(raw: Any, engine, data_root: Path, points: Optional[list] =
     marked shared (share.py)."""
     if points is None or sweeps.every_layer(raw):  # layers "all" is lowered once the layer count is known (D35)
         points = validate.points_of(raw, layers=engine.num_layers)
-    coordinates = {point.label if point.group is None else point.group: point.coordinates for point in points}
+    coordinates = {point.label if point.fold_label is None else point.fold_label: point.coordinates for point in points}
     digest = reader.digest(raw) if list(coordinates) != [""] else ""  # a root's, over its points
     cache: dict = {}  # rows and batches the points share
     leaves = [compile_point(point, engine, data_root, cache, budget) for point in points]
-    if points[0].group is not None:  # layers "all": each layer a point of one shared forward, folded (D34)
+    if points[0].fold_label is not None:  # layers "all": each layer a point of one shared forward, folded (D34)
         plan = layers.fold(raw, digest, list(zip(points, leaves)))
     elif not digest:  # unswept: the one point is the plan
         plan = leaves[0]

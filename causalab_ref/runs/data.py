@@ -253,16 +253,16 @@ def answer_eligible(rows: list[dict], columns: tuple[str, ...], metric: str, pat
     return eligible
 
 
-def answer_id(tok, text: str, path: str, where: str = "", token_form: str = "space_prefixed") -> int:
+def answer_id(tok, text: str, path: str, cell: str = "", token_form: str = "space_prefixed") -> int:
     """space_prefixed: strip leading whitespace, prepend one space, encode without specials; one id. bare: the
     same without the space (SPEC.md D15, D29).
 
-    `where` names the row and column for the refusal (`row 1, column 'cf_answer'`)."""
+    `cell` names the row and column for the refusal (`row 1, column 'cf_answer'`)."""
     surface = (" " if token_form == "space_prefixed" else "") + text.lstrip()
     ids = plain_ids(tok, surface)
     if len(ids) != 1:
         raise Refusal(f"answer '{text}' is {len(ids)} tokens as '{surface}'; a metric column must resolve to "
-                      f"exactly one token{f' ({where})' if where else ''}", path=path, stage="compile")
+                      f"exactly one token{f' ({cell})' if cell else ''}", path=path, stage="compile")
     return ids[0]
 
 

@@ -21,11 +21,11 @@ def fold(raw: Any, digest: str, compiled: list) -> Plan:
     leaf's produced_by is its point's with "all" as written (D19); a metric of a read at no "all" site is
     saved once, from layer 0."""
     names = set(compiled[0][0].every_layer)
-    groups: dict[str, list] = {}
+    folds: dict[str, list] = {}
     for point, leaf in compiled:
-        groups.setdefault(point.group, []).append((point, leaf))
+        folds.setdefault(point.fold_label, []).append((point, leaf))
     leaves = []
-    for label, members in groups.items():
+    for label, members in folds.items():
         steps: list = []
         for point, leaf in members:
             for step in leaf.steps:
@@ -34,8 +34,8 @@ def fold(raw: Any, digest: str, compiled: list) -> Plan:
                 parts = tuple(replace(m, layer=point.layer) if m.name in layered else m for m in step.metrics)
                 steps.append(replace(step, layer=point.layer, metrics=parts,
                                      saves=tuple((v, f) for v, f in step.saves if point.layer == 0 or v in layered)))
-        group = members[0][0]
-        leaves.append(Plan(label=label, digest=group.group_digest, document_json=group.group_raw, steps=tuple(steps),
+        first = members[0][0]
+        leaves.append(Plan(label=label, digest=first.fold_digest, document_json=first.fold_raw, steps=tuple(steps),
                            rows_per_pass=min((leaf.rows_per_pass for _, leaf in members if leaf.rows_per_pass),
                                              default=0),
                            frames=members[0][1].frames))

@@ -54,17 +54,17 @@ class Tap:
         return narrowed_width(self.address.width, self.groups, self.take)
 
     def line(self) -> str:
-        where = f"at {self.address.label()} pos={self.pos.spelling()}"
+        placed = f"at {self.address.label()} pos={self.pos.spelling()}"
         features = features_label(self.groups, self.take)
         if self.kind == "write":
             coords = f" features={list(self.features)}" if self.features is not None else ""
             args = ([] if self.operand is None else [str(self.operand)]) + [f"{k}={v}" for k, v in self.params]
-            return (f"write '{self.name}' {where}{features} {self.mechanism}({', '.join(args)}) "
+            return (f"write '{self.name}' {placed}{features} {self.mechanism}({', '.join(args)}) "
                     f"via '{self.featurizer}'{coords}")
         tail = " as logits" if self.view == "logits" else ""
         if self.stacked:
             tail += f"  (stacked over {self.stacked} decode steps, cut against the continuation)"
-        return f"read  '{self.name}' {where}{features} via '{self.featurizer}'{tail}"
+        return f"read  '{self.name}' {placed}{features} via '{self.featurizer}'{tail}"
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ class ObservePlan:
     outputs: tuple[tuple[str, Output], ...] = ()  # what the step publishes (SPEC.md §8.2)
     publishes: bool = True  # False for the child of a step running several interventions (M13)
     stamps: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()  # each output's .safetensors metadata
-    sources: tuple = ()  # (output name, outputs.Source): what compile knows of each output for later steps
+    output_shapes: tuple = ()  # (output name, outputs.PublishedShape): what compile knows of each, for later steps
     layer: Optional[int] = None  # in a document with layers "all", the layer this step reads at (SPEC.md D34)
 
     @property

@@ -182,11 +182,11 @@ def record_of(folder: Path) -> Optional[dict]:
 def fault(error: OSError, what: str) -> Refusal:
     """An environment fault (read-only or full file system, a file where a folder goes, an over-long name)
     as one refusal naming the path and the cause (SPEC.md S9)."""
-    where = error.filename or what
+    named = error.filename or what
     cause = error.strerror or type(error).__name__
-    if isinstance(error, (FileExistsError, NotADirectoryError)) and not Path(where).is_dir():
+    if isinstance(error, (FileExistsError, NotADirectoryError)) and not Path(named).is_dir():
         cause = "Not a directory (a file is where a folder must be)"
-    return Refusal(f"cannot {what}: {where}: {cause}; choose an --out on a "
+    return Refusal(f"cannot {what}: {named}: {cause}; choose an --out on a "
                    "writable file system, with room, under folders", path="--out", stage="run")
 
 

@@ -50,7 +50,7 @@ def _scored(metric: MetricPlan, values: dict, placed: dict, both: tuple[bool, ..
         rows = [r for r in rows if index[r] is not None]
         picked.append((matrix, index))
     at = [(matrix, [int(index[r] or 0) for r in rows]) for matrix, index in picked]
-    vectors = [_rows_of(matrix, where) for matrix, where in at]  # (len(rows), V)
+    vectors = [_rows_of(matrix, indices) for matrix, indices in at]  # (len(rows), V)
     ids = {column: torch.tensor([ids[lo + r] for r in rows], dtype=torch.long) for column, ids in metric.answers}
     given = {**ids, **metric.given(dict(zip(metric.reads, vectors)))}
     return rows, at, metrics.KINDS[metric.kind].score(vectors[0], given)

@@ -46,8 +46,8 @@ def _rows_digest(rows: tuple) -> str:
     return hashlib.sha256(lengths.tobytes() + entries.tobytes()).hexdigest()
 
 
-def _computation(forward: Forward, sources: dict[str, tuple[str, str]]) -> str:
-    """The digest of what a forward computes ('' when it is never shared); `sources` maps each read
+def _computation(forward: Forward, origins: dict[str, tuple[str, str]]) -> str:
+    """The digest of what a forward computes ('' when it is never shared); `origins` maps each read
     name of the step so far to (its forward's computation, its read identity)."""
     if forward.decode or any(tap.featurizer != "identity" for tap in forward.taps):
         return ""  # a decode's state, or a featurizer's parameters (which a point's fit trains), are not compared
@@ -55,8 +55,8 @@ def _computation(forward: Forward, sources: dict[str, tuple[str, str]]) -> str:
     for tap in forward.taps:
         if tap.kind != "write":
             continue
-        if isinstance(tap.operand, str) and sources.get(tap.operand, ("",))[0]:
-            operand: Any = sources[tap.operand]
+        if isinstance(tap.operand, str) and origins.get(tap.operand, ("",))[0]:
+            operand: Any = origins[tap.operand]
         elif isinstance(tap.operand, (int, float)) and not isinstance(tap.operand, bool):
             operand = ("number", float(tap.operand))
         else:
@@ -70,10 +70,10 @@ def _users(plan: Plan) -> dict[str, list[str]]:
     users: dict[str, list[str]] = {}
     for leaf in plan.leaves():
         for step in _observes(leaf):
-            sources: dict[str, tuple[str, str]] = {}
+            origins: dict[str, tuple[str, str]] = {}
             for forward in step.forwards:
-                computation = _computation(forward, sources)
-                sources.update({t.name: (computation, read_identity(t)) for t in forward.taps if t.kind == "read"})
+                computation = _computation(forward, origins)
+                origins.update({t.name: (computation, read_identity(t)) for t in forward.taps if t.kind == "read"})
                 if computation:
                     users.setdefault(computation, []).append(f"{leaf.label}/{step.shown}" if leaf.label else step.shown)
     return users
@@ -91,11 +91,11 @@ def mark(plan: Plan) -> Plan:
             if not isinstance(step, ObservePlan):  # a fit's passes and a weights step are never shared
                 steps.append(step)
                 continue
-            sources: dict[str, tuple[str, str]] = {}
+            origins: dict[str, tuple[str, str]] = {}
             forwards = []
             for forward in step.forwards:
-                computation = _computation(forward, sources)
-                sources.update({t.name: (computation, read_identity(t)) for t in forward.taps if t.kind == "read"})
+                computation = _computation(forward, origins)
+                origins.update({t.name: (computation, read_identity(t)) for t in forward.taps if t.kind == "read"})
                 if computation in users:
                     forward = replace(forward, computation=computation, shared=tuple(users[computation]))
                 forwards.append(forward)

@@ -3,7 +3,7 @@
 Four moments, one module (SPEC.md §8.2): `declare` reads a step's `outputs` at validation;
 `check_refs` holds the document's steps against each other (earlier step only, one publisher
 per name, no read's name); `check_ref` is the compile check of a consuming write (its
-`Landing`) against its output's `Source` (rows, pca, windows, width); `publish` reduces a
+`RefWrite`) against its output's `PublishedShape` (rows, pca, windows, width); `publish` reduces a
 step's reads after its pass and `chunk` narrows an unreduced output to the rows of one
 `--batch-size` chunk.
 """
@@ -76,11 +76,11 @@ def check_refs(steps, interventions: dict) -> None:
                           f"step '{step}': write '{w}' references '{write.operand.name}', which no earlier step "
                           f"outputs (published so far: {sorted(visible)})")
         for name, _output in getattr(observe, "outputs", ()):
-            where = f"steps.{step}.outputs.{name}"
+            out_path = f"steps.{step}.outputs.{name}"
             if name in publisher:
-                _fail(where, f"step '{step}': output '{name}' is already published by step '{publisher[name]}'")
+                _fail(out_path, f"step '{step}': output '{name}' is already published by step '{publisher[name]}'")
             if name in reads:
-                _fail(where, f"step '{step}': output '{name}' shares its name with a read; an operand names one "
+                _fail(out_path, f"step '{step}': output '{name}' shares its name with a read; an operand names one "
                              "or the other")
             publisher[name] = step
             if len(observe.interventions) == 1:
@@ -91,8 +91,8 @@ def check_refs(steps, interventions: dict) -> None:
 
 
 @dataclass(frozen=True)
-class Source:
-    """What compile knows of a published output: its step, reduce, rows, the read's window and width."""
+class PublishedShape:
+    """What compile knows of a published output: its step, reduce, rows, positions per row and width."""
 
     step: str
     output: Output
@@ -101,19 +101,19 @@ class Source:
     width: Optional[int]    # features per position
 
 
-def check_pca(step: str, name: str, source: Source, path: str) -> None:
+def check_pca(step: str, name: str, shape: PublishedShape, path: str) -> None:
     """A pca over a fixed-width read: centred, `vectors` vectors hold at most vectors - 1 independent directions."""
-    if source.output.reduce != "pca" or source.per_row is None or source.output.k is None:
+    if shape.output.reduce != "pca" or shape.per_row is None or shape.output.k is None:
         return
-    vectors = source.per_row * source.rows
-    if source.output.k > vectors - 1:
-        _fail(path, f"step '{step}': output '{name}' asks for {source.output.k} principal directions of {vectors} "
+    vectors = shape.per_row * shape.rows
+    if shape.output.k > vectors - 1:
+        _fail(path, f"step '{step}': output '{name}' asks for {shape.output.k} principal directions of {vectors} "
                     f"vector(s); centered, they span at most {max(vectors - 1, 0)}. Harvest more rows, or more "
                     "positions per row", "compile")
 
 
 @dataclass(frozen=True)
-class Landing:
+class RefWrite:
     """What compile knows of a write whose operand is a ref: its step and name, the rows the step runs
     over, the positions per row it covers (None: ragged) and the features per position it lands."""
 
@@ -124,29 +124,29 @@ class Landing:
     width: Optional[int]
 
 
-def check_ref(landing: Landing, name: str, source: Source, path: str) -> None:
-    """A write's ref against its source, in the reference's order: rows, pca, windows; then widths."""
-    step, write, rows, want, width = landing.step, landing.write, landing.rows, landing.per_row, landing.width
-    reduce = source.output.reduce
-    if reduce in ("none", "pca") and source.rows != rows:
-        _fail(path, f"step '{step}': write '{write}' swaps in '{name}', which has {source.rows} rows, over {rows} "
+def check_ref(ref_write: RefWrite, name: str, shape: PublishedShape, path: str) -> None:
+    """A write's ref against the shape of what it names, in the reference's order: rows, pca, windows; then widths."""
+    step, write, rows, want, width = ref_write.step, ref_write.write, ref_write.rows, ref_write.per_row, ref_write.width
+    reduce = shape.output.reduce
+    if reduce in ("none", "pca") and shape.rows != rows:
+        _fail(path, f"step '{step}': write '{write}' swaps in '{name}', which has {shape.rows} rows, over {rows} "
                     "rows; reduce the output or run over the same rows", "compile")
     if reduce == "pca":
         _fail(path, f"step '{step}': write '{write}' names '{name}', a pca basis, as its operand; a basis is loaded "
                     "as a featurizer, not written at a site", "compile")
     if reduce == "mean":
-        fits = source.per_row is None or want == source.per_row or (want is None and source.per_row == 1)
+        fits = shape.per_row is None or want == shape.per_row or (want is None and shape.per_row == 1)
     else:
-        fits = source.per_row is not None and want == source.per_row
+        fits = shape.per_row is not None and want == shape.per_row
     if not fits:
         covers = want if want is not None else "a varying number of"
-        over = source.per_row if source.per_row is not None else "a varying number of"
+        over = shape.per_row if shape.per_row is not None else "a varying number of"
         _fail(path, f"step '{step}': write '{write}' covers {covers} position(s) but '{name}' was read over "
                     f"{over}{', unreduced' if reduce == 'none' else ''}; the windows must match, or reduce the "
                     "output", "compile")
-    if width is not None and source.width is not None and width != source.width:
+    if width is not None and shape.width is not None and width != shape.width:
         _fail(path, f"step '{step}': write '{write}' lands {width} features per position, and '{name}' holds "
-                    f"{source.width} (read at step '{source.step}'); a ref lands in a site of its own width",
+                    f"{shape.width} (read at step '{shape.step}'); a ref lands in a site of its own width",
               "compile")
 
 

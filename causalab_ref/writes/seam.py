@@ -76,9 +76,9 @@ def write(current: torch.Tensor, action: Action, arrived: torch.Tensor, step: in
         context = mechanisms.Context(f0=lambda: kinds.take_features(
             featurizer.featurize(select.gather(arrived, action.selection, dense=True))[0], f.shape[-1], feature_index),
             step=step, draw_offset=action.draw_offset)
-        landed = kinds.change_features(f, features, lambda part, o: row.formula(part, o, params, context),
-                                       operand_for(action, f))
-        x_new = featurizer.inverse(landed, err, x)  # (..., k) -> (..., F'), x's shape
+        f_new = kinds.change_features(f, features, lambda part, o: row.formula(part, o, params, context),
+                                      operand_for(action, f))
+        x_new = featurizer.inverse(f_new, err, x)  # (..., k) -> (..., F'), x's shape
     return select.scatter(current, action.selection, x_new)  # T's shape, x_new at the selection
 
 
@@ -102,7 +102,7 @@ def _aliases(value: torch.Tensor, tensor: torch.Tensor) -> bool:
 
 
 @dataclass
-class Landed:
+class Applied:
     """What `apply` returns: the tensor to put back, whether any write changed it, the reads taken."""
 
     value: torch.Tensor
@@ -110,9 +110,9 @@ class Landed:
     reads: list[tuple[Action, torch.Tensor]] = field(default_factory=list)
 
 
-def apply(current: torch.Tensor, actions, step: int = 0, grad: bool = False) -> Landed:
+def apply(current: torch.Tensor, actions, step: int = 0, grad: bool = False) -> Applied:
     """Every action at one address, in the order given (writes before reads, R4)."""
-    out = Landed(current, False)
+    out = Applied(current, False)
     for action in actions:
         if action.tap.kind == "write":
             out.value = write(out.value, action, current, step)
@@ -124,14 +124,14 @@ def apply(current: torch.Tensor, actions, step: int = 0, grad: bool = False) -> 
 
 def by_address(actions) -> Iterator[tuple[Any, list[Action]]]:
     """Consecutive actions at one address, with the address: the unit an engine reaches once."""
-    group: list[Action] = []
+    same: list[Action] = []
     for action in actions:
-        if group and _key(group[0]) != _key(action):
-            yield group[0].address, group
-            group = []
-        group.append(action)
-    if group:
-        yield group[0].address, group
+        if same and _key(same[0]) != _key(action):
+            yield same[0].address, same
+            same = []
+        same.append(action)
+    if same:
+        yield same[0].address, same
 
 
 def _key(action: Action):
@@ -183,9 +183,9 @@ class Reads:
         self.actions = [a for a in actions if a.tap.kind == "read"]
         self.kept: dict[str, list] = {a.name: [] for a in self.actions}
 
-    def keep(self, landed: Landed, keep: Callable = lambda v: v) -> None:
-        """Keep a `Landed`'s reads (`keep` wraps each value, e.g. nnsight's `.save()`)."""
-        for action, value in landed.reads:
+    def keep(self, applied: Applied, keep: Callable = lambda v: v) -> None:
+        """Keep an `Applied`'s reads (`keep` wraps each value, e.g. nnsight's `.save()`)."""
+        for action, value in applied.reads:
             self.kept[action.name].append(keep(value))
 
     def result(self, viewed: Callable, unwrap: Callable = lambda v: v, grad: bool = False) -> dict[str, torch.Tensor]:
