@@ -214,7 +214,8 @@ class HooksEngine(Engine):
         return out
 
     def _hook(self, hooked: _Hooked, bounds: dict) -> list:
-        """Register the hooks of `bounds` (`_boundaries`' groups; the step counter first); returns their handles."""
+        """Register the hooks of `bounds` (`_boundaries`' actions by boundary; the step counter first); returns
+        their handles."""
         self._weighted()
         handles = [self.hf_model.register_forward_pre_hook(hooked.count)]
         for (name, side), at_boundary in bounds.items():

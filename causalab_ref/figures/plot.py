@@ -260,17 +260,17 @@ def _by_layer(out: Path, points, rows_of: dict, landed: dict) -> tuple:
         raise _fail(f"{out} is a sweep over {len(points[0][0])} axes and a table by layer, {len(points[0][0]) + 1} "
                     f"axes in all; plot draws at most {MOST_AXES} (a heatmap); sweep fewer fields, or plot each "
                     "point's folder")
-    grouped: dict[tuple, dict[str, list]] = {}  # each point's rows by their layer, spelled as a label spells it
+    rows_by_layer: dict[tuple, dict[str, list]] = {}  # each point's rows by their layer, spelled as a label spells it
     for values, rows in rows_of.items():
         for r in rows:
-            grouped.setdefault(values, {}).setdefault(json.dumps(r["layer"], separators=(",", ":")), []).append(r)
-    layers = list(dict.fromkeys(layer for groups in grouped.values() for layer in groups))
+            rows_by_layer.setdefault(values, {}).setdefault(json.dumps(r["layer"], separators=(",", ":")), []).append(r)
+    layers = list(dict.fromkeys(layer for at_point in rows_by_layer.values() for layer in at_point))
     by_layer, tokens, layered = {}, {}, []
     for axes, folder in points:
         label, values = ",".join(f"{a}={v}" for a, v in axes), tuple(v for _a, v in axes)
         for layer in layers:
             layered.append((axes + (("layer", layer),), folder))
-            by_layer[values + (layer,)] = grouped.get(values, {}).get(layer, [])
+            by_layer[values + (layer,)] = rows_by_layer.get(values, {}).get(layer, [])
             tokens[f"{label},layer={layer}"] = landed.get(label, [])
     return layered, by_layer, tokens
 
@@ -294,12 +294,12 @@ def _bars(table: str, rows: list[dict]) -> Panel:
 def _means(tables: dict[str, list[dict]]) -> list[Panel]:
     """One panel per metric that two or more tables of a run with no sweep hold (the same `metric` and `unit`):
     a bar per table, its mean over eligible rows with a finite value (FG8); a table with no such row is 0."""
-    groups: dict[tuple[str, str], list[str]] = {}
+    by_metric: dict[tuple[str, str], list[str]] = {}
     for name, rows in tables.items():
-        groups.setdefault((str(rows[0].get("metric")), str(rows[0].get("unit", ""))), []).append(name)
+        by_metric.setdefault((str(rows[0].get("metric")), str(rows[0].get("unit", ""))), []).append(name)
     return [Panel("bars", f"{metric} ({unit}): the mean of each table", tuple(_mean(tables[n]) for n in names),
                   xlabel="table", ylabel=unit, xticks=tuple(names))
-            for (metric, unit), names in groups.items() if len(names) > 1]
+            for (metric, unit), names in by_metric.items() if len(names) > 1]
 
 
 def check_folder(out: Path) -> None:
