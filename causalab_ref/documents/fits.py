@@ -148,7 +148,7 @@ def _check_listed(terms: Terms, declared_metrics: tuple, step: str, path: str) -
 def fit_step(raw: dict, path: str, interventions: dict, roles: tuple, declared: dict) -> Fit:
     """A fit step (SPEC.md FZ20)."""
     strict_object(raw, path, FIT_KEYS, ("kind", "rows", "params", "objective", "epochs", "pairs", "optimizer",
-                                 "early_stop", "eval"))
+                                        "early_stop", "eval"))
     step = path.split(".", 1)[1]
     rows = step_parts.rows(raw["rows"], f"{path}.rows", f"step '{step}'", roles)
     names = step_parts.named(raw, path, step, interventions)

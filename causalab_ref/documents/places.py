@@ -174,7 +174,7 @@ def _operand(raw: Any, path: str):
 def write(raw: Any, path: str) -> Write:
     """A write: a site, a position and a mechanism with its operand, params, featurizer and features."""
     strict_object(raw, path, ("site", "pos", "mechanism", "operand", "featurizer", "features", "params"),
-           ("site", "pos", "mechanism"))
+                  ("site", "pos", "mechanism"))
     mechanism = choice(raw["mechanism"], f"{path}.mechanism", tuple(mechanisms.TABLE))
     operand = _operand(raw.get("operand"), f"{path}.operand")
     features = None

@@ -119,7 +119,7 @@ def _step(raw: Any, path: str, interventions: dict, roles: tuple, declared: dict
 def document(raw: Any) -> PointDocument:
     """Validate one (already lowered) document."""
     strict_object(raw, "", ("header", "model", "roles", "sites", "featurizers", "interventions", "steps"),
-           ("model", "roles", "sites", "interventions", "steps"))
+                  ("model", "roles", "sites", "interventions", "steps"))
     for path, _wrapper in sweeps.find_wrappers(raw, ()):
         _fail(".".join(str(p) for p in path), "a sweep wrapper must be lowered before validation")
     header = strict_object(raw.get("header", {}), "header", ("description",))

@@ -62,7 +62,7 @@ PROBS = ("component 'attention_probs' is the attention pattern inside the attent
 
 
 def _first_input(args: tuple, kwargs: dict):
-    """(where, value): the module's first argument — positional 0, else the first keyword."""
+    """(slot, value): the module's first argument — positional 0, else the first keyword."""
     if args:
         return ("arg", 0), args[0]
     if "hidden_states" in kwargs:
@@ -82,7 +82,7 @@ class _Hooked:
 
     `step` counts the model's forwards (a pre-hook on the root, registered first); `length` is the
     prompt's length in a decode (0: a plain forward, no per-step placement). `last` is a plain forward's
-    last boundary's actions: once they have fired, the forward stops (`_Stopped`), as nothing after it is read."""
+    last boundary's actions: once they have fired, the forward stops (`_Stopped`), as nothing after them is read."""
 
     def __init__(self, actions, length: int = 0, grad: bool = False, last=None):
         self.reads = seam.Reads(actions)

@@ -188,7 +188,7 @@ def plan_tokens(plan: list[dict]) -> dict[str, list[tuple[tuple, str]]]:
     return found
 
 
-def _axis_ticks(points, axis: int, landed: dict[str, list[tuple[tuple, str]]]) -> tuple[list[str], tuple[str, ...]]:
+def _axis_ticks(points, axis: int, tap_tokens: dict[str, list[tuple[tuple, str]]]) -> tuple[list[str], tuple[str, ...]]:
     """(the axis's values in sweep order, their tick labels): each value, and under it the first row's tokens at
     the first tap (a write before a read) whose landing moves along the axis (FG3)."""
     values: list[str] = []
@@ -197,8 +197,8 @@ def _axis_ticks(points, axis: int, landed: dict[str, list[tuple[tuple, str]]]) -
         value = axes[axis][1]
         if value not in values:
             values.append(value)
-            seen[value] = dict(landed.get(",".join(f"{a}={v}" for a, v in axes), []))
-    keys = [key for key, _tokens in next(iter(landed.values()), [])] if landed else []
+            seen[value] = dict(tap_tokens.get(",".join(f"{a}={v}" for a, v in axes), []))
+    keys = [key for key, _tokens in next(iter(tap_tokens.values()), [])] if tap_tokens else []
     keys.sort(key=lambda key: key[2] != "write")
     moving = next((key for key in keys if len({seen[v].get(key) for v in values}) > 1
                    and all(key in seen[v] for v in values)), None)
@@ -234,12 +234,12 @@ def tick(value: str, tokens: str) -> str:
     return f"{name}\n{_shorten(tokens)}" if name else _shorten(tokens)
 
 
-def _heatmap(points, rows_of: dict, landed: dict) -> Panel:
+def _heatmap(points, rows_of: dict, tap_tokens: dict) -> Panel:
     names = [a for a, _v in points[0][0]]
     first = next(rows for rows in rows_of.values() if rows)[0]  # a point may lack the table (FG2)
     title = f"{first['metric']} ({first.get('unit', '')}): mean over eligible rows"
-    across, xticks = _axis_ticks(points, len(names) - 1, landed)
-    down, yticks = _axis_ticks(points, 0, landed) if len(names) == 2 else ([""], ("",))
+    across, xticks = _axis_ticks(points, len(names) - 1, tap_tokens)
+    down, yticks = _axis_ticks(points, 0, tap_tokens) if len(names) == 2 else ([""], ("",))
     grid = []
     for d in down:
         grid.append(tuple(_mean(rows_of.get((d, a) if len(names) == 2 else (a,), [])) for a in across))
@@ -252,8 +252,8 @@ def _layered(rows_of: dict) -> bool:
     return any(rows_of.values()) and all("layer" in r for rows in rows_of.values() for r in rows)
 
 
-def _by_layer(out: Path, points, rows_of: dict, landed: dict) -> tuple:
-    """(points, rows_of, landed) with the rows' `layer` as one more axis after the sweep's, in the order the
+def _by_layer(out: Path, points, rows_of: dict, tap_tokens: dict) -> tuple:
+    """(points, rows_of, tap_tokens) with the rows' `layer` as one more axis after the sweep's, in the order the
     layers first come; a cell is then one point's rows at one layer (FG2). Beside two sweep axes it would be
     three, and is refused."""
     if len(points[0][0]) + 1 > MOST_AXES:
@@ -271,7 +271,7 @@ def _by_layer(out: Path, points, rows_of: dict, landed: dict) -> tuple:
         for layer in layers:
             layered.append((axes + (("layer", layer),), folder))
             by_layer[values + (layer,)] = rows_by_layer.get(values, {}).get(layer, [])
-            tokens[f"{label},layer={layer}"] = landed.get(label, [])
+            tokens[f"{label},layer={layer}"] = tap_tokens.get(label, [])
     return layered, by_layer, tokens
 
 

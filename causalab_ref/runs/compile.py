@@ -192,16 +192,17 @@ def _output_shapes(step_name: str, kept: tuple, forwards: list, rows: int) -> tu
     return tuple(out)
 
 
-def _check_refs(step_name: str, forwards: list, published: dict, rows: int, path: str) -> None:
-    """Each write whose operand is {"ref": x}: rows, pca, windows and width against x's source (M14, M16)."""
+def _check_refs(step_name: str, forwards: list, shapes_of: dict, rows: int, path: str) -> None:
+    """Each write whose operand is {"ref": x}: rows, pca, windows and width against the shape of what x publishes
+    (M14, M16)."""
     for forward in forwards:
         for tap in forward.taps:
             if tap.kind != "write" or not isinstance(tap.operand, Ref):
                 continue
             want = 1 if tap.pos.frame == "generated" else (None if tap.pos.ragged else tap.pos.per_row)
             ref_write = outputs.RefWrite(step=step_name, write=tap.name, rows=rows, per_row=want,
-                                        width=_feature_width(tap))
-            outputs.check_ref(ref_write, tap.operand.name, published[tap.operand.name],
+                                         width=_feature_width(tap))
+            outputs.check_ref(ref_write, tap.operand.name, shapes_of[tap.operand.name],
                               f"{path}.writes.{tap.name}.operand")
 
 
@@ -238,7 +239,7 @@ class Context:
     addresses: dict
     featurizers: dict  # name -> FeaturizerPlan
     digest: str = ""
-    published: dict = field(default_factory=dict)  # output name -> outputs.PublishedShape, so far (SPEC.md §8.2)
+    published_shapes: dict = field(default_factory=dict)  # output name -> its PublishedShape, so far (SPEC.md §8.2)
     budget: int = memory.DEFAULT_BUDGET  # --memory-budget, bytes (SPEC.md Q11)
     rows_per_pass: int = 0  # the most rows every pass so far runs at once within the budget (0: no bound)
 
@@ -313,14 +314,14 @@ def compile_point(point: validate.Point, engine, data_root: Path, cache: Optiona
         else:
             rows_by_role = ctx.rows(step.rows, f"steps.{step_name}.rows")
             rows = StepRows(rows_by_role, ctx.batches(rows_by_role, tuple(step.rows), f"steps.{step_name}.rows"))
-            published: dict = {}
+            step_shapes: dict = {}
             for i_name in step.interventions:
                 name = step_name if len(step.interventions) == 1 else f"{step_name}/{i_name}"
                 steps.append(observe_plan(ctx, name, i_name, rows, dict(step.child_saves)[i_name], (step_name, step)))
-                published.update(dict(steps[-1].output_shapes))
+                step_shapes.update(dict(steps[-1].output_shapes))
             ctx.bound(steps[first:], step_name)
             if len(step.interventions) == 1:  # a step listing several publishes to itself only (M13)
-                ctx.published.update(published)
+                ctx.published_shapes.update(step_shapes)
     return Plan(label=point.label, digest=digest, document_json=raw, steps=tuple(steps),
                 featurizers=tuple(ctx.featurizers.values()), rows_per_pass=ctx.rows_per_pass,
                 frames=ctx.cache.get("frames", {}))
@@ -402,7 +403,7 @@ def observe_plan(ctx: Context, name: str, i_name: str, rows: StepRows, saves: tu
     _check_pattern_layouts(forwards, reads, ipath)
     _check_operand_widths(forwards, ipath)
     step_name, observe = step if step is not None else (name, None)
-    _check_refs(step_name, forwards, ctx.published, len(base_rows), ipath)
+    _check_refs(step_name, forwards, ctx.published_shapes, len(base_rows), ipath)
     kept = tuple((o, out) for o, out in (observe.outputs if observe else ()) if out.read in dict(intervention.reads))
     metric_plans = _metrics(ctx, intervention, base_rows, ipath)
     dynamic = any(tap.pos.dynamic for f in forwards for tap in f.taps)
@@ -523,7 +524,7 @@ def fit_plan(ctx: Context, step_name: str, step) -> FitPlan:
     eval_step_rows = StepRows(eval_rows, ctx.batches(eval_rows, tuple(step.eval_rows), f"{path}.eval.rows"))
     evaluation = observe_plan(ctx, "evaluation", i_name, eval_step_rows,
                               tuple((s.value, s.file_path) for s in step.eval_saves))
-    own = replace(ctx, published=dict(ctx.published))  # what later steps publish is not this fit's to read
+    own = replace(ctx, published_shapes=dict(ctx.published_shapes))  # later steps' outputs are not this fit's to read
     return FitPlan(name=step_name, intervention=i_name, params=step.params, objective=step.objective, lr=step.lr,
                    weight_decay=step.weight_decay, anneal=step.anneal, early_stop=step.early_stop,
                    epochs=step.epochs, first=first, evaluation=evaluation,

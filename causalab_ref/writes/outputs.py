@@ -81,7 +81,7 @@ def check_refs(steps, interventions: dict) -> None:
                 _fail(out_path, f"step '{step}': output '{name}' is already published by step '{publisher[name]}'")
             if name in reads:
                 _fail(out_path, f"step '{step}': output '{name}' shares its name with a read; an operand names one "
-                             "or the other")
+                                "or the other")
             publisher[name] = step
             if len(observe.interventions) == 1:
                 visible[name] = step
