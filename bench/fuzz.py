@@ -64,7 +64,7 @@ def main() -> int:
     total = sum(len(v) for v in foreign.values())
     n = len(range(shard, args.n, shards))
     shown = f" (shard {args.shard})" if shards > 1 else ""
-    print(f"fuzz: {n} cases{shown} ({4 * n} runs of validate/explain/tokens/run) in "
+    print(f"fuzz: {n} cases{shown} ({sum(statuses.values())} runs of {'/'.join(fuzzing.VERB_ARGS)}) in "
           f"{time.perf_counter() - started:.0f} s; outcomes {dict(sorted(statuses.items()))}; "
           f"{total} foreign exception(s)")
     for (verb, status, line), cases in sorted(foreign.items(), key=lambda kv: -len(kv[1])):

@@ -193,8 +193,8 @@ def _document_tokens(args):
         raise Refusal("this document has no observe step, so it has no rows to show", path="steps", stage="compile")
     by_role = {forward.input: forward for forward in reversed(step.forwards)}  # each role's first forward
     lines, out = [], {}
-    plan_shaped = leaf.document_json if compiled.plan.points else compiled.document.raw  # not as given (PR15)
-    for role in [r for r in plan_shaped["roles"] if r in by_role]:  # the document's role order
+    roles = compiled.document.points[0].document.roles  # the validated point's, in the document's order
+    for role in [r for r, _field in roles if r in by_role]:
         forward = by_role[role]
         # The run's own frame: pieces are sliced from the decoded content by the character map,
         # so ' Saturday' keeps the space a lone sentencepiece decode would drop.

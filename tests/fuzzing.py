@@ -438,8 +438,11 @@ def check(argv: list[str], sentinel: Optional[pathlib.Path] = None) -> tuple[boo
     return ok and not broken, done.returncode, text + "".join(f"\ninvariant: {b}" for b in broken)
 
 
-def run_case(rng: random.Random, tmp: pathlib.Path, verbs=("validate", "explain", "tokens", "run"),
-             record: bool = False):
+#: each verb a case runs, as the command line is given it before the document
+VERB_ARGS = {"validate": ["validate"], "explain": ["explain"], "tokens": ["tokens", "--document"], "run": ["run"]}
+
+
+def run_case(rng: random.Random, tmp: pathlib.Path, verbs=tuple(VERB_ARGS), record: bool = False):
     """One mutated case through each verb; returns the foreign outcomes as (verb, source, status, stderr),
     and with `record` also each verb's (verb, status) outcome."""
     doc, root, source = case(rng, tmp)
@@ -449,8 +452,7 @@ def run_case(rng: random.Random, tmp: pathlib.Path, verbs=("validate", "explain"
         (sentinel / "keep.txt").write_text("keep me\n")
     foreign, outcomes = [], []
     for verb in verbs:
-        argv = [verb, str(doc), "--data-root", str(root)] if verb != "tokens" else \
-            ["tokens", "--document", str(doc), "--data-root", str(root)]
+        argv = [*VERB_ARGS[verb], str(doc), "--data-root", str(root)]
         if verb == "run":
             argv += ["--out", str(tmp / "out"), "--replace", "--quiet"]
         ok, status, text = check(argv, sentinel)

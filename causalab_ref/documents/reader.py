@@ -119,15 +119,16 @@ MAX_DEPTH = 100
 
 
 def _depth(value: Any) -> int:
-    """How deeply objects and lists nest in `value` (a scalar 0), iteratively."""
-    deepest, stack = 0, [(value, 0)]
-    while stack:
-        node, depth = stack.pop()
-        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
-        if children is not None:
-            deepest = max(deepest, depth + 1)
-            stack += [(child, depth + 1) for child in children]
-    return deepest
+    """How deeply objects and lists nest in `value` (a scalar 0), level by level; it stops at the first level
+    past MAX_DEPTH, so any deeper text answers MAX_DEPTH + 1."""
+    depth, level = 0, [value]
+    while depth <= MAX_DEPTH:
+        level = [node for node in level if isinstance(node, (dict, list))]
+        if not level:
+            return depth
+        depth += 1
+        level = [child for node in level for child in (node.values() if isinstance(node, dict) else node)]
+    return depth
 
 
 def parse(text: str) -> Any:

@@ -113,7 +113,7 @@ def pass_cost(engine, step: ObservePlan, frames: Optional[dict] = None) -> tuple
 
 def rows_per_pass(engine, passes: list, budget: int, path: str, frames: Optional[dict] = None) -> int:
     """The most rows each of `passes` (one document step's) can run at once within `budget` bytes (0: no
-    bound); a pass one row of which does not most is refused at `path` (SPEC.md Q11, Q12). `frames` as for
+    bound); a pass one row of which does not fit is refused at `path` (SPEC.md Q11, Q12). `frames` as for
     `pass_cost`."""
     most = 0
     for step in passes:

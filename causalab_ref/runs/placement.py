@@ -85,16 +85,16 @@ class Resolved:
     tokens: tuple[str, ...]
 
 
-def place(frame, taps, dynamic: bool, path: str, offset: int = 0, stage: str = "run") -> dict[str, Resolved]:
+def place(frame, taps, dynamic: bool, path: str, lo: int = 0, stage: str = "run") -> dict[str, Resolved]:
     """Every tap's windows on one frame, with the refusals of SPEC.md §2.9 Eligibility (at `stage`: compile
     places the prompt frame of every step before any weights load, check_step).
 
-    `offset` is the frame's first row in the document's numbering (a --batch-size chunk)."""
+    `lo` is the frame's first row in the document's numbering (a --batch-size chunk's, as `Pass.lo`)."""
     out = {}
     for tap in taps:
         windows, reasons = resolve.resolve(frame, tap.pos, tap.anchors)
         tokens = tuple(resolve.tokens_of(frame, w, r) if dynamic else "" for r, w in enumerate(windows))
-        bad = {r + offset: reason for r, reason in enumerate(reasons) if reason}
+        bad = {r + lo: reason for r, reason in enumerate(reasons) if reason}
         pos_path = f"{path}.{tap.kind}s.{tap.name}.pos"
         if bad and not tap.pos.uneven:
             refuse(FIXED_WIDTH.format(kind=tap.kind, name=tap.name, spelling=tap.pos.spelling(), rows=bad), pos_path,
@@ -216,14 +216,14 @@ def operand_value(p: Pass, tap: Tap, resolved: dict[str, Resolved], values: dict
     return in_layout(values[tap.operand], tap.pos.ragged, len(mine))
 
 
-def check_operand_windows(tap: Tap, mine: tuple, theirs: tuple, path: str, offset: int = 0,
+def check_operand_windows(tap: Tap, mine: tuple, theirs: tuple, path: str, lo: int = 0,
                           stage: str = "run") -> None:
     """A write fed by a read lands on each row as many positions as the read took there (SPEC.md P51)."""
     # Row by row whichever side is ragged: a bare write fed by an anchored read is refused here
     # when the read skipped a row, not later as a shape the engine cannot land.
     want = [len(w) for w in mine]
     have = [len(w) for w in theirs]
-    rows = [r + offset for r, (a, b) in enumerate(zip(want, have)) if a != b]
+    rows = [r + lo for r, (a, b) in enumerate(zip(want, have)) if a != b]
     if rows or len(mine) != len(theirs):
         refuse(RAGGED_MISMATCH.format(name=tap.name, want=want, operand=tap.operand, have=have, rows=rows),
                f"{path}.writes.{tap.name}.pos", stage)

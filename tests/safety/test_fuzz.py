@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import fuzzing
@@ -46,24 +47,23 @@ def test_a_document_nested_past_the_bound_is_refused_however_its_parser_fares(tm
 
     raw = json.loads((fuzzing.REPO / "documents" / "weekday_lens_all.json").read_text(encoding="utf-8"))
     doc = tmp_path / "doc.json"
+    def nested(depth: int) -> object:
+        value: object = 0
+        for _ in range(depth):
+            value = [value]
+        return value
+
     for depth in (101, 600):
-        deep: object = 0
-        for _ in range(depth - 2):  # the document and its model block are two levels
-            deep = [deep]
+        deep = nested(depth - 2)  # the document and its model block are two levels
         doc.write_text(json.dumps(dict(raw, model=dict(raw["model"], revision=deep))), encoding="utf-8")
-        for verb in (["validate"], ["explain"], ["tokens", "--document"]):
+        for verb in (fuzzing.VERB_ARGS[v] for v in ("validate", "explain", "tokens")):
             ok, status, text = fuzzing.check([*verb, str(doc)])
             assert ok and status == 2 and text.strip() == f"validation: {doc} nests too deeply to read", text
-    nested: object = 0
-    for _ in range(reader.MAX_DEPTH):
-        nested = [nested]
-    assert reader.parse(json.dumps(nested)) == nested  # exactly the bound is read, one more is not
-    try:
-        reader.parse(json.dumps([nested]))
-    except reader.Malformed as malformed:
-        assert malformed.message == "nests too deeply to read"
-    else:
-        raise AssertionError("101 deep was read")
+    at_bound = nested(reader.MAX_DEPTH)
+    assert reader.parse(json.dumps(at_bound)) == at_bound  # exactly the bound is read, one more is not
+    with pytest.raises(reader.Malformed) as malformed:
+        reader.parse(json.dumps([at_bound]))
+    assert malformed.value.message == "nests too deeply to read"
 
 
 def test_a_key_holding_a_newline_is_still_one_line(tmp_path):
