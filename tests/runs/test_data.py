@@ -209,3 +209,13 @@ def test_a_misspelt_answer_column_gets_the_tables_columns_and_the_nearest(tmp_pa
                            f"'counterfactual_answer'; the rows' columns: {', '.join(map(repr, columns))}; "
                            "did you mean "), line
     assert "'cf_answer'" in line.rpartition("did you mean ")[2] and "\n" not in line
+
+
+def test_a_table_nested_past_the_parser_nests_too_deeply_as_one_past_the_bound_does():
+    """SPEC.md:597-601 [R14] A data table nested more than 100 deep nests too deeply to read, however deep: a
+    table the JSON parser itself could not descend said "is not a JSON table (maximum recursion depth ...)"
+    before, another message for the same fault. Ground: R14's words and the catalogue's line for a table."""
+    for depth in (101, 100_000):
+        with pytest.raises(Refusal) as refused:
+            data._parse_table("[" * depth + "]" * depth, "r", Path("t.json"), "data.r")
+        assert refused.value.message == "dataset ref 'r': t.json nests too deeply to read", depth
